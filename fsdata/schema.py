@@ -1,0 +1,61 @@
+"""The sample schema and the shard format: the contract every FreeScale stage speaks.
+
+Sample schema (one Parquet row per training sample; docs/format.md):
+
+=================  ===============  ==================================================
+column             Arrow type       meaning
+=================  ===============  ==================================================
+``sample_id``      int64            unique id of the sample
+``user_id``        int64            the user whose history this is
+``item_ids``       list<int64>      history, oldest first, at most ``max_seq_len`` items
+``target_item_id`` int64            the next item (the label)
+``timestamps``     list<int64>      optional, aligned with ``item_ids`` (unix seconds)
+=================  ===============  ==================================================
+
+Sequence length ``L = len(item_ids)``. Shards add ``step`` (int32).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SAMPLE_ID = "sample_id"
+USER_ID = "user_id"
+ITEM_IDS = "item_ids"
+TARGET_ITEM_ID = "target_item_id"
+TIMESTAMPS = "timestamps"
+STEP = "step"
+
+REQUIRED_COLUMNS: dict[str, pa.DataType] = {
+    SAMPLE_ID: pa.int64(),
+    USER_ID: pa.int64(),
+    ITEM_IDS: pa.list_(pa.int64()),
+    TARGET_ITEM_ID: pa.int64(),
+}
+OPTIONAL_COLUMNS: dict[str, pa.DataType] = {TIMESTAMPS: pa.list_(pa.int64())}
+
+#: Version of the shard layout and manifest (docs/format.md). Readers refuse other versions.
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+STEP_STATS_NAME = "step_stats.parquet"
+DROPPED_NAME = "dropped.parquet"
+
+
+def rank_dir_name(rank: int) -> str:
+    """Folder of one rank's shard inside an OUTPUT: ``rank=00000`` (hive style, 5 digits)."""
+    return f"rank={rank:05d}"
+
+
+def sample_schema(with_timestamps: bool = False) -> pa.Schema:
+    """Arrow schema of a sample file.
+
+    Args:
+        with_timestamps: include the optional ``timestamps`` column.
+
+    Returns:
+        ``pa.Schema`` with the required columns (and ``timestamps``) in contract order.
+    """
+    fields = [pa.field(n, t, nullable=False) for n, t in REQUIRED_COLUMNS.items()]
+    if with_timestamps:
+        fields.append(pa.field(TIMESTAMPS, OPTIONAL_COLUMNS[TIMESTAMPS], nullable=False))
+    return pa.schema(fields)
