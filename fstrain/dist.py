@@ -1,0 +1,194 @@
+"""Process group setup and sharding: the item table row-wise over ranks, the dense tower DDP.
+
+Gradient semantics (why the hooks below exist): torchrec sums the embedding gradients of all
+ranks into the owning shard (the backward all-to-all), while stock DDP *averages* dense
+gradients. The loss of every rank is already divided by the step's global sample count
+(:mod:`fstrain.model`), so both parts must be *summed* over ranks for the update to equal one
+rank training on the whole global batch; :class:`SumDataParallelWrapper` registers a DDP comm
+hook that all-reduces with SUM and does not divide by the world size.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingEnv, ShardingType
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim import apply_optimizer_in_backward
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from fstrain.errors import ConfigError
+from fstrain.model import TABLE_NAME, Config, SequentialRecommender
+
+logger = logging.getLogger(__name__)
+
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    """This process's place in the job.
+
+    Attributes:
+        rank: global rank.
+        world_size: number of processes.
+        local_rank: rank inside the node (selects the CUDA device).
+        device: ``cuda:<local_rank>`` with NCCL, else ``cpu`` with gloo.
+        backend: ``nccl`` or ``gloo``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistEnv:
+    """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
+
+    Args:
+        backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl`` or ``gloo``.
+        timeout_seconds: collective timeout.
+
+    Returns:
+        The :class:`DistEnv`.
+
+    Raises:
+        ConfigError: ``nccl`` requested without CUDA, or an unknown backend.
+    """
+    if backend not in ("auto", "nccl", "gloo"):
+        raise ConfigError(f"unknown backend {backend!r}; use auto, nccl or gloo")
+    cuda = torch.cuda.is_available()
+    if backend == "nccl" and not cuda:
+        raise ConfigError("--backend nccl needs a CUDA device and none is visible; use --backend gloo")
+    backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # plain `fstrain train` without torchrun: one process
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_seconds),
+                                device_id=device if backend == "nccl" else None)
+    return DistEnv(rank, world, local, device, backend)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sum_allreduce_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: all-reduce SUM, no division by world size (see module docstring)."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+class SumDataParallelWrapper(DefaultDataParallelWrapper):
+    """DMP's DDP wrapping of the dense part with a SUM all-reduce hook."""
+
+    def __init__(self) -> None:
+        super().__init__(static_graph=False, find_unused_parameters=False)
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        super().wrap(dmp, env, device)
+        ddp = dmp._dmp_wrapped_module
+        if isinstance(ddp, nn.parallel.DistributedDataParallel):
+            ddp.register_comm_hook(env.process_group, _sum_allreduce_hook)
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """Optimizers: dense Adam (data-parallel), sparse fused in backward (fbgemm TBE)."""
+
+    dense_lr: float = 1e-3
+    """Adam learning rate of the dense tower."""
+    sparse_lr: float = 0.05
+    """Learning rate of the item table's fused optimizer."""
+    sparse_optimizer: str = "rowwise_adagrad"
+    """``rowwise_adagrad`` or ``sgd`` (applied inside the backward by fbgemm's TBE)."""
+
+
+def build_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
+                        ) -> tuple[DistributedModelParallel, CombinedOptimizer]:
+    """Build the model, shard the item table ROW_WISE over all ranks, wrap the dense part in DDP.
+
+    The table is created on the meta device and materialised shard by shard by DMP (a rank
+    only allocates its rows). The planner is forced to ``ROW_WISE`` with a
+    :class:`ParameterConstraints` (what torchrec's PEC pipeline requires).
+
+    Args:
+        config: model size.
+        optim: optimizer settings.
+        env: from :func:`init_distributed`.
+
+    Returns:
+        ``(dmp, optimizer)``: the sharded model (``dmp.module`` is the unwrapped
+        :class:`SequentialRecommender`) and a ``CombinedOptimizer`` (fused sparse + dense Adam)
+        whose ``step()`` updates the dense part (the sparse part updates inside the backward).
+
+    Raises:
+        ConfigError: unknown sparse optimizer.
+    """
+    if optim.sparse_optimizer not in SPARSE_OPTIMIZERS:
+        raise ConfigError(f"unknown sparse optimizer {optim.sparse_optimizer!r}; use {', '.join(SPARSE_OPTIMIZERS)}")
+    model = SequentialRecommender(config, device=torch.device("meta"))
+    model.dense.to(env.device)
+    opt_cls, kwargs = ((RowWiseAdagrad, {"lr": optim.sparse_lr}) if optim.sparse_optimizer == "rowwise_adagrad"
+                       else (torch.optim.SGD, {"lr": optim.sparse_lr}))
+    apply_optimizer_in_backward(opt_cls, model.ec.parameters(), kwargs)
+    compute = "fused"
+    topology = Topology(world_size=env.world_size, compute_device=env.device.type)
+    constraints = {TABLE_NAME: ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value],
+                                                    compute_kernels=[compute])}
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, debug=False)
+    sharders = [EmbeddingCollectionSharder()]
+    pg = dist.group.WORLD
+    plan = planner.collective_plan(model, sharders, pg)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan,
+                                   sharders=sharders, data_parallel_wrapper=SumDataParallelWrapper())
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: torch.optim.Adam(params, lr=optim.dense_lr))
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+
+
+def dense_parameters(dmp: DistributedModelParallel) -> list[torch.Tensor]:
+    """Parameters of the dense tower (the ones synchronised by all-reduce)."""
+    return list(dmp.module.dense.parameters())
+
+
+def allreduce_dense_grads(dmp: DistributedModelParallel) -> None:
+    """All-reduce (SUM) the dense gradients in one flat buffer (the measured step's DDP stand-in)."""
+    params = [p for p in dense_parameters(dmp) if p.grad is not None]
+    if dist.get_world_size() == 1 or not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    off = 0
+    for p in params:
+        n = p.grad.numel()
+        p.grad.copy_(flat[off:off + n].view_as(p.grad))
+        off += n
