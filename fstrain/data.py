@@ -156,6 +156,15 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     return counts
 
 
+def check_world_size(manifest: Manifest, world_size: int) -> None:
+    """Raise :class:`ShardMismatchError` unless the shards were written for ``world_size`` ranks."""
+    if world_size != manifest.num_ranks:
+        raise ShardMismatchError(
+            f"{manifest.path} was written for {manifest.num_ranks} ranks but this job has world size {world_size}; "
+            f"launch with --nproc-per-node {manifest.num_ranks} (or nodes x procs = {manifest.num_ranks}) or "
+            f"re-run fsdata balance with --ranks {world_size}")
+
+
 @dataclass(slots=True)
 class Batch(Pipelineable):
     """One rank's per-step batch; a torchrec ``Pipelineable`` (``to``, ``record_stream``, ``pin_memory``).
@@ -255,11 +264,8 @@ class ShardReader:
                  max_steps: int | None = None, num_prefetch_batches: int = 2) -> None:
         self.manifest = load_manifest(shards_dir)
         m = self.manifest
-        if world_size is not None and world_size != m.num_ranks:
-            raise ShardMismatchError(
-                f"{shards_dir} was written for {m.num_ranks} ranks but this job has world size {world_size}; "
-                f"launch with --nproc-per-node {m.num_ranks} (or nodes x procs = {m.num_ranks}) or re-run "
-                f"fsdata balance with --ranks {world_size}")
+        if world_size is not None:
+            check_world_size(m, world_size)
         if not 0 <= rank < m.num_ranks:
             raise ShardMismatchError(f"rank {rank} is outside 0..{m.num_ranks - 1} of {shards_dir}")
         if not 0 <= start_step <= m.num_steps:

@@ -100,8 +100,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sum_allreduce_hook(process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: all-reduce SUM, no division by world size (see module docstring)."""
+def _sum_allreduce_hook(process_group, bucket):  # unannotated: DDP checks annotations at runtime
+    """DDP comm hook: all-reduce SUM of a ``dist.GradBucket``, no division by world size."""
     group = process_group if process_group is not None else dist.group.WORLD
     fut = dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
@@ -192,3 +192,22 @@ def allreduce_dense_grads(dmp: DistributedModelParallel) -> None:
         n = p.grad.numel()
         p.grad.copy_(flat[off:off + n].view_as(p.grad))
         off += n
+
+
+def local_state(dmp: DistributedModelParallel) -> dict[str, torch.Tensor]:
+    """This rank's view of the parameters: its row-wise shard of the table, the full dense part.
+
+    Returns:
+        name -> CPU tensor copy (a sharded table becomes its local rows ``[rows x d]``).
+    """
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for k, v in dmp.state_dict().items():
+        if isinstance(v, ShardedTensor):
+            v = torch.cat([s.tensor for s in v.local_shards()]) if v.local_shards() else torch.zeros(0)
+        elif isinstance(v, DTensor):
+            v = v.to_local()
+        out[k] = v.detach().cpu().clone()
+    return out

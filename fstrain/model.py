@@ -138,7 +138,7 @@ class JaggedCausalAttention(nn.Module):
         super().__init__()
         d = config.embedding_dim
         self.num_heads = config.num_heads
-        self.qkv = nn.Linear(d, 3 * d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)  # a key bias has zero gradient (softmax shift)
         self.out = nn.Linear(d, d)
         self.reference = config.attention == "reference"
 

@@ -1,0 +1,124 @@
+"""Per-step, per-rank timings and the measured bubble (``fsdata.bubble.run_bubble``).
+
+A training step is timed in stages (:func:`fstrain.train.measured_step`):
+
+* ``sparse_forward_seconds``: input dist, lookup and output dist of the item table (its
+  all-to-alls start when every rank has finished the previous step, so they are nearly even).
+* ``compute_seconds``: the dense forward and backward, local to the rank: everything up to the
+  first collective that waits on the other ranks. The bubble is measured on this.
+* ``wait_seconds``: time in that first collective (a one-element all-reduce used as a barrier):
+  the straggler's lead over this rank, i.e. this rank's share of the bubble.
+* ``sync_seconds``: sparse backward (gradient all-to-all, fused update), dense all-reduce, step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fsdata.bubble import reduction, run_bubble
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """Timings of one rank in one step (seconds, wall clock, device-synchronised)."""
+
+    step: int
+    rank: int
+    num_samples: int
+    num_tokens: int
+    sparse_forward_seconds: float
+    compute_seconds: float
+    wait_seconds: float
+    sync_seconds: float
+
+
+def timing_matrix(records: list[StepTiming], field: str = "compute_seconds") -> tuple[np.ndarray, np.ndarray]:
+    """Arrange one field as ``[S x R]``.
+
+    Args:
+        records: timings of every (step, rank); steps need not start at 0.
+        field: a float field of :class:`StepTiming`.
+
+    Returns:
+        ``(steps [S] int64, values [S x R] float64)``; only steps seen on every rank are kept.
+    """
+    if not records:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
+    steps = np.array(sorted({r.step for r in records}), dtype=np.int64)
+    R = max(r.rank for r in records) + 1
+    m = np.full((len(steps), R), np.nan)
+    pos = {s: i for i, s in enumerate(steps.tolist())}
+    for r in records:
+        m[pos[r.step], r.rank] = getattr(r, field)
+    ok = ~np.isnan(m).any(axis=1)
+    return steps[ok], m[ok]
+
+
+def summarize(records: list[StepTiming], predicted_bubble: float | None = None) -> dict:
+    """Measured bubble and totals of a run.
+
+    Returns:
+        dict with ``measured_bubble`` (run bubble of ``compute_seconds``), ``wait_fraction``
+        (sum of waits / sum of compute + wait), ``num_steps``, ``num_ranks``,
+        ``compute_seconds_total``, ``wait_seconds_total`` and ``predicted_bubble`` when given.
+    """
+    steps, c = timing_matrix(records)
+    _, w = timing_matrix(records, "wait_seconds")
+    out = {"measured_bubble": run_bubble(c) if c.size else 0.0,
+           "wait_fraction": float(w.sum() / max(1e-12, w.sum() + c.sum())) if c.size else 0.0,
+           "num_steps": int(len(steps)), "num_ranks": int(c.shape[1]) if c.size else 0,
+           "compute_seconds_total": float(c.sum()), "wait_seconds_total": float(w.sum())}
+    if predicted_bubble is not None:
+        out["predicted_bubble"] = float(predicted_bubble)
+    return out
+
+
+def _atomic_write(path: str, write) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_step_times(records: list[StepTiming], path: str) -> None:
+    """Write timings as Parquet (one row per step and rank, sorted), atomically."""
+    recs = sorted(records, key=lambda r: (r.step, r.rank))
+    cols = {f.name: [getattr(r, f.name) for r in recs] for f in fields(StepTiming)}
+    types = {"step": pa.int32(), "rank": pa.int32(), "num_samples": pa.int32(), "num_tokens": pa.int64()}
+    table = pa.table({k: pa.array(v, types.get(k, pa.float64())) for k, v in cols.items()})
+    _atomic_write(path, lambda p: pq.write_table(table, p, compression="zstd"))
+
+
+def read_step_times(path: str) -> list[StepTiming]:
+    """Read timings written by :func:`write_step_times`."""
+    t = pq.read_table(path).to_pylist()
+    return [StepTiming(**row) for row in t]
+
+
+def write_json(obj: dict, path: str) -> None:
+    """Write a JSON object atomically (indent 1, sorted keys)."""
+    _atomic_write(path, lambda p: open(p, "w").write(json.dumps(obj, indent=1, sort_keys=True) + "\n"))
+
+
+def compare(ours: dict, baseline: dict) -> dict:
+    """Bubble reduction of ``ours`` over ``baseline`` (both from :func:`summarize` or replay)."""
+    return {"measured_bubble": ours["measured_bubble"], "baseline_measured_bubble": baseline["measured_bubble"],
+            "measured_reduction": reduction(ours["measured_bubble"], baseline["measured_bubble"])}
+
+
+__all__ = ["StepTiming", "timing_matrix", "summarize", "write_step_times", "read_step_times", "write_json",
+           "compare", "asdict"]

@@ -1,0 +1,285 @@
+"""The training loop on fsdata shards: one process per rank, gloo on CPU, NCCL on GPU.
+
+Two step functions compute the same update:
+
+* :func:`train_step` (reference): ``loss = dmp(batch); loss.backward(); opt.step()``; the
+  dense all-reduce runs inside the backward (DDP, SUM hook). This is the shape torchrec's
+  ``TrainPipelineSparseDist`` / ``TrainPipelinePEC`` drive.
+* :func:`measured_step` (default): the backward is split at the embedding output so the rank's
+  local compute (dense forward + backward) is timed apart from the first collective that waits
+  on the other ranks (a one-element all-reduce), then the sparse backward (gradient
+  all-to-all, fused update) and the dense SUM all-reduce run. Its timings give the bubble.
+
+Resumption: the reader starts at the checkpoint's step; negatives depend only on
+``(seed, step)``; so a resumed run continues exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.autograd.profiler import record_function
+from torchrec.distributed.model_parallel import DistributedModelParallel
+
+from fstrain.data import HISTORY_KEY, Batch, ShardReader, check_world_size, infer_num_items, load_manifest
+from fstrain.dist import DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed
+from fstrain.errors import ConfigError, FstrainError, ShardError
+from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
+from fstrain.model import NEGATIVE_KEY, Config, with_negatives
+
+logger = logging.getLogger(__name__)
+_CKPT_PREFIX = "step-"
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """One training run."""
+
+    shards: str
+    """An ``fsdata balance`` OUTPUT folder written for this world size."""
+    model: dict = field(default_factory=dict)
+    """Keyword arguments of :class:`fstrain.model.Config`; ``num_items`` is inferred when absent."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer settings."""
+    max_steps: int | None = None
+    """Stop after this step count (``None``: to the end of the shards)."""
+    seed: int = 0
+    """Seed of parameter init and of the shared negatives."""
+    log_every_steps: int = 10
+    """Rank 0 logs loss and throughput every this many steps."""
+    checkpoint_dir: str | None = None
+    """Where ``step-XXXXXXXX`` checkpoints go (torch.distributed.checkpoint); ``None``: none."""
+    checkpoint_every_steps: int = 0
+    """Checkpoint period in steps (0: only at the end, when ``checkpoint_dir`` is set)."""
+    resume: bool = False
+    """Resume from the newest complete checkpoint in ``checkpoint_dir`` (start fresh if none)."""
+    step_mode: str = "measured"
+    """``measured`` (timed, split backward) or ``plain`` (``loss.backward()`` through DDP)."""
+    metrics_dir: str | None = None
+    """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
+    backend: str = "auto"
+    """``auto``, ``gloo`` or ``nccl``."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(dmp: DistributedModelParallel, opt, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Reference step: forward through DMP/DDP, ``loss.backward()``, optimizer step.
+
+    Returns:
+        ``(loss_sum, num_samples)`` of this rank (detached loss sum over its samples).
+    """
+    with record_function("## forward ##"):
+        loss, (loss_sum, n) = dmp(batch)
+    with record_function("## backward ##"):
+        loss.backward()
+    with record_function("## optimizer ##"):
+        opt.step()
+        opt.zero_grad()
+    return loss_sum, int(n)
+
+
+def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, device: torch.device
+                  ) -> tuple[torch.Tensor, int, StepTiming]:
+    """Timed step with the same update as :func:`train_step` (see the module docstring).
+
+    Returns:
+        ``(loss_sum, num_samples, timing)``.
+    """
+    model = dmp.module
+    f = batch.features
+    t0 = time.perf_counter()
+    hist, tgt, neg = model.sparse_forward(f)
+    _sync(device)
+    t1 = time.perf_counter()
+    with record_function("## dense_forward_backward ##"):
+        leaves = [x.detach().requires_grad_() for x in (hist, tgt, neg)]
+        loss, (loss_sum, n) = model.dense(leaves[0], f[HISTORY_KEY].lengths(), leaves[1], leaves[2],
+                                          batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples)
+        loss.backward()
+        _sync(device)
+    t2 = time.perf_counter()
+    with record_function("## wait_for_stragglers ##"):
+        if dist.get_world_size() > 1:
+            dist.all_reduce(torch.zeros(1, device=device))
+        _sync(device)
+    t3 = time.perf_counter()
+    with record_function("## sparse_backward ##"):
+        torch.autograd.backward([hist, tgt, neg], [x.grad for x in leaves])
+    with record_function("## dense_allreduce ##"):
+        allreduce_dense_grads(dmp)
+    with record_function("## optimizer ##"):
+        opt.step()
+        opt.zero_grad()
+    _sync(device)
+    t4 = time.perf_counter()
+    timing = StepTiming(step=batch.step, rank=rank, num_samples=batch.num_samples,
+                        num_tokens=int(f[HISTORY_KEY].lengths().sum()), sparse_forward_seconds=t1 - t0,
+                        compute_seconds=t2 - t1, wait_seconds=t3 - t2, sync_seconds=t4 - t3)
+    return loss_sum, int(n), timing
+
+
+def latest_checkpoint(checkpoint_dir: str) -> tuple[str, int] | None:
+    """Newest complete checkpoint ``(path, step)`` in ``checkpoint_dir``, or ``None``."""
+    if not os.path.isdir(checkpoint_dir):
+        return None
+    best = None
+    for name in os.listdir(checkpoint_dir):
+        p = os.path.join(checkpoint_dir, name)
+        if name.startswith(_CKPT_PREFIX) and os.path.exists(os.path.join(p, "fstrain.json")):
+            step = int(name[len(_CKPT_PREFIX):])
+            if best is None or step > best[1]:
+                best = (p, step)
+    return best
+
+
+def _state(dmp, opt) -> dict:
+    return {"model": dmp.state_dict(), "optim": opt.state_dict()}
+
+
+def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, env: DistEnv, extra: dict) -> str:
+    """Save with torch.distributed.checkpoint into ``step-XXXXXXXX`` (complete once ``fstrain.json`` exists).
+
+    Args:
+        step: the next step to train (the number of steps done).
+        extra: recorded in ``fstrain.json`` (settings to check on resume).
+
+    Returns:
+        The checkpoint folder.
+    """
+    path = os.path.join(checkpoint_dir, f"{_CKPT_PREFIX}{step:08d}")
+    if env.rank == 0 and os.path.exists(path):
+        shutil.rmtree(path)
+    dist.barrier()
+    with record_function("## checkpoint ##"):
+        dcp.save(_state(dmp, opt), checkpoint_id=path)
+    dist.barrier()
+    if env.rank == 0:
+        write_json({"step": step, "world_size": env.world_size, **extra}, os.path.join(path, "fstrain.json"))
+    dist.barrier()
+    return path
+
+
+def load_checkpoint(dmp, opt, path: str) -> None:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``dmp`` and ``opt`` in place."""
+    opt.init_state()  # Adam's state is created lazily; DCP loads into existing tensors
+    state = _state(dmp, opt)
+    dcp.load(state, checkpoint_id=path)
+    dmp.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+
+
+def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
+    """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=env.device)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if not ok:
+        raise ShardError(message)
+    if int(flag.item()) == 0:
+        raise ShardError("another rank failed to open its shard (see its error); this rank stops too")
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """What :func:`train` returns: the run summary, the sharded model and its optimizer."""
+
+    summary: dict
+    model: DistributedModelParallel
+    optimizer: object
+
+
+def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
+    """Train on ``cfg.shards``; rank 0 logs and writes the metrics.
+
+    Returns:
+        :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.metrics.summarize`).
+
+    Raises:
+        ShardMismatchError: shards written for another world size (before any collective).
+        ShardError / ConfigError: bad shards or settings.
+    """
+    if cfg.step_mode not in ("measured", "plain"):
+        raise ConfigError(f"step_mode must be 'measured' or 'plain', got {cfg.step_mode!r}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ConfigError(f"--max-steps must be >= 1, got {cfg.max_steps}")
+    manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
+    world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
+    check_world_size(manifest, world)
+    env = env or init_distributed(cfg.backend)
+    torch.manual_seed(cfg.seed)
+    model_kwargs = dict(cfg.model)
+    model_kwargs.setdefault("num_items", infer_num_items(manifest))
+    mcfg = Config(**model_kwargs)
+    dmp, opt = build_sharded_model(mcfg, cfg.optim, env)
+    start = 0
+    if cfg.resume and cfg.checkpoint_dir:
+        found = latest_checkpoint(cfg.checkpoint_dir)
+        if found:
+            with open(os.path.join(found[0], "fstrain.json")) as fh:
+                meta = json.load(fh)
+            if meta.get("world_size") != env.world_size:
+                raise ConfigError(f"checkpoint {found[0]} is from world size {meta.get('world_size')}, "
+                                  f"this job has {env.world_size}; resume with the same world size")
+            load_checkpoint(dmp, opt, found[0])
+            start = found[1]
+            if env.rank == 0:
+                logger.info("resumed from %s at step %d", found[0], start)
+    max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start)
+    try:
+        reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps), ""
+    except FstrainError as e:
+        reader, err = None, str(e)
+    _check_all_ranks(reader is not None, err, env)
+    timings: list[StepTiming] = []
+    window_loss, window_n, window_tokens, t_window = 0.0, 0, 0, time.perf_counter()
+    step = start
+    for batch in reader:
+        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed).to(env.device)
+        if cfg.step_mode == "plain":
+            loss_sum, n = train_step(dmp, opt, batch)
+        else:
+            loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device)
+            timings.append(timing)
+        step = batch.step + 1
+        window_loss += float(loss_sum)
+        window_n += n
+        window_tokens += int(batch.lengths.sum())
+        if cfg.log_every_steps and step % cfg.log_every_steps == 0:
+            stats = torch.tensor([window_loss, window_n, window_tokens], dtype=torch.float64, device=env.device)
+            dist.all_reduce(stats)
+            dt = time.perf_counter() - t_window
+            if env.rank == 0:
+                logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
+                            stats[0].item() / max(1.0, stats[1].item()), stats[1].item() / dt, stats[2].item() / dt)
+            window_loss, window_n, window_tokens, t_window = 0.0, 0, 0, time.perf_counter()
+        if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+    if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
+        if step > start:
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+    gathered: list = [None] * env.world_size
+    dist.all_gather_object(gathered, timings)
+    all_timings = [t for part in gathered for t in part]
+    summary = summarize(all_timings, manifest.predicted_bubble)
+    summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
+                    "strategy": manifest.strategy})
+    if env.rank == 0:
+        if cfg.metrics_dir and all_timings:
+            write_step_times(all_timings, os.path.join(cfg.metrics_dir, "step_times.parquet"))
+        if cfg.metrics_dir:
+            write_json(summary, os.path.join(cfg.metrics_dir, "summary.json"))
+        logger.info("done: steps %d..%d measured bubble %.4f (predicted %.4f)", start, step - 1,
+                    summary["measured_bubble"], manifest.predicted_bubble)
+    return TrainResult(summary, dmp, opt)

@@ -1,0 +1,54 @@
+"""Run a function in several gloo processes on a free port and collect their return values."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        result = ("ok", fn(*args))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        result = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_ranks(fn, world_size: int, *args) -> list:
+    """Run ``fn(*args)`` on ``world_size`` spawned processes (env set for torch.distributed).
+
+    Returns the per-rank return values; raises ``RuntimeError`` with the first rank's error.
+    """
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_entry, args=(world_size, free_port(), d, fn, args), nprocs=world_size,
+                           start_method="spawn", join=True)
+        results = []
+        for r in range(world_size):
+            with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+    for status, value in results:
+        if status == "error":
+            raise RuntimeError(value)
+    return [v for _, v in results]
