@@ -1,0 +1,5 @@
+import sys
+
+from fsdata.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""Atomic outputs: write to a temporary sibling, move into place only when complete.
+
+A run that fails or is killed midway leaves no OUTPUT (and no half-overwritten one); the hidden
+temporary sibling it leaves behind is removed by the next run once its owner process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from fsdata.errors import ConfigError
+
+
+def _tmp_prefix(final: Path) -> str:
+    return f".{final.name}.tmp-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_tmp(final: Path) -> None:
+    """Remove temporaries of ``final`` left by processes that no longer run."""
+    parent = final.parent
+    if not parent.is_dir():
+        return
+    prefix = _tmp_prefix(final)
+    for p in parent.iterdir():
+        if not p.name.startswith(prefix):
+            continue
+        try:
+            pid = int(p.name[len(prefix):].split("-")[0])
+        except ValueError:
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: bool = True) -> Iterator[Path]:
+    """Yield a temporary path next to ``final``; move it to ``final`` when the block succeeds.
+
+    Args:
+        final: the output path the caller wants.
+        overwrite: replace an existing ``final`` (the old one is moved aside, the new one moved in,
+            then the old one deleted); when False an existing ``final`` is an error.
+        is_dir: the temporary path is created as an empty directory (else it does not exist yet).
+
+    Yields:
+        The temporary path (same filesystem as ``final``, so the final move is a rename).
+
+    Raises:
+        ConfigError: ``final`` exists and ``overwrite`` is False.
+    """
+    final = Path(final)
+    if final.exists() and not overwrite:
+        raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp(final)
+    tmp = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if is_dir:
+        tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        raise
+    if final.exists():
+        if not overwrite:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            raise ConfigError(f"output {final} appeared while this run was writing; pass --overwrite to replace it")
+        old = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    else:
+        os.replace(tmp, final)

@@ -1,0 +1,215 @@
+"""``fsdata`` command line: convert, profile, balance, verify.
+
+Errors a user can cause print one line ``fsdata: error: ...`` on stderr and exit with status 2;
+nothing is written in that case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from fsdata.errors import FsdataError
+
+log = logging.getLogger("fsdata")
+
+_EPILOG_CONVERT = """examples:
+  fsdata convert ../shared/datasets/ml-1m_ensfm/sequences.txt ml1m.parquet --format sequences \\
+      --samples per-event --max-seq-len 512
+  fsdata convert ratings.csv ml.parquet --format events --user-col userId --item-col Id --time-col timestamp
+  fsdata convert beauty.txt beauty.parquet --format events        # 'user item' lines, no header
+"""
+_EPILOG_PROFILE = """examples:
+  fsdata profile ml1m.parquet --ranks 256 --batch-size-per-rank 32
+  fsdata profile ml1m.parquet --ranks 16 --batch-size-per-rank 4 --cost-model hstu:d_model=512 --json
+"""
+_EPILOG_BALANCE = """examples:
+  fsdata balance ml1m.parquet shards/ --ranks 256 --batch-size-per-rank 32
+  fsdata balance ml1m.parquet baseline/ --ranks 256 --batch-size-per-rank 32 --strategy shuffle
+  fsdata balance ml1m.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
+"""
+_EPILOG_VERIFY = """examples:
+  fsdata verify shards/ --input ml1m.parquet
+"""
+
+COST_MODEL_HELP = ("per-sample cost: tokens | quadratic | verl | hstu[:d_model=256,num_heads=4,head_dim=64,"
+                   "num_layers=4,causal=1] | poly:c0=..,c1=..,c2=.. | PATH.json (default: hstu)")
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _add_input_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--columns", default=None, metavar="MAP",
+                   help="map your column names to the sample schema: sample_id=id,item_ids=history,...")
+    p.add_argument("--cost-model", default="hstu", help=COST_MODEL_HELP)
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks R (world size)")
+    p.add_argument("--batch-size-per-rank", type=int, required=True, help="samples per rank per step B")
+    p.add_argument("--seed", type=int, default=0, help="seed of the global-batch shuffle (default 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
+                                     "so every rank's cost per step is equal.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("convert", help="interaction log -> Parquet samples", epilog=_EPILOG_CONVERT,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input")
+    p.add_argument("output", help="Parquet file to write")
+    p.add_argument("--format", required=True, choices=["sequences", "events"])
+    p.add_argument("--samples", default="per-event", choices=["per-user", "per-event"])
+    p.add_argument("--max-seq-len", type=int, default=512, help="most recent history items kept (default 512)")
+    p.add_argument("--user-col", default="0", help="events: user column name or 0-based position (default 0)")
+    p.add_argument("--item-col", default="1", help="events: item column name or position (default 1)")
+    p.add_argument("--time-col", default=None, help="events: timestamp column (optional; sorts each user's events)")
+    p.add_argument("--sep", default=None, help="events text separator (default: ',' for .csv, tab for .tsv, else space)")
+    hdr = p.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="has_header", action="store_true", default=None, help="text has a header line")
+    hdr.add_argument("--no-header", dest="has_header", action="store_false", help="text has no header line")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_common(p)
+
+    p = sub.add_parser("profile", help="length statistics and the bubble of today's practice", epilog=_EPILOG_PROFILE,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
+    _add_input_opts(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_common(p)
+
+    p = sub.add_parser("balance", help="write pre-balanced, pre-sharded Parquet", epilog=_EPILOG_BALANCE,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
+    p.add_argument("output", help="OUTPUT folder (docs/format.md)")
+    _add_input_opts(p)
+    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
+                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
+    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
+                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
+    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
+    p.add_argument("--partitioner", default=None, help="per-step assignment method (default: the fastest exact-count one)")
+    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
+                   help="samples that do not fill a last step: drop (recorded in dropped.parquet) or error")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
+    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_common(p)
+
+    p = sub.add_parser("verify", help="check an OUTPUT's invariants", epilog=_EPILOG_VERIFY,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output")
+    p.add_argument("--input", default=None, help="the balance INPUT: check no sample was lost or duplicated")
+    p.add_argument("--columns", default=None, metavar="MAP", help="column mapping used for the input")
+    p.add_argument("--json", action="store_true")
+    _add_common(p)
+    return parser
+
+
+def _cmd_convert(a: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from fsdata.convert import convert
+
+    s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
+                item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
+                overwrite=a.overwrite, progress=not a.no_progress)
+    if a.json:
+        print(json.dumps(asdict(s), indent=2))
+    else:
+        print(f"wrote {s.num_samples:,} samples ({s.samples}) from {s.num_users:,} users / {s.num_events:,} events "
+              f"to {a.output}; {s.num_users_skipped} users with < 2 items skipped")
+    return 0
+
+
+def _load_lengths(a: argparse.Namespace):
+    from fsdata.cost import load_cost_model
+    from fsdata.io import open_samples
+
+    cost_model = load_cost_model(a.cost_model)
+    src = open_samples(a.input, a.columns)
+    lengths, ids = src.lengths_and_ids()
+    return src, cost_model, lengths, ids
+
+
+def _cmd_profile(a: argparse.Namespace) -> int:
+    from fsdata.profile import format_report, profile
+
+    _, cost_model, lengths, _ = _load_lengths(a)
+    report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed)
+    print(json.dumps(report, indent=2) if a.json else format_report(report))
+    return 0
+
+
+def _cmd_balance(a: argparse.Namespace) -> int:
+    from fsdata.balance import BalanceSettings, write_balanced
+    from fsdata.plan import DEFAULT_PARTITIONER, check_settings, make_plan
+
+    if a.ranks < 1 or a.batch_size_per_rank < 1:
+        check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
+    if Path(a.output).exists() and not a.overwrite:
+        raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    src, cost_model, lengths, ids = _load_lengths(a)
+    partitioner = a.partitioner or DEFAULT_PARTITIONER
+    settings = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
+                               strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
+                               partitioner=partitioner, budget=a.budget, num_workers=a.num_workers,
+                               progress=not a.no_progress)
+    log.info("planning %d samples for %d ranks x %d", len(lengths), a.ranks, a.batch_size_per_rank)
+    plan = make_plan(cost_model.cost(lengths), num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank,
+                     seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
+                     partitioner=partitioner, budget=a.budget)
+    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite)
+    summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
+                                 "num_samples_input", "num_samples_written", "num_samples_dropped",
+                                 "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
+    summary["output"] = str(a.output)
+    if a.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"wrote {a.output}: {m['num_ranks']} ranks x {m['num_steps']} steps, "
+              f"{m['num_samples_written']:,} samples ({m['num_samples_dropped']:,} dropped, see manifest)")
+        print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({a.strategy}, {a.batch_policy})")
+        print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
+        print(f"  lower bound        {m['lower_bound_bubble']:.4%}  (equal counts)")
+    return 0
+
+
+def _cmd_verify(a: argparse.Namespace) -> int:
+    from fsdata.verify import verify
+
+    r = verify(a.output, a.input, column_map=a.columns)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps, {r['num_samples_written']:,} samples "
+              f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
+              + ("; input fully accounted for" if r["checked_input"] else ""))
+    return 0
+
+
+COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fsdata`` console script; returns the exit status."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[a.command](a)
+    except FsdataError as e:
+        print(f"fsdata: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fsdata: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
