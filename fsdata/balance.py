@@ -49,7 +49,7 @@ class BalanceSettings:
     strategy: str = "balanced"
     batch_policy: str = "fixed"
     remainder: str = "drop"
-    partitioner: str = "lpt"
+    partitioner: str = "lpt-swap"
     budget: float | None = None
     num_workers: int = 2
     progress: bool = True

@@ -101,6 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
+    p = sub.add_parser("synth", help="generate samples whose lengths follow a real dataset's distribution",
+                       epilog="examples:\n  fsdata synth big.parquet --num-samples 20000000 "
+                              "--lengths-from ../shared/datasets/ml-1m_ensfm/sequences.txt --layout event\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output", help="Parquet file to write")
+    p.add_argument("--num-samples", type=int, required=True)
+    p.add_argument("--lengths-from", required=True, help="a dataset file (sequences, events or CSV) to resample lengths from")
+    p.add_argument("--layout", default="event", choices=["user", "event"], help="per-user or per-event lengths")
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--num-items", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    _add_common(p)
+
     p = sub.add_parser("verify", help="check an OUTPUT's invariants", epilog=_EPILOG_VERIFY,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output")
@@ -180,6 +194,20 @@ def _cmd_balance(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_synth(a: argparse.Namespace) -> int:
+    from fsdata.synth import read_lengths, write_synth_samples
+
+    if Path(a.output).exists() and not a.overwrite:
+        raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    if not Path(a.lengths_from).exists():
+        raise FsdataError(f"--lengths-from {a.lengths_from} does not exist; pass a dataset file")
+    source = read_lengths(a.lengths_from, layout=a.layout, max_seq_len=a.max_seq_len)
+    info = write_synth_samples(a.output, a.num_samples, source, seed=a.seed, num_items=a.num_items)
+    print(f"wrote {info['num_samples']:,} samples ({info['num_bytes'] / 1e9:.2f} GB) to {a.output}, lengths "
+          f"resampled from {a.lengths_from} ({a.layout} layout)")
+    return 0
+
+
 def _cmd_verify(a: argparse.Namespace) -> int:
     from fsdata.verify import verify
 
@@ -193,7 +221,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify}
+COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify,
+            "synth": _cmd_synth}
 
 
 def main(argv: list[str] | None = None) -> int:
