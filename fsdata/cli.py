@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from fsdata.errors import FsdataError
@@ -168,7 +169,9 @@ def _cmd_balance(a: argparse.Namespace) -> int:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    t0 = time.perf_counter()
     src, cost_model, lengths, ids = _load_lengths(a)
+    t1 = time.perf_counter()
     partitioner = a.partitioner or DEFAULT_PARTITIONER
     settings = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
                                strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
@@ -178,11 +181,13 @@ def _cmd_balance(a: argparse.Namespace) -> int:
     plan = make_plan(cost_model.cost(lengths), num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank,
                      seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
                      partitioner=partitioner, budget=a.budget)
-    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite)
+    timings = {"read_lengths": t1 - t0, "plan": time.perf_counter() - t1}
+    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite, timings=timings)
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
     summary["output"] = str(a.output)
+    summary["stage_seconds"] = timings
     if a.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -191,6 +196,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({a.strategy}, {a.batch_policy})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
         print(f"  lower bound        {m['lower_bound_bubble']:.4%}  (equal counts)")
+        print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     return 0
 
 
