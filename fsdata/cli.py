@@ -217,7 +217,7 @@ def _cmd_synth(a: argparse.Namespace) -> int:
 def _cmd_verify(a: argparse.Namespace) -> int:
     from fsdata.verify import verify
 
-    r = verify(a.output, a.input, column_map=a.columns)
+    r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
