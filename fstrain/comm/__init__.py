@@ -51,7 +51,9 @@ __all__ = [
     "register_torch_backends",
 ]
 
-_shm_instances = itertools.count()  # same sequence on every rank: unique store prefixes
+# Per group name, how many shm transports were built on it: identical on every member, so the
+# store prefix is unique per transport and agreed without communication.
+_shm_instances: dict[str, itertools.count] = {}
 
 #: config names accepted by `CommConfig.backend`.
 BACKEND_NAMES = ("gloo", "nccl", "shm", "cuda-ce")
@@ -108,6 +110,8 @@ def build_backend(
     Args:
         config: the selected transport.
         store: store shared by the ranks; needed by ``"shm"`` (default: the default group's).
+            Transports are keyed by group name and build order, so members of a group must build
+            theirs in the same order.
         rank: rank in the group (default: ``dist.get_rank(group)``).
         world_size: ranks in the group (default: ``dist.get_world_size(group)``).
         group: the torch process group for ``"gloo"``/``"nccl"`` and the NCCL group behind
@@ -126,7 +130,9 @@ def build_backend(
     if config.backend == "shm":
         if store is None:
             store = dist.distributed_c10d._get_default_store()
-        prefix = f"fs_comm_shm/{next(_shm_instances)}"
+        group_name = (group or dist.group.WORLD).group_name if dist.is_initialized() else "-"
+        counter = _shm_instances.setdefault(group_name, itertools.count())
+        prefix = f"fs_comm_shm/{group_name}/{next(counter)}"
         return ShmBackend(store, prefix=prefix, rank=rank,
                           world_size=world_size, config=config.shm)
     return CopyEngineBackend(group, config=config.cuda_ce)

@@ -105,6 +105,7 @@ def check_splits(
     input_splits: Sequence[int],
     world_size: int,
     output: torch.Tensor | None = None,
+    rank: int | None = None,
 ) -> None:
     """Validate local split sizes against the tensors (cheap, no communication).
 
@@ -114,16 +115,24 @@ def check_splits(
         input_splits: ``W`` non-negative row counts sent to each rank.
         world_size: ``W``.
         output: optional preallocated output, shape [N_out x D...], same dtype as ``input``.
+        rank: this rank; when given, the rows it sends itself must equal the rows it receives
+            from itself.
 
     Raises:
         ValueError: a list has the wrong length, a count is negative, the counts do not add up to
             the rows of the tensors, or ``output`` has the wrong dtype / trailing shape.
+        SplitMismatchError: the rows sent to and received from ``rank`` itself differ.
     """
     for what, splits in (("output_splits", output_splits), ("input_splits", input_splits)):
         if len(splits) != world_size:
             raise ValueError(f"{what} has {len(splits)} entries; the group has {world_size} ranks")
         if any(int(s) < 0 for s in splits):
             raise ValueError(f"{what} has a negative count: {list(splits)}")
+    if rank is not None and int(input_splits[rank]) != int(output_splits[rank]):
+        raise SplitMismatchError(
+            f"rank {rank} sends itself {input_splits[rank]} rows (input_splits[{rank}]) but "
+            f"expects {output_splits[rank]} (output_splits[{rank}]); they must be equal"
+        )
     if input.dim() == 0:
         raise ValueError("input must have at least one dimension (rows), got a 0-d tensor")
     if sum(input_splits) != input.shape[0]:

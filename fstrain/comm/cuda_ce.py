@@ -161,7 +161,7 @@ class CopyEngineBackend(CommBackend):
             ValueError: bad local splits or a tensor on another device.
             SplitMismatchError: a peer sends a different byte count than ``output_splits`` says.
         """
-        check_splits(input, output_splits, input_splits, self.world_size, out)
+        check_splits(input, output_splits, input_splits, self.world_size, out, self.rank)
         if input.device != self.device:
             raise ValueError(f"input is on {input.device}; this rank drives {self.device}")
         output = allocate_output(input, output_splits) if out is None else out

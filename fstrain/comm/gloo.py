@@ -41,7 +41,7 @@ class TorchDistBackend(CommBackend):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """See `CommBackend.all_to_all_v`; errors of the process group propagate unchanged."""
-        check_splits(input, output_splits, input_splits, self.world_size, out)
+        check_splits(input, output_splits, input_splits, self.world_size, out, self.rank)
         output = allocate_output(input, output_splits) if out is None else out
         with record_function(f"## {self.name}_all_to_all_v ##"):
             dist.all_to_all_single(

@@ -185,7 +185,7 @@ class ShmBackend(CommBackend):
         shm_dir: str = "/dev/shm"
         """Directory of a memory-backed filesystem for the segments (tmpfs)."""
         spin_iterations: int = 200
-        """Polling rounds without sleeping before backing off to sleeps."""
+        """Polling rounds (each yields the CPU once) before backing off to sleeps."""
         max_sleep_us: int = 200
         """Longest sleep between polls, microseconds (backoff doubles up to this)."""
         liveness_check_seconds: float = 0.5
@@ -322,7 +322,7 @@ class ShmBackend(CommBackend):
             raise RuntimeError("ShmBackend is closed")
         if input.device.type != "cpu":
             raise ValueError(f"shm backend moves CPU tensors; got a tensor on {input.device}")
-        check_splits(input, output_splits, input_splits, self.world_size, out)
+        check_splits(input, output_splits, input_splits, self.world_size, out, self.rank)
         output = allocate_output(input, output_splits) if out is None else out
         try:
             with record_function("## shm_all_to_all_v ##"):
@@ -342,6 +342,10 @@ class ShmBackend(CommBackend):
         dst = output.reshape(-1).view(torch.uint8).numpy()
         send_off = np.concatenate([[0], np.cumsum(input_splits)]) * row_bytes
         recv_off = np.concatenate([[0], np.cumsum(output_splits)]) * row_bytes
+        for p in range(world):  # fail fast if a peer already gave up on the group
+            if p != rank and self._peers[p].header[_H_ABORTED]:
+                raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an "
+                                      "earlier error")
         # Own rows: a plain local copy.
         dst[recv_off[rank]:recv_off[rank + 1]] = src[send_off[rank]:send_off[rank + 1]]
         chunk, slots = cfg.chunk_bytes, cfg.num_slots
@@ -402,6 +406,7 @@ class ShmBackend(CommBackend):
                 continue
             idle_rounds += 1
             if idle_rounds <= cfg.spin_iterations:
+                os.sched_yield()  # let a peer sharing this core run
                 continue
             time.sleep(sleep_us * 1e-6)
             sleep_us = min(sleep_us * 2, cfg.max_sleep_us)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fstrain.comm import CommConfig, PeerTimeoutError, ShmBackend, register_torch_backends
+from fstrain.comm import CommConfig, PeerTimeoutError, SplitMismatchError, ShmBackend, register_torch_backends
 from fstrain.comm.base import allocate_output, check_splits, even_splits
 from fstrain.comm.cuda_ce import plan_rounds
 from fstrain.comm.shm import _ring_index, num_chunks, ring_bytes, segment_bytes
@@ -28,6 +28,8 @@ def test_check_splits_rejects_bad_lengths_counts_and_sums():
         check_splits(x, [1, 4], [2, 3], 2, output=torch.zeros(5, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="output has 4 rows"):
         check_splits(x, [1, 4], [2, 3], 2, output=torch.zeros(4, 3))
+    with pytest.raises(SplitMismatchError, match="sends itself 2 rows"):
+        check_splits(x, [1, 4], [2, 3], 2, rank=0)
     with pytest.raises(ValueError, match="rows have shape"):
         check_splits(x, [1, 4], [2, 3], 2, output=torch.zeros(5, 2))
 
@@ -82,8 +84,8 @@ def test_shm_single_rank_copies_and_leaves_no_segment(tmp_path):
         x = torch.randn(6, 4)
         out = comm.all_to_all_v(x, [6], [6])
         assert torch.equal(out, x) and out.data_ptr() != x.data_ptr()
-        with pytest.raises(ValueError, match="input_splits add up to 5"):
-            comm.all_to_all_v(x, [6], [5])
+        with pytest.raises(ValueError, match="add up to 6 rows but input has 5"):
+            comm.all_to_all_v(x[:5], [5], [6])
     assert set(glob.glob("/dev/shm/fsc-*")) == before
 
 
