@@ -128,16 +128,16 @@ def check_splits(
             raise ValueError(f"{what} has {len(splits)} entries; the group has {world_size} ranks")
         if any(int(s) < 0 for s in splits):
             raise ValueError(f"{what} has a negative count: {list(splits)}")
-    if rank is not None and int(input_splits[rank]) != int(output_splits[rank]):
-        raise SplitMismatchError(
-            f"rank {rank} sends itself {input_splits[rank]} rows (input_splits[{rank}]) but "
-            f"expects {output_splits[rank]} (output_splits[{rank}]); they must be equal"
-        )
     if input.dim() == 0:
         raise ValueError("input must have at least one dimension (rows), got a 0-d tensor")
     if sum(input_splits) != input.shape[0]:
         raise ValueError(
             f"input_splits add up to {sum(input_splits)} rows but input has {input.shape[0]} rows"
+        )
+    if rank is not None and int(input_splits[rank]) != int(output_splits[rank]):
+        raise SplitMismatchError(
+            f"rank {rank} sends itself {input_splits[rank]} rows (input_splits[{rank}]) but "
+            f"expects {output_splits[rank]} (output_splits[{rank}]); they must be equal"
         )
     if output is not None:
         if output.dtype != input.dtype:
