@@ -132,6 +132,20 @@ def _check_group(rank, world_size, group, gloo, cfg):
     ref = torch.empty_like(x)
     dist.all_to_all_single(ref, x, group=gloo)
     assert torch.equal(y, ref), f"W={world_size}: functional all_to_all_single differs from gloo"
+    # torchrec's pooled-embedding all-to-all (forward and backward) over the fs_shm group.
+    from torchrec.distributed.comm_ops import alltoall_pooled
+
+    batch_per_rank, dim_sum_per_rank = [3, 5, 0, 4][:world_size], [4, 6, 1, 8][:world_size]
+    pooled = {}
+    for name, g in (("shm", group), ("gloo", gloo)):
+        torch.manual_seed(rank)
+        emb = torch.randn(sum(batch_per_rank), dim_sum_per_rank[rank], requires_grad=True)
+        y = alltoall_pooled(emb, batch_per_rank, dim_sum_per_rank, group=g).wait()
+        (y * torch.arange(y.numel()).reshape(y.shape)).sum().backward()
+        pooled[name] = (y.detach(), emb.grad)
+    assert pooled["shm"][0].shape == (batch_per_rank[rank], sum(dim_sum_per_rank))
+    assert torch.equal(pooled["shm"][0], pooled["gloo"][0]), "torchrec alltoall_pooled forward"
+    assert torch.equal(pooled["shm"][1], pooled["gloo"][1]), "torchrec alltoall_pooled backward"
     # Other collectives are delegated to gloo on the same group.
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t, group=group)
@@ -169,7 +183,8 @@ def test_shm_all_to_all_v_equals_gloo_on_2_3_4_ranks():
         assert sorted(res) == [w for w in (2, 3, 4) if rank < w]
         for w, r in res.items():
             assert len(r["checked"]) == 8
-            assert r["shm_calls"] == 9, r  # every all-to-all of the fs_shm group went via shm
+            # 8 cases + functional + torchrec forward and backward: all went through shm.
+            assert r["shm_calls"] == 11, r
     assert max(out[r][1][2]["max_bytes"] for r in (0, 1)) > 30e6  # "tens of MB"
     assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"
 
