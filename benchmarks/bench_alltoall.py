@@ -41,18 +41,23 @@ def _iterations(size_bytes: int, quick: bool) -> int:
     return max(3, n // 4) if quick else n
 
 
-def _time(fn, iters: int, warmup: int = 2) -> float:
-    """Median over iterations of the slowest rank's time, seconds."""
-    times = []
+def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
+    """Median over iterations of the slowest rank's time per function, seconds.
+
+    The functions alternate inside each iteration, so load from other processes on the node hits
+    them alike.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(warmup + iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        if i >= warmup:
-            times.append(dt.item())
-    return statistics.median(times)
+        for name, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times[name].append(dt.item())
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool,
@@ -71,8 +76,9 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
         x = torch.randn(per_peer * world_size, _ROW_FLOATS)
         out = torch.empty_like(x)
         iters = _iterations(size, quick)
-        for name, comm in (("shm", shm), ("gloo", gloo)):
-            seconds = _time(lambda: comm.all_to_all_v(x, splits, splits, out=out), iters)
+        medians = _time({name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
+                         for name, comm in (("shm", shm), ("gloo", gloo))}, iters)
+        for name, seconds in medians.items():
             cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4
             rows.append({"backend": name, "world_size": world_size,
                          "bytes_per_rank": x.numel() * 4, "iterations": iters,
@@ -157,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in args.ranks:
         logger.info("CPU: %d ranks ...", w)
         cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick)
-    print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits "
-          f"(median of slowest-rank times; torch threads = 1 per rank)")
+    print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits (median of slowest-rank "
+          f"times; torch threads = 1 per rank; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores)")
     print(f"{'ranks':>5} {'bytes/rank':>10} | {'shm us':>10} {'gloo us':>10} | "
           f"{'shm GB/s':>9} {'gloo GB/s':>9} | {'speedup':>7}")
     by_key = {(r["backend"], r["world_size"], r["bytes_per_rank"]): r for r in cpu_rows}
@@ -181,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bench_alltoall.json")
         payload = {"command": " ".join([sys.executable, "-m", "benchmarks.bench_alltoall", *(argv or sys.argv[1:])]),
-                   "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                   "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+                   "torch": torch.__version__,
                    "cpu": cpu_rows, "gpu": gpu_rows}
         with open(path + ".tmp", "w") as f:
             json.dump(payload, f, indent=1)
