@@ -360,7 +360,8 @@ class ShmBackend(CommBackend):
             PeerExitedError: a peer process exited or aborted its transport.
         """
         if self._closed:
-            raise RuntimeError("ShmBackend is closed")
+            raise RuntimeError("ShmBackend is closed (by close() or after an earlier exchange error);"
+                               " create a new transport / process group")
         if input.device.type != "cpu":
             raise ValueError(f"shm backend moves CPU tensors; got a tensor on {input.device}")
         check_splits(input, output_splits, input_splits, self.world_size, out, self.rank)

@@ -93,3 +93,36 @@ def test_peer_timeout_error_names_rank_and_timeout():
     e = PeerTimeoutError(peer_rank=3, timeout_seconds=2.5, stage="recv", detail="chunk 0 of 4")
     assert e.peer_rank == 3 and "peer rank 3" in str(e) and "2.5 s" in str(e)
     assert isinstance(e, TimeoutError)
+
+
+def test_process_group_override_is_reached_through_the_c10d_dispatcher():
+    # A 1-rank fs_shm group called the way torchrec's compiled path calls it (functional op ->
+    # C++ ProcessGroup -> PyProcessGroup trampoline -> Python override): the result is right,
+    # the call is counted, and a typed transport error keeps its type through the C++ layer.
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import _register_process_group, _unregister_process_group
+
+    from fstrain.comm.process_group import ShmProcessGroup
+
+    pg = ShmProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=5))
+    _register_process_group("fs_shm_unit", pg)
+    try:
+        x = torch.arange(6.0)
+        y = torch.ops._c10d_functional.wait_tensor(
+            torch.ops._c10d_functional.all_to_all_single(x, [6], [6], "fs_shm_unit"))
+        assert torch.equal(y, x) and pg.num_shm_all_to_all == 1
+        assert pg.name() == "fs_shm"
+        with pytest.raises(SplitMismatchError, match="sends itself 6 rows"):
+            torch.ops._c10d_functional.all_to_all_single(x, [5], [6], "fs_shm_unit")
+    finally:
+        _unregister_process_group("fs_shm_unit")
+        pg.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA guard")
+def test_cuda_ce_without_cuda_raises_a_clear_error():
+    from fstrain.comm import BackendUnavailableError, CopyEngineBackend
+
+    with pytest.raises(BackendUnavailableError, match="needs CUDA; use 'shm' or 'gloo'"):
+        CopyEngineBackend(None)
