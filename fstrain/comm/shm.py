@@ -31,6 +31,7 @@ after the processes exit, even after a crash (except a crash inside the rendezvo
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import math
@@ -273,9 +274,19 @@ class ShmBackend(CommBackend):
                         raise BackendUnavailableError(
                             f"shm backend needs all ranks on one node: rank {rank} is on {me}, "
                             f"rank {p} on {node}; use backend 'gloo' (or 'nccl') across nodes")
-                    self._peers[p] = _Segment(peer_path, create=False, **seg_args)
+                    try:
+                        self._peers[p] = _Segment(peer_path, create=False, **seg_args)
+                        self._peer_bells[p] = os.open(peer_path + ".bell",
+                                                      os.O_WRONLY | os.O_NONBLOCK)
+                    except OSError as e:
+                        if e.errno not in (errno.ENOENT, errno.ENXIO):  # ENXIO: no FIFO reader
+                            raise BackendUnavailableError(
+                                f"cannot map rank {p}'s segment {peer_path}: {e}") from e
+                        raise PeerExitedError(peer_rank=p, detail=f"its segment {peer_path} is "
+                                              f"gone ({e}); it left the rendezvous") from e
+                    if int(self._peers[p].header[_H_MAGIC]) != _MAGIC:
+                        raise BackendUnavailableError(f"{peer_path} is not an fstrain shm segment")
                     self._peer_pids[p] = int(pid)
-                    self._peer_bells[p] = os.open(peer_path + ".bell", os.O_WRONLY | os.O_NONBLOCK)
                 store.set(f"{prefix}/mapped/{rank}", "1")
                 for p in range(world_size):
                     if p != rank:
