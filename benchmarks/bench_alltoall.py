@@ -37,7 +37,12 @@ _QUICK_SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 
 def _iterations(size_bytes: int, quick: bool) -> int:
-    n = 200 if size_bytes <= 64 << 10 else 50 if size_bytes <= 1 << 20 else 10 if size_bytes <= 16 << 20 else 5
+    if size_bytes <= 64 << 10:
+        n = 200
+    elif size_bytes <= 1 << 20:
+        n = 50
+    else:
+        n = 10 if size_bytes <= 16 << 20 else 5
     return max(3, n // 4) if quick else n
 
 
@@ -82,7 +87,8 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
             cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4
             rows.append({"backend": name, "world_size": world_size,
                          "bytes_per_rank": x.numel() * 4, "iterations": iters,
-                         "latency_us": seconds * 1e6, "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
+                         "latency_us": seconds * 1e6,
+                         "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
     shm.close()
     if rank == 0:
         with open(result_path, "w") as f:
@@ -187,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bench_alltoall.json")
-        payload = {"command": " ".join([sys.executable, "-m", "benchmarks.bench_alltoall", *(argv or sys.argv[1:])]),
+        command = [sys.executable, "-m", "benchmarks.bench_alltoall", *(argv or sys.argv[1:])]
+        payload = {"command": " ".join(command),
                    "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
                    "torch": torch.__version__,
                    "cpu": cpu_rows, "gpu": gpu_rows}

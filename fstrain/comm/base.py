@@ -75,7 +75,15 @@ class PeerExitedError(CommError):
 
 
 class SplitMismatchError(CommError, ValueError):
-    """Two ranks disagree on how many rows one sends the other, or on the row size."""
+    """Two ranks disagree on how many rows one sends the other, or on the row size.
+
+    Attributes:
+        peer_rank: the rank whose message did not match, or None for a local inconsistency.
+    """
+
+    def __init__(self, message: str, *, peer_rank: int | None = None):
+        self.peer_rank = peer_rank
+        super().__init__(message)
 
 
 def even_splits(num_rows: int, world_size: int) -> list[int]:

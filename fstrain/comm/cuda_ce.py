@@ -137,8 +137,8 @@ class CopyEngineBackend(CommBackend):
         hosts = {h for h, _ in everyone}
         if len(hosts) > 1:
             return f"ranks span {len(hosts)} nodes"
-        no_p2p = [d for _, d in everyone
-                  if d != self.device.index and not torch.cuda.can_device_access_peer(self.device.index, d)]
+        me = self.device.index
+        no_p2p = [d for _, d in everyone if d != me and not torch.cuda.can_device_access_peer(me, d)]
         local_ok = torch.tensor([0 if no_p2p else 1], device=self.device)
         dist.all_reduce(local_ok, op=dist.ReduceOp.MIN, group=self.group)
         if not int(local_ok.item()):

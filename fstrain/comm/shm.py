@@ -446,7 +446,8 @@ class ShmBackend(CommBackend):
                             f"rank {rank} expected {st[2]} bytes ({st[2] // max(row_bytes, 1)} rows"
                             f" of {row_bytes} bytes) from rank {p} in collective #{op}, but rank {p}"
                             f" sent {h_total} bytes in collective #{h_op} (chunk {h_index}); the "
-                            "ranks disagree on split sizes, row shape/dtype, or collective order")
+                            "ranks disagree on split sizes, row shape/dtype, or collective order",
+                            peer_rank=p)
                     if n > 0:
                         lo = int(recv_off[p]) + st[0] * chunk
                         dst[lo:lo + n] = payload[slot, :n]
@@ -468,8 +469,8 @@ class ShmBackend(CommBackend):
                 idle_since = now
             if (now - idle_since) * 1e6 < cfg.spin_us:
                 continue
-            self._wait_for_bell(min(cfg.liveness_check_seconds,
-                                    max(0.0, cfg.timeout_seconds - (time.monotonic() - last_progress))))
+            left_seconds = cfg.timeout_seconds - (time.monotonic() - last_progress)
+            self._wait_for_bell(min(cfg.liveness_check_seconds, max(0.0, left_seconds)))
             now = time.monotonic()
             waiting = sorted(set(sends) | set(recvs))
             if now - last_liveness >= cfg.liveness_check_seconds:

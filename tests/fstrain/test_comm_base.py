@@ -9,7 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fstrain.comm import CommConfig, PeerTimeoutError, SplitMismatchError, ShmBackend, register_torch_backends
+from fstrain.comm import (
+    CommConfig,
+    PeerTimeoutError,
+    ShmBackend,
+    SplitMismatchError,
+    register_torch_backends,
+)
 from fstrain.comm.base import allocate_output, check_splits, even_splits
 from fstrain.comm.cuda_ce import plan_rounds
 from fstrain.comm.shm import _ring_index, num_chunks, ring_bytes, segment_bytes
