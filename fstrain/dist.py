@@ -178,9 +178,46 @@ def build_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
     plan = planner.collective_plan(model, sharders, pg)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan,
                                    sharders=sharders, data_parallel_wrapper=SumDataParallelWrapper())
+    init_table_rows(dmp, config, seed=torch.initial_seed())
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                       lambda params: torch.optim.Adam(params, lr=optim.dense_lr))
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
+
+
+_INIT_BLOCK_ROWS = 4096
+
+
+def init_table_rows(dmp: DistributedModelParallel, config: Config, seed: int) -> None:
+    """Initialise this rank's rows of the item table independently of the sharding.
+
+    Row ``i`` gets values drawn from a generator seeded by ``(seed, i // 4096)``, uniform in
+    ``+-sqrt(1 / num_items)`` (torchrec's default range), so any world size (and a single
+    process) starts from the same table: runs on different world sizes are comparable.
+
+    Args:
+        dmp: the sharded model.
+        config: model size (``num_items``, ``embedding_dim``).
+        seed: run seed.
+    """
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    bound = (1.0 / config.num_items) ** 0.5
+    d = config.embedding_dim
+    for name, t in dmp.state_dict().items():
+        if TABLE_NAME not in name or not isinstance(t, ShardedTensor):
+            continue
+        for shard in t.local_shards():
+            row0, col0 = shard.metadata.shard_offsets
+            rows, cols = shard.tensor.shape
+            out = torch.empty(rows, d)
+            first, last = row0 // _INIT_BLOCK_ROWS, (row0 + rows - 1) // _INIT_BLOCK_ROWS
+            for blk in range(first, last + 1):
+                g = torch.Generator().manual_seed(seed * 1_000_003 + blk)
+                vals = torch.rand(_INIT_BLOCK_ROWS, d, generator=g) * (2 * bound) - bound
+                lo, hi = max(row0, blk * _INIT_BLOCK_ROWS), min(row0 + rows, (blk + 1) * _INIT_BLOCK_ROWS)
+                out[lo - row0:hi - row0] = vals[lo - blk * _INIT_BLOCK_ROWS:hi - blk * _INIT_BLOCK_ROWS]
+            with torch.no_grad():
+                shard.tensor.copy_(out[:, col0:col0 + cols].to(shard.tensor.device))
 
 
 def dense_parameters(dmp: DistributedModelParallel) -> list[torch.Tensor]:
