@@ -19,8 +19,9 @@ Assignment (one pass over the global shuffled order, with a bounded look-ahead):
 * Every rank gets at least one sample per step: while a rank is empty it is the least loaded, and
   an empty rank accepts any sample (the budget is never below the largest cost; a sample above a
   user-given budget is placed alone on an empty rank).
-* When the stream runs out, a last step that cannot be closed as above is undone: its samples and
-  the still-pending ones are the tail remainder, returned as ``step = rank = -1``.
+* When the stream runs out, a last step that cannot be closed as above and whose least loaded rank
+  stays under ``tail_fill * budget`` is undone: its samples and the still-pending ones are the tail
+  remainder, returned as ``step = rank = -1``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _argmin(loads):
 
 
 @njit(cache=True)
-def _plan_kernel(costs, R, budget, lookahead, cmin, step, rank):
+def _plan_kernel(costs, R, budget, lookahead, cmin, tail_fill, step, rank):
     N = costs.shape[0]
     pend = np.empty(N, dtype=np.int64)
     newpend = np.empty(N, dtype=np.int64)
@@ -90,7 +91,7 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, step, rank):
                 nskip += 1
             if budget - loads[amin] < cmin or nskip >= lookahead:
                 break
-        if exhausted and budget - loads[amin] >= cmin:
+        if exhausted and budget - loads[amin] >= cmin and loads[amin] < tail_fill * budget:
             for k in range(nplaced):  # the tail cannot close a step: undo it
                 step[placed[k]] = -1
                 rank[placed[k]] = -1
@@ -128,8 +129,8 @@ def default_budget(costs: np.ndarray, batch_size_per_rank: int) -> float:
 
 
 def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int,
-                     budget: float | None = None, *, lookahead: int | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     budget: float | None = None, *, lookahead: int | None = None,
+                     tail_fill: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
     """Assign samples to (step, rank) so every rank of a step carries about the same cost.
 
     Args:
@@ -140,6 +141,9 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
             :func:`default_budget`. A sample costlier than the budget is placed alone.
         lookahead: skipped candidates after which a step closes (default ``R * B``); larger
             fills ranks more tightly, smaller keeps the order closer to the shuffle.
+        tail_fill: once the input is used up, a step that cannot be filled is kept only if its
+            least loaded rank reaches ``tail_fill * budget``; otherwise it and the samples still
+            waiting are the dropped tail remainder.
 
     Returns:
         ``(step, rank)``, each shape ``[N]``, int32. Steps are numbered ``0 .. S-1``, every rank
@@ -165,12 +169,12 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
         raise ConfigError(f"budget={budget} must be > 0 (default: max(B * mean cost, largest cost))")
     if lookahead is None:
         lookahead = num_ranks * batch_size_per_rank
-    if lookahead < 1:
-        raise ConfigError(f"lookahead={lookahead} must be >= 1")
+    if lookahead < 1 or not 0 <= tail_fill <= 1:
+        raise ConfigError(f"lookahead={lookahead} must be >= 1 and tail_fill={tail_fill} in [0, 1]")
     step = np.full(c.size, -1, dtype=np.int32)
     rank = np.full(c.size, -1, dtype=np.int32)
     cmin = max(float(c.min()), 1e-12 * float(budget))
-    _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, step, rank)
+    _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, float(tail_fill), step, rank)
     return step, rank
 
 

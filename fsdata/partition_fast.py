@@ -9,7 +9,8 @@ goes to, with exactly ``B`` samples on every rank of every step.
 1. Sorted LPT respecting the per-rank count (Graham 1969, "Bounds on multiprocessing timing
    anomalies"): samples by decreasing cost, each to the least loaded rank that still has room.
    The min-heap is keyed on ``(load, rank)`` exactly like :func:`fsdata.partition.lpt_reference`,
-   so with ``max_swap_iters=0`` the per-rank loads are bit-identical to the reference.
+   so with ``max_swap_iters=0`` the per-rank loads equal the reference's (equal-cost samples may
+   trade places, which changes nothing but float summation order).
 2. Best-swap improvement: while it lowers the straggler, exchange one sample of the most loaded
    rank ``m`` with one sample of a lighter rank ``r``. For a gap ``g = L_m - L_r`` the best exchange
    moves ``d = c_a - c_b`` closest to ``g / 2`` (pair maximum ``max(L_m - d, L_r + d)``); each rank
@@ -321,7 +322,7 @@ def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: 
         num_ranks: R.
         batch_size_per_rank: B.
         max_swap_iters: cap on improving exchanges per step; 0 gives plain sorted LPT with the
-            same per-rank loads as :func:`fsdata.partition.lpt_reference`.
+            the per-rank loads of :func:`fsdata.partition.lpt_reference`.
         swap_tolerance: stop exchanging once the straggler is within this relative distance of
             the step's lower bound (:func:`fsdata.bubble.step_lower_bound`); 0 exchanges until no
             exchange helps.
