@@ -244,7 +244,7 @@ def _swap_pass(R, B, max_iters, stop_load, out, loads, member, mcost):
 
 
 @njit(cache=True, parallel=True)
-def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, num_chunks):
+def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, lower, num_chunks):
     S, n = C.shape
     per = (S + num_chunks - 1) // num_chunks
     for t in prange(num_chunks):
@@ -262,6 +262,7 @@ def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, num_chunks):
         counts = np.empty(R, dtype=np.int64)
         for s in range(t * per, min(S, (t + 1) * per)):
             lb = _lpt_step(C[s], R, B, out[s], loads, member, mcost, order, keys, tmp, key, tree, counts)
+            lower[s] = lb
             if max_iters > 0:
                 swaps[s] = _swap_pass(R, B, max_iters, lb * (1.0 + tol), out[s], loads, member, mcost)
 
@@ -299,7 +300,7 @@ class _Threads:
 def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int, *,
                    max_swap_iters: int = DEFAULT_MAX_SWAP_ITERS,
                    swap_tolerance: float = DEFAULT_SWAP_TOLERANCE, num_threads: int | None = None,
-                   return_swaps: bool = False):
+                   return_stats: bool = False):
     """Sorted LPT with the per-rank count, then best-swap improvement, for many steps in parallel.
 
     Args:
@@ -312,11 +313,13 @@ def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: 
             the step's lower bound (:func:`fsdata.bubble.step_lower_bound`); 0 exchanges until no
             exchange helps.
         num_threads: numba threads to use (None: all, ``NUMBA_NUM_THREADS``).
-        return_swaps: also return the number of exchanges made per step.
+        return_stats: also return per-step statistics (computed in the kernel, no extra pass).
 
     Returns:
         ranks, shape ``[S x (R*B)]``, int32: rank of each sample, exactly B per rank per step;
-        with ``return_swaps`` a tuple ``(ranks, swaps int64[S])``.
+        with ``return_stats`` a tuple ``(ranks, stats)`` where ``stats`` holds float64/int64
+        arrays of shape ``[S]``: ``swaps`` (exchanges made) and ``lower_bound`` (the step's lower
+        bound on the straggler, as :func:`fsdata.bubble.step_lower_bound`).
 
     Raises:
         ConfigError: shape does not match ``R*B``, or non-positive settings.
@@ -327,12 +330,13 @@ def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: 
         raise ConfigError(f"max_swap_iters={max_swap_iters} and swap_tolerance={swap_tolerance} must be >= 0")
     out = np.empty(c.shape, dtype=np.int32)
     swaps = np.zeros(c.shape[0], dtype=np.int64)
+    lower = np.zeros(c.shape[0])
     if c.shape[0]:
         with _Threads(num_threads):
             num_chunks = min(c.shape[0], 4 * numba.get_num_threads())
             _lpt_swap_steps(c, num_ranks, batch_size_per_rank, int(max_swap_iters), float(swap_tolerance),
-                            out, swaps, num_chunks)
-    return (out, swaps) if return_swaps else out
+                            out, swaps, lower, num_chunks)
+    return (out, {"swaps": swaps, "lower_bound": lower}) if return_stats else out
 
 
 def snake_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int) -> np.ndarray:
