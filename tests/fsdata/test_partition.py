@@ -148,6 +148,14 @@ def test_chunked_equals_whole_and_threads_do_not_change_result():
     np.testing.assert_array_equal(np.concatenate(chunks), whole)
 
 
+def test_kernel_stats_match_bubble_module():
+    rng = np.random.default_rng(9)
+    c = _quadratic(rng.integers(1, 300, size=(6, 48)))
+    ranks, stats = lpt_swap_steps(c, 6, 8, return_stats=True)
+    np.testing.assert_allclose(stats["lower_bound"], step_lower_bound(c, 6, 8), rtol=1e-12)
+    assert stats["swaps"].shape == (6,) and (stats["swaps"] >= 0).all()
+
+
 def test_empty_input_and_errors():
     assert partition_steps(np.empty((0, 8)), 2, 4).shape == (0, 8)
     with pytest.raises(ConfigError, match="unknown partition method"):
