@@ -10,7 +10,7 @@ user, length ``n - 1``; per-event: one sample per interaction, history capped at
 lengths resampled from MovieLens-1M per-event (10M samples), then 100M samples through
 :func:`fsdata.partition.partition_steps_chunked` in a child process (peak RSS of that process).
 Cost model: ``quadratic`` (``L^2 + 64 L``), plus the cost-budget headline on MovieLens-1M per-user
-with ``hstu``.
+with ``hstu`` and ``quadratic``.
 
 Columns: predicted run bubble (:func:`fsdata.bubble.run_bubble`), gap to the equal-count lower
 bound of the same steps in percentage points, samples per second (wall) and per CPU-second,
@@ -190,23 +190,27 @@ def main(argv=None) -> int:
                 for B in Bs:
                     if len(costs) >= R * B:
                         rows += bench_steps(costs, R, B, cfg, {"data": f.split("/")[0], "layout": layout})
-    # cost-budget headline: MovieLens-1M per-user, hstu cost, R=16, B=16
+    # cost-budget headline: MovieLens-1M per-user, hstu and quadratic costs, R=16, B=16
     ml = DATASETS / FILES[0]
-    headline = {}
+    headline = []
     if ml.exists():
-        c = load_cost_model("hstu").cost(rng.permutation(read_lengths(ml, "user")))
-        for name, cc in (("hstu", c),):
-            step, rank = plan_cost_budget(cc, 16, 16)
+        user_lengths = rng.permutation(read_lengths(ml, "user"))
+        for name in ("hstu", "quadratic"):
+            cc = load_cost_model(name).cost(user_lengths)
+            (step, rank), wall, _, _ = _run(lambda: plan_cost_budget(cc, 16, 16), False)
             loads, counts = step_rank_loads(cc, step, rank, 16)
             S = len(cc) // 256
             fixed = cc[: S * 256].reshape(S, 256)
-            headline = {"cost_model": name, "R": 16, "B": 16, "cost_budget_bubble_pct": 100 * run_bubble(loads),
-                        "fixed_lower_bound_pct": 100 * lower_bound_bubble(fixed, 16, 16),
-                        "shuffle_bubble_pct": 100 * run_bubble(per_rank_loads(fixed, partition_steps(fixed, 16, 16, "shuffle"), 16)),
-                        "steps": int(loads.shape[0]), "mean_samples_per_rank_step": float(counts.mean()),
-                        "min_samples_per_rank_step": int(counts.min()), "max_samples_per_rank_step": int(counts.max()),
-                        "num_dropped": int((step < 0).sum()), "num_samples": int(len(cc))}
-            print("cost-budget headline (ml-1m per-user, hstu, R=16, B=16):", json.dumps(headline), flush=True)
+            shuffle = per_rank_loads(fixed, partition_steps(fixed, 16, 16, "shuffle"), 16)
+            headline.append({"cost_model": name, "R": 16, "B": 16, "cost_budget_bubble_pct": 100 * run_bubble(loads),
+                             "fixed_lower_bound_pct": 100 * lower_bound_bubble(fixed, 16, 16),
+                             "shuffle_bubble_pct": 100 * run_bubble(shuffle),
+                             "steps": int(loads.shape[0]), "mean_samples_per_rank_step": float(counts.mean()),
+                             "min_samples_per_rank_step": int(counts.min()),
+                             "max_samples_per_rank_step": int(counts.max()),
+                             "mean_samples_per_step": float(counts.sum(axis=1).mean()),
+                             "num_dropped": int((step < 0).sum()), "num_samples": int(len(cc)), "wall_s": wall})
+            print("cost-budget headline (ml-1m per-user, R=16, B=16):", json.dumps(headline[-1]), flush=True)
     # synthetic: lengths resampled from MovieLens-1M per-event
     if ml.exists() and synth_n:
         from fsdata.synth import synth_lengths
