@@ -106,6 +106,18 @@ def _fmt(r: dict) -> str:
             f"{r['samples_per_s'] / 1e6:8.3f} M/s {r['samples_per_cpu_s'] / 1e6:8.3f} M/cpu-s mem={mem} MiB{more}")
 
 
+def _peak_rss_mib() -> float:
+    """Peak resident memory of this process (VmHWM; ru_maxrss would include the parent's at fork)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_threads: int) -> None:
     """Child process: ``num_samples`` synthetic costs through partition_steps_chunked; prints JSON."""
     from fsdata.partition import partition_steps_chunked
@@ -129,7 +141,7 @@ def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_thread
     for C in it:
         ranks, st = lpt_swap_steps(C, R, B, num_threads=num_threads, return_stats=True)
         if rss_first is None:
-            rss_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            rss_first = _peak_rss_mib()
         loads = per_rank_loads(C, ranks, R)
         stats["max"] += loads.max(axis=1).sum()
         stats["mean"] += loads.mean(axis=1).sum()
@@ -147,7 +159,7 @@ def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_thread
                       "samples_per_s_partition": S * R * B / max(wall - gen_wall, 1e-9),
                       "bubble_pct": 100 * bubble, "gap_pp": 100 * (bubble - lb),
                       "peak_rss_mib_after_first_chunk": rss_first,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_rss_mib": _peak_rss_mib(),
                       "costs_mib_if_held_at_once": S * R * B * 8 / 2**20}))
 
 

@@ -9,9 +9,9 @@ goes to, with exactly ``B`` samples on every rank of every step.
 1. Sorted LPT respecting the per-rank count (Graham 1969, "Bounds on multiprocessing timing
    anomalies"): samples by decreasing cost, each to the least loaded rank that still has room.
    The least loaded rank comes from a tournament tree keyed on ``(load, rank)``, the order of the
-   heap in :func:`fsdata.partition.lpt_reference`,
-   so with ``max_swap_iters=0`` the per-rank loads equal the reference's (equal-cost samples may
-   trade places, which changes nothing but float summation order).
+   heap in :func:`fsdata.partition.lpt_reference`, so with ``max_swap_iters=0`` the per-rank loads
+   equal the reference's (equal-cost samples may trade places, which changes only the float
+   summation order).
 2. Best-swap improvement: while it lowers the straggler, exchange one sample of the most loaded
    rank ``m`` with one sample of a lighter rank ``r``. For a gap ``g = L_m - L_r`` the best exchange
    moves ``d = c_a - c_b`` closest to ``g / 2`` (pair maximum ``max(L_m - d, L_r + d)``); each rank
@@ -322,10 +322,12 @@ def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: 
         bound on the straggler, as :func:`fsdata.bubble.step_lower_bound`).
 
     Raises:
-        ConfigError: shape does not match ``R*B``, or non-positive settings.
+        ConfigError: shape does not match ``R*B``, negative or non-finite costs, or bad settings.
     """
     c = np.ascontiguousarray(step_costs, dtype=np.float64)
     _check_shape(c, num_ranks, batch_size_per_rank)
+    if c.size and not (np.isfinite(c).all() and c.min() >= 0):
+        raise ConfigError("step_costs must be finite and >= 0; check the cost model's coefficients")
     if max_swap_iters < 0 or swap_tolerance < 0:
         raise ConfigError(f"max_swap_iters={max_swap_iters} and swap_tolerance={swap_tolerance} must be >= 0")
     out = np.empty(c.shape, dtype=np.int32)

@@ -162,5 +162,7 @@ def test_empty_input_and_errors():
         partition_steps(np.ones((1, 8)), 2, 4, method="nope")
     with pytest.raises(ConfigError, match="expected"):
         partition_steps(np.ones((1, 7)), 2, 4)
+    with pytest.raises(ConfigError, match="finite and >= 0"):
+        partition_steps(np.array([[1.0, -2.0]]), 2, 1)
     with pytest.raises(ConfigError, match="num_threads"):
         lpt_swap_steps(np.ones((1, 8)), 2, 4, num_threads=0)
