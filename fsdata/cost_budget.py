@@ -48,11 +48,14 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, tail_fill, step, rank):
     newpend = np.empty(N, dtype=np.int64)
     placed = np.empty(N, dtype=np.int64)
     loads = np.zeros(R)
+    cnt = np.zeros(R, dtype=np.int64)
     npend = 0
     nxt = 0
     s = 0
     while npend > 0 or nxt < N:
         loads[:] = 0.0
+        cnt[:] = 0
+        nempty = R
         amin = 0
         nplaced = 0
         nskip_old = 0
@@ -73,10 +76,13 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, tail_fill, step, rank):
                 exhausted = True
                 break
             ci = costs[i]
-            if loads[amin] + ci <= budget or loads[amin] == 0.0:
+            if loads[amin] + ci <= budget or cnt[amin] == 0:
                 step[i] = s
                 rank[i] = amin
                 loads[amin] += ci
+                if cnt[amin] == 0:
+                    nempty -= 1
+                cnt[amin] += 1
                 placed[nplaced] = i
                 nplaced += 1
                 amin = _argmin(loads)
@@ -89,9 +95,9 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, tail_fill, step, rank):
                     pend[npend + nskip_new] = i  # stream samples are appended after the old queue
                     nskip_new += 1
                 nskip += 1
-            if budget - loads[amin] < cmin or nskip >= lookahead:
+            if nempty == 0 and (budget - loads[amin] < cmin or nskip >= lookahead):
                 break
-        if exhausted and budget - loads[amin] >= cmin and loads[amin] < tail_fill * budget:
+        if exhausted and (nempty > 0 or (budget - loads[amin] >= cmin and loads[amin] < tail_fill * budget)):
             for k in range(nplaced):  # the tail cannot close a step: undo it
                 step[placed[k]] = -1
                 rank[placed[k]] = -1
