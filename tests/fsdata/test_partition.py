@@ -166,3 +166,16 @@ def test_empty_input_and_errors():
         partition_steps(np.array([[1.0, -2.0]]), 2, 1)
     with pytest.raises(ConfigError, match="num_threads"):
         lpt_swap_steps(np.ones((1, 8)), 2, 4, num_threads=0)
+
+
+def test_movielens_per_event_r256_b32_within_0p01_points():
+    from fsdata.synth import read_lengths
+    from tests.conftest import dataset_path
+
+    lengths = read_lengths(dataset_path("ml-1m_ensfm/sequences.txt"), "event", max_seq_len=512)
+    R, B, S = 256, 32, 8
+    c = _quadratic(np.random.default_rng(0).permutation(lengths)[: S * R * B].reshape(S, R * B))
+    ranks = partition_steps(c, R, B)
+    _assert_valid(ranks, R, B)
+    gap = run_bubble(per_rank_loads(c, ranks, R)) - lower_bound_bubble(c, R, B)
+    assert 0 <= gap < 1e-4
