@@ -37,6 +37,7 @@ import numpy as np
 from fsdata.bubble import lower_bound_bubble, run_bubble
 from fsdata.cost import load_cost_model
 from fsdata.cost_budget import plan_cost_budget, step_rank_loads
+from fsdata.errors import ConfigError
 from fsdata.partition import partition_steps, per_rank_loads
 from fsdata.synth import read_lengths
 
@@ -67,7 +68,11 @@ def bench_steps(costs: np.ndarray, R: int, B: int, cfg: dict, label: dict) -> li
     rows = []
     for method in METHODS:
         if method == "cost-budget":
-            (step, rank), wall, cpu, peak = _run(lambda: plan_cost_budget(costs, R, B), cfg["trace"])
+            try:
+                (step, rank), wall, cpu, peak = _run(lambda: plan_cost_budget(costs, R, B), cfg["trace"])
+            except ConfigError as e:  # too little data for one step of R budgets
+                print(f"skip cost-budget {label} R={R} B={B}: {e}", flush=True)
+                continue
             loads, counts = step_rank_loads(costs, step, rank, R)
             n = len(costs)
             fixed = costs[: S * R * B].reshape(S, R * B)

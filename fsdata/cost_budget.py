@@ -136,7 +136,7 @@ def default_budget(costs: np.ndarray, batch_size_per_rank: int) -> float:
 
 def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int,
                      budget: float | None = None, *, lookahead: int | None = None,
-                     tail_fill: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+                     tail_fill: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Assign samples to (step, rank) so every rank of a step carries about the same cost.
 
     Args:
@@ -145,8 +145,9 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
         batch_size_per_rank: B, the nominal per-rank batch (sets the default budget).
         budget: per-rank per-step cost budget (same unit as ``costs``); default
             :func:`default_budget`. A sample costlier than the budget is placed alone.
-        lookahead: skipped candidates after which a step closes (default ``R * B``); larger
-            fills ranks more tightly, smaller keeps the order closer to the shuffle.
+        lookahead: skipped candidates after which a step closes (default ``R * max(B, 64)``,
+            chosen on the shared datasets: it fills ranks tightly when samples are large relative
+            to the budget); smaller keeps the order closer to the shuffle.
         tail_fill: once the input is used up, a step that cannot be filled is kept only if its
             least loaded rank reaches ``tail_fill * budget``; otherwise it and the samples still
             waiting are the dropped tail remainder.
@@ -159,7 +160,8 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
 
     Raises:
         ConfigError: non-positive ``num_ranks``, ``batch_size_per_rank``, ``budget`` or
-            ``lookahead``, negative or non-finite costs, or fewer samples than ranks.
+            ``lookahead``, negative or non-finite costs, fewer samples than ranks, or an input
+            too small to fill a single step.
     """
     c = np.ascontiguousarray(costs, dtype=np.float64)
     if num_ranks < 1 or batch_size_per_rank < 1:
@@ -174,13 +176,17 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
     if not budget > 0:
         raise ConfigError(f"budget={budget} must be > 0 (default: max(B * mean cost, largest cost))")
     if lookahead is None:
-        lookahead = num_ranks * batch_size_per_rank
+        lookahead = num_ranks * max(batch_size_per_rank, 64)
     if lookahead < 1 or not 0 <= tail_fill <= 1:
         raise ConfigError(f"lookahead={lookahead} must be >= 1 and tail_fill={tail_fill} in [0, 1]")
     step = np.full(c.size, -1, dtype=np.int32)
     rank = np.full(c.size, -1, dtype=np.int32)
     cmin = max(float(c.min()), 1e-12 * float(budget))
-    _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, float(tail_fill), step, rank)
+    num_steps = _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, float(tail_fill), step, rank)
+    if num_steps == 0:
+        raise ConfigError(f"cost-budget: {c.size} samples (total cost {c.sum():.4g}) cannot fill one step of "
+                          f"{num_ranks} ranks with budget {budget:.4g} each (the budget is at least the largest "
+                          "sample); use fewer ranks or more data")
     return step, rank
 
 

@@ -38,7 +38,11 @@ def test_invariants_random(R, B, seed, n_extra, budget_factor):
     rng = np.random.default_rng(seed)
     c = np.rint(rng.lognormal(3, 1.2, size=R + n_extra)) + 1
     budget = None if budget_factor is None else budget_factor * default_budget(c, B)
-    step, rank = plan_cost_budget(c, R, B, budget)
+    try:
+        step, rank = plan_cost_budget(c, R, B, budget)
+    except ConfigError as e:
+        assert "cannot fill one step" in str(e)
+        return
     b = default_budget(c, B) if budget is None else budget
     _check_invariants(c, step, rank, R, b)
     dropped = step < 0
@@ -69,6 +73,14 @@ def test_movielens_per_user_reaches_5_percent():
     fixed_lb = lower_bound_bubble(c[: S * R * B].reshape(S, R * B), R, B)
     assert run_bubble(loads) <= 0.05 < fixed_lb
     assert (step < 0).sum() < R * counts.mean() * 2  # only a tail remainder is dropped
+
+
+def test_too_little_data_for_one_step_is_an_error():
+    c = np.array([100.0] + [1.0] * 50)  # budget = 100: one step of 4 ranks needs ~400
+    with pytest.raises(ConfigError, match="cannot fill one step"):
+        plan_cost_budget(c, 4, 2)
+    step, rank = plan_cost_budget(c, 1, 2)
+    assert (step >= 0).all() and step.max() == 1  # the 100 alone, then the fifty 1s (half full: kept)
 
 
 def test_errors():
