@@ -179,3 +179,16 @@ def test_movielens_per_event_r256_b32_within_0p01_points():
     _assert_valid(ranks, R, B)
     gap = run_bubble(per_rank_loads(c, ranks, R)) - lower_bound_bubble(c, R, B)
     assert 0 <= gap < 1e-4
+
+
+def test_partitioner_object_matches_functions():
+    from fsdata.partition import Partitioner, PartitionerConfig
+
+    rng = np.random.default_rng(4)
+    c = _quadratic(rng.integers(1, 300, size=(5, 32)))
+    p = Partitioner(PartitionerConfig(method="lpt-swap", num_threads=1, steps_per_chunk=2))
+    np.testing.assert_array_equal(p.partition(c, 4, 8), partition_steps(c, 4, 8))
+    np.testing.assert_array_equal(np.concatenate(list(p.partition_chunks([c[:3], c[3:]], 4, 8))),
+                                  partition_steps(c, 4, 8))
+    with pytest.raises(ConfigError, match="unknown partition method"):
+        Partitioner(PartitionerConfig(method="greedy"))
