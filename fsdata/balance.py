@@ -52,7 +52,7 @@ class BalanceSettings:
     strategy: str = "balanced"
     batch_policy: str = "fixed"
     remainder: str = "drop"
-    partitioner: str = "lpt-swap"
+    partitioner: str = "auto"
     budget: float | None = None
     num_workers: int = 2
     progress: bool = True
@@ -229,7 +229,8 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
             "columns": schema.names,
             "step_stats_file": S.STEP_STATS_NAME,
             "files": files,
-            "settings": {"partitioner": settings.partitioner, "budget": settings.budget,
+            "settings": {"partitioner": settings.partitioner, "partition_info": plan.partition_info,
+                         "budget": settings.budget,
                          "input_columns_renamed": src.rename},
         }
         (tmp / S.MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
                    help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
     p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--partitioner", default=None, help="per-step assignment method (default: the fastest exact-count one)")
+    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
+                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
     p.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in dropped.parquet) or error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
