@@ -79,6 +79,16 @@ def _output_schema(src: SampleSource) -> pa.Schema:
     return pa.schema(fields)
 
 
+def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
+    """The stored ``seq_len`` must equal ``len(item_ids)``: the plan was made from it."""
+    items = batch.column(schema.get_field_index(S.ITEM_IDS))
+    stored = batch.column(schema.get_field_index(S.SEQ_LEN))
+    actual = pc.list_value_length(items).cast(pa.int64())
+    if not pc.all(pc.equal(actual, stored.cast(pa.int64()))).as_py():
+        raise InputError(f"input file {path}: column seq_len differs from len(item_ids) in some rows; "
+                         "drop the seq_len column or recompute it")
+
+
 def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, progress: bool) -> None:
     R = plan.num_ranks
     ipc_schema = schema.append(pa.field(_KEY, pa.int64()))
@@ -102,6 +112,8 @@ def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, 
                         bar.update(n)
                         continue
                     cols = [batch.column(i).cast(schema.field(i).type) for i in range(batch.num_columns)]
+                    if src.has_seq_len:
+                        _check_seq_len(batch, schema, path)
                     cols.append(pa.array(plan.step[idx], type=pa.int32()))
                     cols.append(pa.array(plan.order_key[idx], type=pa.int64()))
                     table = pa.RecordBatch.from_arrays(cols, schema=ipc_schema).take(pa.array(order))

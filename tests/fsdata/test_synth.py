@@ -56,11 +56,12 @@ def test_write_synth_samples_schema_and_content(tmp_path):
     path = tmp_path / "s.parquet"
     stats = write_synth_samples(path, 2500, src, seed=3, num_items=1000, rows_per_group=1000)
     meta = pq.ParquetFile(path)
-    assert meta.schema_arrow.equals(sample_schema())
+    assert meta.schema_arrow.equals(sample_schema(with_seq_len=True))
     assert meta.num_row_groups == stats["num_row_groups"] == 3
     df = pl.read_parquet(path)
     assert df.height == 2500 and df["sample_id"].n_unique() == 2500
     lengths = df["item_ids"].list.len()
+    assert (df["seq_len"] == lengths).all()
     assert set(lengths.unique().to_list()) <= {1, 2, 3, 50} and lengths.min() >= 1
     assert int(lengths.cast(pl.Int64).sum()) == stats["num_items_total"]
     items = df["item_ids"].explode()
