@@ -36,8 +36,6 @@ from fsdata.io import SampleSource
 from fsdata.plan import Plan
 
 _KEY = "__order_key"
-#: Buckets are temporary: lz4 keeps their disk traffic low at little CPU cost.
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
 ROW_GROUP_ROWS = 16384
 
@@ -56,6 +54,9 @@ class BalanceSettings:
     budget: float | None = None
     num_workers: int = 2
     progress: bool = True
+    bucket_compression: str | None = None
+    """Codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs temporary disk space
+    about the decoded size of the input), ``lz4`` or ``zstd`` (less disk, more CPU)."""
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -89,8 +90,10 @@ def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
                          "drop the seq_len column or recompute it")
 
 
-def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, progress: bool) -> None:
+def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, progress: bool,
+            compression: str | None = None) -> None:
     R = plan.num_ranks
+    options = pa.ipc.IpcWriteOptions(compression=compression)
     ipc_schema = schema.append(pa.field(_KEY, pa.int64()))
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
     offset = 0
@@ -126,7 +129,7 @@ def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, 
                         w = writers.get(r)
                         if w is None:
                             w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
-                                                             options=_IPC_OPTIONS)
+                                                             options=options)
                         w.write_batch(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
@@ -203,7 +206,7 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
         bucket_dir = tmp / ".buckets"
         bucket_dir.mkdir()
         t0 = time.perf_counter()
-        _bucket(src, plan, schema, bucket_dir, settings.progress)
+        _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
         t1 = time.perf_counter()
         files: list[dict] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
