@@ -36,8 +36,6 @@ from fsdata.io import SampleSource
 from fsdata.plan import Plan
 
 _KEY = "__order_key"
-#: Buckets are temporary: lz4 keeps their disk traffic low at little CPU cost.
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
 ROW_GROUP_ROWS = 16384
 
@@ -52,10 +50,13 @@ class BalanceSettings:
     strategy: str = "balanced"
     batch_policy: str = "fixed"
     remainder: str = "drop"
-    partitioner: str = "lpt-swap"
+    partitioner: str = "auto"
     budget: float | None = None
     num_workers: int = 2
     progress: bool = True
+    bucket_compression: str | None = None
+    """Codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs temporary disk space
+    about the decoded size of the input), ``lz4`` or ``zstd`` (less disk, more CPU)."""
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -79,8 +80,20 @@ def _output_schema(src: SampleSource) -> pa.Schema:
     return pa.schema(fields)
 
 
-def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, progress: bool) -> None:
+def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
+    """The stored ``seq_len`` must equal ``len(item_ids)``: the plan was made from it."""
+    items = batch.column(schema.get_field_index(S.ITEM_IDS))
+    stored = batch.column(schema.get_field_index(S.SEQ_LEN))
+    actual = pc.list_value_length(items).cast(pa.int64())
+    if not pc.all(pc.equal(actual, stored.cast(pa.int64()))).as_py():
+        raise InputError(f"input file {path}: column seq_len differs from len(item_ids) in some rows; "
+                         "drop the seq_len column or recompute it")
+
+
+def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, progress: bool,
+            compression: str | None = None) -> None:
     R = plan.num_ranks
+    options = pa.ipc.IpcWriteOptions(compression=compression)
     ipc_schema = schema.append(pa.field(_KEY, pa.int64()))
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
     offset = 0
@@ -102,6 +115,8 @@ def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, 
                         bar.update(n)
                         continue
                     cols = [batch.column(i).cast(schema.field(i).type) for i in range(batch.num_columns)]
+                    if src.has_seq_len:
+                        _check_seq_len(batch, schema, path)
                     cols.append(pa.array(plan.step[idx], type=pa.int32()))
                     cols.append(pa.array(plan.order_key[idx], type=pa.int64()))
                     table = pa.RecordBatch.from_arrays(cols, schema=ipc_schema).take(pa.array(order))
@@ -114,7 +129,7 @@ def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, 
                         w = writers.get(r)
                         if w is None:
                             w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
-                                                             options=_IPC_OPTIONS)
+                                                             options=options)
                         w.write_batch(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
@@ -191,7 +206,7 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
         bucket_dir = tmp / ".buckets"
         bucket_dir.mkdir()
         t0 = time.perf_counter()
-        _bucket(src, plan, schema, bucket_dir, settings.progress)
+        _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
         t1 = time.perf_counter()
         files: list[dict] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
@@ -229,7 +244,8 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
             "columns": schema.names,
             "step_stats_file": S.STEP_STATS_NAME,
             "files": files,
-            "settings": {"partitioner": settings.partitioner, "budget": settings.budget,
+            "settings": {"partitioner": settings.partitioner, "partition_info": plan.partition_info,
+                         "budget": settings.budget,
                          "input_columns_renamed": src.rename},
         }
         (tmp / S.MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

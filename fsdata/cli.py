@@ -94,11 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
                    help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
     p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--partitioner", default=None, help="per-step assignment method (default: the fastest exact-count one)")
+    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
+                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
     p.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in dropped.parquet) or error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
+                        "decoded input size; lz4/zstd: less disk, more CPU)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -176,6 +180,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
     settings = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
                                strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
                                partitioner=partitioner, budget=a.budget, num_workers=a.num_workers,
+                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
                                progress=not a.no_progress)
     log.info("planning %d samples for %d ranks x %d", len(lengths), a.ranks, a.batch_size_per_rank)
     plan = make_plan(cost_model.cost(lengths), num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank,

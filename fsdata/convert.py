@@ -15,7 +15,8 @@ Sample modes:
 * ``per-event``: one sample per interaction ``t >= 1`` of each user: history = up to
   ``max_seq_len`` items before ``t``, target = item ``t`` (how industrial training data is built).
 
-``sample_id`` is the 0-based row number of the output, in user order then time order. Users with
+The output also holds ``seq_len`` (int32, ``len(item_ids)``), so later passes (profile, balance)
+read lengths without decoding the lists. ``sample_id`` is the 0-based row number of the output, in user order then time order. Users with
 fewer than 2 items yield no sample; they are counted in the summary and in the file's metadata.
 """
 
@@ -193,7 +194,8 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
     }
     if has_ts:
         cols[S.TIMESTAMPS] = pa.LargeListArray.from_arrays(offsets, flat_ts[gather]).cast(pa.list_(pa.int64()))
-    return pa.table(cols, schema=S.sample_schema(has_ts)), truncated
+    cols[S.SEQ_LEN] = pa.array(hist_len.astype(np.int32))
+    return pa.table(cols, schema=S.sample_schema(has_ts, with_seq_len=True)), truncated
 
 
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
@@ -237,7 +239,7 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     has_ts = "timestamps" in users.columns
     written = truncated = 0
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
-        with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts), compression="zstd",
+        with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
                               write_page_index=False) as writer:
             bar = tqdm(total=users.height, unit="user", desc="convert", disable=not progress)
             for start in range(0, users.height, users_per_chunk):

@@ -19,8 +19,9 @@ Assignment (one pass over the global shuffled order, with a bounded look-ahead):
 * Every rank gets at least one sample per step: while a rank is empty it is the least loaded, and
   an empty rank accepts any sample (the budget is never below the largest cost; a sample above a
   user-given budget is placed alone on an empty rank).
-* When the stream runs out, a last step that cannot be closed as above is undone: its samples and
-  the still-pending ones are the tail remainder, returned as ``step = rank = -1``.
+* When the stream runs out, a last step that cannot be closed as above and whose least loaded rank
+  stays under ``tail_fill * budget`` is undone: its samples and the still-pending ones are the tail
+  remainder, returned as ``step = rank = -1``.
 """
 
 from __future__ import annotations
@@ -41,17 +42,20 @@ def _argmin(loads):
 
 
 @njit(cache=True)
-def _plan_kernel(costs, R, budget, lookahead, cmin, step, rank):
+def _plan_kernel(costs, R, budget, lookahead, cmin, tail_fill, step, rank):
     N = costs.shape[0]
     pend = np.empty(N, dtype=np.int64)
     newpend = np.empty(N, dtype=np.int64)
     placed = np.empty(N, dtype=np.int64)
     loads = np.zeros(R)
+    cnt = np.zeros(R, dtype=np.int64)
     npend = 0
     nxt = 0
     s = 0
     while npend > 0 or nxt < N:
         loads[:] = 0.0
+        cnt[:] = 0
+        nempty = R
         amin = 0
         nplaced = 0
         nskip_old = 0
@@ -72,10 +76,13 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, step, rank):
                 exhausted = True
                 break
             ci = costs[i]
-            if loads[amin] + ci <= budget or loads[amin] == 0.0:
+            if loads[amin] + ci <= budget or cnt[amin] == 0:
                 step[i] = s
                 rank[i] = amin
                 loads[amin] += ci
+                if cnt[amin] == 0:
+                    nempty -= 1
+                cnt[amin] += 1
                 placed[nplaced] = i
                 nplaced += 1
                 amin = _argmin(loads)
@@ -88,9 +95,9 @@ def _plan_kernel(costs, R, budget, lookahead, cmin, step, rank):
                     pend[npend + nskip_new] = i  # stream samples are appended after the old queue
                     nskip_new += 1
                 nskip += 1
-            if budget - loads[amin] < cmin or nskip >= lookahead:
+            if nempty == 0 and (budget - loads[amin] < cmin or nskip >= lookahead):
                 break
-        if exhausted and budget - loads[amin] >= cmin:
+        if exhausted and (nempty > 0 or (budget - loads[amin] >= cmin and loads[amin] < tail_fill * budget)):
             for k in range(nplaced):  # the tail cannot close a step: undo it
                 step[placed[k]] = -1
                 rank[placed[k]] = -1
@@ -128,8 +135,8 @@ def default_budget(costs: np.ndarray, batch_size_per_rank: int) -> float:
 
 
 def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int,
-                     budget: float | None = None, *, lookahead: int | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+                     budget: float | None = None, *, lookahead: int | None = None,
+                     tail_fill: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """Assign samples to (step, rank) so every rank of a step carries about the same cost.
 
     Args:
@@ -138,8 +145,12 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
         batch_size_per_rank: B, the nominal per-rank batch (sets the default budget).
         budget: per-rank per-step cost budget (same unit as ``costs``); default
             :func:`default_budget`. A sample costlier than the budget is placed alone.
-        lookahead: skipped candidates after which a step closes (default ``R * B``); larger
-            fills ranks more tightly, smaller keeps the order closer to the shuffle.
+        lookahead: skipped candidates after which a step closes (default ``R * max(B, 64)``,
+            chosen on the shared datasets: it fills ranks tightly when samples are large relative
+            to the budget); smaller keeps the order closer to the shuffle.
+        tail_fill: once the input is used up, a step that cannot be filled is kept only if its
+            least loaded rank reaches ``tail_fill * budget``; otherwise it and the samples still
+            waiting are the dropped tail remainder.
 
     Returns:
         ``(step, rank)``, each shape ``[N]``, int32. Steps are numbered ``0 .. S-1``, every rank
@@ -149,7 +160,8 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
 
     Raises:
         ConfigError: non-positive ``num_ranks``, ``batch_size_per_rank``, ``budget`` or
-            ``lookahead``, negative or non-finite costs, or fewer samples than ranks.
+            ``lookahead``, negative or non-finite costs, fewer samples than ranks, or an input
+            too small to fill a single step.
     """
     c = np.ascontiguousarray(costs, dtype=np.float64)
     if num_ranks < 1 or batch_size_per_rank < 1:
@@ -164,13 +176,17 @@ def plan_cost_budget(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
     if not budget > 0:
         raise ConfigError(f"budget={budget} must be > 0 (default: max(B * mean cost, largest cost))")
     if lookahead is None:
-        lookahead = num_ranks * batch_size_per_rank
-    if lookahead < 1:
-        raise ConfigError(f"lookahead={lookahead} must be >= 1")
+        lookahead = num_ranks * max(batch_size_per_rank, 64)
+    if lookahead < 1 or not 0 <= tail_fill <= 1:
+        raise ConfigError(f"lookahead={lookahead} must be >= 1 and tail_fill={tail_fill} in [0, 1]")
     step = np.full(c.size, -1, dtype=np.int32)
     rank = np.full(c.size, -1, dtype=np.int32)
     cmin = max(float(c.min()), 1e-12 * float(budget))
-    _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, step, rank)
+    num_steps = _plan_kernel(c, int(num_ranks), float(budget), int(lookahead), cmin, float(tail_fill), step, rank)
+    if num_steps == 0:
+        raise ConfigError(f"cost-budget: {c.size} samples (total cost {c.sum():.4g}) cannot fill one step of "
+                          f"{num_ranks} ranks with budget {budget:.4g} each (the budget is at least the largest "
+                          "sample); use fewer ranks or more data")
     return step, rank
 
 

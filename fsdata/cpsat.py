@@ -20,8 +20,6 @@ single swaps get stuck.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from fsdata.bubble import step_lower_bound
@@ -56,7 +54,9 @@ def _solve_neighbourhood(c_int: np.ndarray, hint: np.ndarray, k: int, B: int,
         model.add(sum(int(c_int[i]) * x[i][j] for i in range(n)) <= max_load)
     model.minimize(max_load)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_seconds, 1e-3)
+    # deterministic time (CP-SAT's work units, ~seconds) rather than wall time: the same input gives
+    # the same answer on a loaded machine, so balance output stays byte-identical across runs
+    solver.parameters.max_deterministic_time = max(time_limit_seconds, 1e-3)
     solver.parameters.num_workers = num_workers
     solver.parameters.random_seed = seed
     status = solver.solve(model)
@@ -77,9 +77,11 @@ def cpsat_refine_step(costs: np.ndarray, ranks: np.ndarray, num_ranks: int, batc
         ranks: shape ``[R*B]``, int; the starting assignment (exactly B per rank), e.g. lpt-swap.
         num_ranks: R.
         batch_size_per_rank: B.
-        time_limit_seconds: wall-clock budget for the whole step.
+        time_limit_seconds: budget for the whole step, in CP-SAT deterministic time (about seconds
+            on an unloaded core; used instead of wall time so results are reproducible): at most
+            ``ceil(time_limit_seconds / solve_time_limit_seconds)`` neighbourhood solves.
         num_light_ranks: lightest ranks re-solved together with the straggler (k).
-        solve_time_limit_seconds: cap on one CP-SAT sub-solve.
+        solve_time_limit_seconds: cap on one CP-SAT sub-solve (deterministic time).
         num_workers: CP-SAT search workers per sub-solve.
         seed: CP-SAT random seed.
         cost_scale: integer the step's largest cost maps to.
@@ -96,21 +98,22 @@ def cpsat_refine_step(costs: np.ndarray, ranks: np.ndarray, num_ranks: int, batc
     lb = float(step_lower_bound(c[None, :], R, B)[0])
     cmax = float(c.max())
     c_int = np.rint(c * (cost_scale / cmax)).astype(np.int64) if cmax > 0 else np.zeros(len(c), np.int64)
-    deadline = time.perf_counter() + time_limit_seconds
+    # the budget is spent in deterministic sub-solve units (see _solve_neighbourhood), not wall time
+    rounds_left = max(1, int(np.ceil(time_limit_seconds / max(solve_time_limit_seconds, 1e-3))))
     moves = 0
     while True:
         loads = np.bincount(out, weights=c, minlength=R)
         m = int(np.argmax(loads))
         if loads[m] <= lb * (1 + 1e-12):
             break
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
+        if rounds_left <= 0:
             break
+        rounds_left -= 1
         light = [int(r) for r in np.argsort(loads, kind="stable") if r != m][: k - 1]
         subset = np.sort(np.array([m] + light))
         idx = np.flatnonzero(np.isin(out, subset))
         hint = np.searchsorted(subset, out[idx])
-        sub, _ = _solve_neighbourhood(c_int[idx], hint, k, B, min(remaining, solve_time_limit_seconds),
+        sub, _ = _solve_neighbourhood(c_int[idx], hint, k, B, solve_time_limit_seconds,
                                             num_workers, seed)
         if sub is None:
             break

@@ -77,6 +77,8 @@ class SampleSource:
         columns: contract-named columns, in file order.
         num_rows: total rows.
         has_timestamps: whether the optional ``timestamps`` column is present.
+        has_seq_len: whether the optional ``seq_len`` column is present (then lengths are read
+            from it without decoding ``item_ids``; balance and verify check it against the lists).
     """
 
     path: str
@@ -85,6 +87,7 @@ class SampleSource:
     columns: list[str] = field(default_factory=list)
     num_rows: int = 0
     has_timestamps: bool = False
+    has_seq_len: bool = False
 
     def scan(self) -> pl.LazyFrame:
         """Lazy frame of all files with contract column names (Polars streaming friendly)."""
@@ -130,7 +133,8 @@ class SampleSource:
             InputError: nulls, empty ``item_ids``, misaligned ``timestamps``, duplicate ids.
         """
         lf = self.scan()
-        exprs = [pl.col(S.SAMPLE_ID).cast(pl.Int64), pl.col(S.ITEM_IDS).list.len().cast(pl.Int64).alias("_len")]
+        length = pl.col(S.SEQ_LEN) if self.has_seq_len else pl.col(S.ITEM_IDS).list.len()
+        exprs = [pl.col(S.SAMPLE_ID).cast(pl.Int64), length.cast(pl.Int64).alias("_len")]
         if self.has_timestamps:
             exprs.append(pl.col(S.TIMESTAMPS).list.len().cast(pl.Int64).alias("_tlen"))
         try:
@@ -199,7 +203,7 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     if missing:
         raise InputError(f"input {path} lacks required columns {missing} (has {first_schema.names}); "
                          "add them or map yours with --columns sample_id=...,item_ids=...")
-    for c in (S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID):
+    for c in (S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID) + ((S.SEQ_LEN,) if S.SEQ_LEN in types else ()):
         if not _is_int(types[c]):
             raise InputError(f"input {path}: column {c} has type {types[c]}, expected int64; cast it to integers")
     for c in (S.ITEM_IDS, S.TIMESTAMPS):
@@ -211,4 +215,4 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     if num_rows == 0:
         raise InputError(f"input {path} has no rows; it must hold at least one step of samples")
     return SampleSource(path=str(path), files=files, rename=rename, columns=names, num_rows=num_rows,
-                        has_timestamps=S.TIMESTAMPS in types)
+                        has_timestamps=S.TIMESTAMPS in types, has_seq_len=S.SEQ_LEN in types)

@@ -21,6 +21,7 @@ and ranks needs to be in memory at a time.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -181,3 +182,55 @@ def per_rank_loads(step_costs: np.ndarray, ranks: np.ndarray, num_ranks: int) ->
     flat = (np.arange(S)[:, None] * num_ranks + ranks).ravel()
     return np.bincount(flat, weights=np.asarray(step_costs, dtype=np.float64).ravel(),
                        minlength=S * num_ranks).reshape(S, num_ranks)
+
+
+@dataclass(kw_only=True, slots=True)
+class PartitionerConfig:
+    """Settings of a :class:`Partitioner` (what ``fsdata balance`` flags map to)."""
+
+    method: str = DEFAULT_METHOD
+    """One of :data:`METHODS`."""
+    num_threads: int | None = None
+    """Threads for ``lpt-swap`` (None: all cores)."""
+    steps_per_chunk: int | None = None
+    """Steps per chunk (None: about :data:`DEFAULT_SAMPLES_PER_CHUNK` samples)."""
+    max_swap_iters: int | None = None
+    """``lpt-swap`` exchange cap per step (None: the kernel default)."""
+    swap_tolerance: float | None = None
+    """``lpt-swap`` stop distance to the step's lower bound, relative (None: the kernel default)."""
+    time_limit_seconds: float = 1.0
+    """``lpt-swap-cpsat`` CP-SAT budget per step, seconds."""
+    num_light_ranks: int = 3
+    """``lpt-swap-cpsat`` light ranks re-solved with the straggler."""
+
+
+class Partitioner:
+    """The Partitioner role: one verb, :meth:`partition`, over the functions of this module.
+
+    Args:
+        config: settings; validated here so a bad method fails before any data is read.
+
+    Raises:
+        ConfigError: unknown method.
+    """
+
+    def __init__(self, config: PartitionerConfig | None = None):
+        self.config = config or PartitionerConfig()
+        if self.config.method not in METHODS:
+            raise ConfigError(f"unknown partition method '{self.config.method}'; use one of {', '.join(METHODS)}")
+
+    def _kwargs(self) -> dict:
+        c = self.config
+        return dict(num_threads=c.num_threads, steps_per_chunk=c.steps_per_chunk, max_swap_iters=c.max_swap_iters,
+                    swap_tolerance=c.swap_tolerance, time_limit_seconds=c.time_limit_seconds,
+                    num_light_ranks=c.num_light_ranks)
+
+    def partition(self, step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int) -> np.ndarray:
+        """Ranks of ``step_costs [S x R*B]``: int32 ``[S x R*B]``, see :func:`partition_steps`."""
+        return partition_steps(step_costs, num_ranks, batch_size_per_rank, self.config.method, **self._kwargs())
+
+    def partition_chunks(self, step_cost_chunks: Iterable[np.ndarray], num_ranks: int,
+                         batch_size_per_rank: int) -> Iterator[np.ndarray]:
+        """Chunk by chunk, in bounded memory; see :func:`partition_steps_chunked`."""
+        return partition_steps_chunked(step_cost_chunks, num_ranks, batch_size_per_rank, self.config.method,
+                                       **self._kwargs())

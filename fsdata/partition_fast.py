@@ -8,8 +8,10 @@ goes to, with exactly ``B`` samples on every rank of every step.
 
 1. Sorted LPT respecting the per-rank count (Graham 1969, "Bounds on multiprocessing timing
    anomalies"): samples by decreasing cost, each to the least loaded rank that still has room.
-   The min-heap is keyed on ``(load, rank)`` exactly like :func:`fsdata.partition.lpt_reference`,
-   so with ``max_swap_iters=0`` the per-rank loads are bit-identical to the reference.
+   The least loaded rank comes from a tournament tree keyed on ``(load, rank)``, the order of the
+   heap in :func:`fsdata.partition.lpt_reference`, so with ``max_swap_iters=0`` the per-rank loads
+   equal the reference's (equal-cost samples may trade places, which changes only the float
+   summation order).
 2. Best-swap improvement: while it lowers the straggler, exchange one sample of the most loaded
    rank ``m`` with one sample of a lighter rank ``r``. For a gap ``g = L_m - L_r`` the best exchange
    moves ``d = c_a - c_b`` closest to ``g / 2`` (pair maximum ``max(L_m - d, L_r + d)``); each rank
@@ -44,34 +46,6 @@ DEFAULT_SWAP_TOLERANCE = 5e-5
 
 # Below this many samples per step, numba's argsort beats the radix sort's fixed passes.
 _RADIX_MIN_N = 1024
-
-
-@njit(cache=True, inline="always")
-def _less(la, ra, lb, rb):
-    return la < lb or (la == lb and ra < rb)
-
-
-@njit(cache=True)
-def _sift_down(heap_l, heap_r, size, pos):
-    """Restore the min-heap on ``(load, rank)`` below ``pos`` (hole method: moves, not swaps)."""
-    kl = heap_l[pos]
-    kr = heap_r[pos]
-    while True:
-        left = 2 * pos + 1
-        if left >= size:
-            break
-        best = left
-        right = left + 1
-        if right < size and _less(heap_l[right], heap_r[right], heap_l[left], heap_r[left]):
-            best = right
-        if _less(heap_l[best], heap_r[best], kl, kr):
-            heap_l[pos] = heap_l[best]
-            heap_r[pos] = heap_r[best]
-            pos = best
-        else:
-            break
-    heap_l[pos] = kl
-    heap_r[pos] = kr
 
 
 @njit(cache=True)
@@ -122,35 +96,44 @@ def _order_desc(c, keys, tmp, order):
 
 
 @njit(cache=True)
-def _lpt_step(c, R, B, out, loads, member, mcost, order, keys, tmp, heap_l, heap_r, counts):
+def _lpt_step(c, R, B, out, loads, member, mcost, order, keys, tmp, key, tree, counts):
     """Sorted LPT with count limit for one step; fills ``out``, ``loads``, ``member``, ``mcost``.
 
+    The least loaded rank with room comes from a tournament tree over the ranks (``tree[1]`` is the
+    winner; ties go to the lower rank, as in the reference heap); a full rank's key becomes +inf.
     ``member[r, j]`` / ``mcost[r, j]`` are rank r's samples and their costs, by decreasing cost.
-    Returns the step's lower bound ``max(sum / R, max + sum of the B-1 smallest)``.
+
+    Returns:
+        the step's lower bound ``max(sum / R, max + sum of the B-1 smallest)``.
     """
     n = c.shape[0]
     _order_desc(c, keys, tmp, order)
+    P = tree.shape[0] // 2
+    for r in range(P):
+        key[r] = 0.0 if r < R else np.inf
+        tree[P + r] = r
     for r in range(R):
-        heap_l[r] = 0.0
-        heap_r[r] = r
         counts[r] = 0
         loads[r] = 0.0
-    size = R
-    for k in range(c.shape[0]):
+    for node in range(P - 1, 0, -1):
+        a = tree[2 * node]
+        b = tree[2 * node + 1]
+        tree[node] = b if key[b] < key[a] else a
+    for k in range(n):
         i = order[k]
-        r = heap_r[0]
+        r = tree[1]
         out[i] = r
         member[r, counts[r]] = i
         mcost[r, counts[r]] = c[i]
         counts[r] += 1
-        loads[r] = heap_l[0] + c[i]
-        if counts[r] == B:
-            size -= 1
-            heap_l[0] = heap_l[size]
-            heap_r[0] = heap_r[size]
-        else:
-            heap_l[0] = loads[r]
-        _sift_down(heap_l, heap_r, size, 0)
+        loads[r] += c[i]
+        key[r] = loads[r] if counts[r] < B else np.inf
+        node = (P + r) >> 1
+        while node >= 1:
+            a = tree[2 * node]
+            b = tree[2 * node + 1]
+            tree[node] = b if key[b] < key[a] else a
+            node >>= 1
     total = 0.0
     small = 0.0
     for k in range(n):
@@ -261,7 +244,7 @@ def _swap_pass(R, B, max_iters, stop_load, out, loads, member, mcost):
 
 
 @njit(cache=True, parallel=True)
-def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, num_chunks):
+def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, lower, num_chunks):
     S, n = C.shape
     per = (S + num_chunks - 1) // num_chunks
     for t in prange(num_chunks):
@@ -271,11 +254,15 @@ def _lpt_swap_steps(C, R, B, max_iters, tol, out, swaps, num_chunks):
         order = np.empty(n, dtype=np.int64)
         keys = np.empty(n, dtype=np.uint64)
         tmp = np.empty(n, dtype=np.uint64)
-        heap_l = np.empty(R)
-        heap_r = np.empty(R, dtype=np.int64)
+        P = 1
+        while P < R:
+            P *= 2
+        key = np.empty(P)
+        tree = np.empty(2 * P, dtype=np.int64)
         counts = np.empty(R, dtype=np.int64)
         for s in range(t * per, min(S, (t + 1) * per)):
-            lb = _lpt_step(C[s], R, B, out[s], loads, member, mcost, order, keys, tmp, heap_l, heap_r, counts)
+            lb = _lpt_step(C[s], R, B, out[s], loads, member, mcost, order, keys, tmp, key, tree, counts)
+            lower[s] = lb
             if max_iters > 0:
                 swaps[s] = _swap_pass(R, B, max_iters, lb * (1.0 + tol), out[s], loads, member, mcost)
 
@@ -313,7 +300,7 @@ class _Threads:
 def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int, *,
                    max_swap_iters: int = DEFAULT_MAX_SWAP_ITERS,
                    swap_tolerance: float = DEFAULT_SWAP_TOLERANCE, num_threads: int | None = None,
-                   return_swaps: bool = False):
+                   return_stats: bool = False):
     """Sorted LPT with the per-rank count, then best-swap improvement, for many steps in parallel.
 
     Args:
@@ -321,32 +308,37 @@ def lpt_swap_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: 
         num_ranks: R.
         batch_size_per_rank: B.
         max_swap_iters: cap on improving exchanges per step; 0 gives plain sorted LPT with the
-            same per-rank loads as :func:`fsdata.partition.lpt_reference`.
+            the per-rank loads of :func:`fsdata.partition.lpt_reference`.
         swap_tolerance: stop exchanging once the straggler is within this relative distance of
             the step's lower bound (:func:`fsdata.bubble.step_lower_bound`); 0 exchanges until no
             exchange helps.
         num_threads: numba threads to use (None: all, ``NUMBA_NUM_THREADS``).
-        return_swaps: also return the number of exchanges made per step.
+        return_stats: also return per-step statistics (computed in the kernel, no extra pass).
 
     Returns:
         ranks, shape ``[S x (R*B)]``, int32: rank of each sample, exactly B per rank per step;
-        with ``return_swaps`` a tuple ``(ranks, swaps int64[S])``.
+        with ``return_stats`` a tuple ``(ranks, stats)`` where ``stats`` holds float64/int64
+        arrays of shape ``[S]``: ``swaps`` (exchanges made) and ``lower_bound`` (the step's lower
+        bound on the straggler, as :func:`fsdata.bubble.step_lower_bound`).
 
     Raises:
-        ConfigError: shape does not match ``R*B``, or non-positive settings.
+        ConfigError: shape does not match ``R*B``, negative or non-finite costs, or bad settings.
     """
     c = np.ascontiguousarray(step_costs, dtype=np.float64)
     _check_shape(c, num_ranks, batch_size_per_rank)
+    if c.size and not (np.isfinite(c).all() and c.min() >= 0):
+        raise ConfigError("step_costs must be finite and >= 0; check the cost model's coefficients")
     if max_swap_iters < 0 or swap_tolerance < 0:
         raise ConfigError(f"max_swap_iters={max_swap_iters} and swap_tolerance={swap_tolerance} must be >= 0")
     out = np.empty(c.shape, dtype=np.int32)
     swaps = np.zeros(c.shape[0], dtype=np.int64)
+    lower = np.zeros(c.shape[0])
     if c.shape[0]:
         with _Threads(num_threads):
             num_chunks = min(c.shape[0], 4 * numba.get_num_threads())
             _lpt_swap_steps(c, num_ranks, batch_size_per_rank, int(max_swap_iters), float(swap_tolerance),
-                            out, swaps, num_chunks)
-    return (out, swaps) if return_swaps else out
+                            out, swaps, lower, num_chunks)
+    return (out, {"swaps": swaps, "lower_bound": lower}) if return_stats else out
 
 
 def snake_steps(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int) -> np.ndarray:

@@ -10,6 +10,8 @@ column             Arrow type       meaning
 ``item_ids``       list<int64>      history, oldest first, at most ``max_seq_len`` items
 ``target_item_id`` int64            the next item (the label)
 ``timestamps``     list<int64>      optional, aligned with ``item_ids`` (unix seconds)
+``seq_len``        int32            optional, ``len(item_ids)`` stored so later passes
+                                    need not decode the lists (written by convert/synth)
 =================  ===============  ==================================================
 
 Sequence length ``L = len(item_ids)``. Shards add ``step`` (int32).
@@ -24,6 +26,7 @@ USER_ID = "user_id"
 ITEM_IDS = "item_ids"
 TARGET_ITEM_ID = "target_item_id"
 TIMESTAMPS = "timestamps"
+SEQ_LEN = "seq_len"
 STEP = "step"
 
 REQUIRED_COLUMNS: dict[str, pa.DataType] = {
@@ -32,7 +35,7 @@ REQUIRED_COLUMNS: dict[str, pa.DataType] = {
     ITEM_IDS: pa.list_(pa.int64()),
     TARGET_ITEM_ID: pa.int64(),
 }
-OPTIONAL_COLUMNS: dict[str, pa.DataType] = {TIMESTAMPS: pa.list_(pa.int64())}
+OPTIONAL_COLUMNS: dict[str, pa.DataType] = {TIMESTAMPS: pa.list_(pa.int64()), SEQ_LEN: pa.int32()}
 
 #: Version of the shard layout and manifest (docs/format.md). Readers refuse other versions.
 FORMAT_VERSION = 1
@@ -46,11 +49,12 @@ def rank_dir_name(rank: int) -> str:
     return f"rank={rank:05d}"
 
 
-def sample_schema(with_timestamps: bool = False) -> pa.Schema:
+def sample_schema(with_timestamps: bool = False, with_seq_len: bool = False) -> pa.Schema:
     """Arrow schema of a sample file.
 
     Args:
         with_timestamps: include the optional ``timestamps`` column.
+        with_seq_len: include the optional ``seq_len`` column (last).
 
     Returns:
         ``pa.Schema`` with the required columns (and ``timestamps``) in contract order.
@@ -58,4 +62,6 @@ def sample_schema(with_timestamps: bool = False) -> pa.Schema:
     fields = [pa.field(n, t, nullable=False) for n, t in REQUIRED_COLUMNS.items()]
     if with_timestamps:
         fields.append(pa.field(TIMESTAMPS, OPTIONAL_COLUMNS[TIMESTAMPS], nullable=False))
+    if with_seq_len:
+        fields.append(pa.field(SEQ_LEN, OPTIONAL_COLUMNS[SEQ_LEN], nullable=False))
     return pa.schema(fields)

@@ -193,7 +193,7 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
     src = np.asarray(source_lengths, dtype=np.int64)
     num_users = num_users or max(1, num_samples // 100)
     rng = np.random.default_rng(seed)
-    schema = sample_schema()
+    schema = sample_schema(with_seq_len=True)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     total_items = 0
@@ -214,6 +214,7 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
                 pa.array(rng.integers(0, num_users, size=n, dtype=np.int64)),
                 items,
                 pa.array(rng.integers(1, num_items + 1, size=n, dtype=np.int64)),
+                pa.array(lengths.astype(np.int32)),
             ], schema=schema)
             writer.write_table(table, row_group_size=n)
             total_items += int(offsets[-1])

@@ -44,6 +44,8 @@ def _make(tmp_path, kind):
         p = tmp_path / "dir"
         p.mkdir()
         (p / "notes.txt").write_text("no parquet here")
+    elif kind == "wrong_seq_len":
+        pq.write_table(_table(seq_len=pa.array([1, 2, 1, 3], pa.int32())), p)
     elif kind == "missing_path":
         p = tmp_path / "nope.parquet"
     return p
@@ -63,6 +65,7 @@ CASES = {
     "empty_dir": "holds no .parquet",
     "missing_path": "does not exist",
 }
+BALANCE_ONLY = {"wrong_seq_len": "seq_len differs from len(item_ids)"}
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -76,6 +79,16 @@ def test_bad_input(tmp_path, capsys, kind, command):
     assert rc == 2, err
     assert err.startswith("fsdata: error: ") and len(err.strip().splitlines()) == 1
     assert CASES[kind] in err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+@pytest.mark.parametrize("kind", sorted(BALANCE_ONLY))
+def test_bad_input_found_while_streaming(tmp_path, capsys, kind):
+    inp = _make(tmp_path, kind)
+    out = tmp_path / "out"
+    rc = main(["balance", str(inp), str(out), "--ranks", "2", "--batch-size-per-rank", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and BALANCE_ONLY[kind] in err and len(err.strip().splitlines()) == 1
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 

@@ -21,7 +21,8 @@ def test_sequences_per_event_windows(tmp_path):
     out = tmp_path / "s.parquet"
     s = convert(src, out, fmt="sequences", samples="per-event", max_seq_len=2, progress=False)
     df = pl.read_parquet(out)
-    assert df.columns == [S.SAMPLE_ID, S.USER_ID, S.ITEM_IDS, S.TARGET_ITEM_ID]
+    assert df.columns == [S.SAMPLE_ID, S.USER_ID, S.ITEM_IDS, S.TARGET_ITEM_ID, S.SEQ_LEN]
+    assert (df[S.SEQ_LEN] == df[S.ITEM_IDS].list.len()).all()
     assert df[S.SAMPLE_ID].to_list() == list(range(4))
     rows = list(zip(df[S.USER_ID].to_list(), df[S.ITEM_IDS].to_list(), df[S.TARGET_ITEM_ID].to_list()))
     # user 8 has a single item: no (history, target) pair; it is counted as skipped

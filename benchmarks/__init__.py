@@ -1,0 +1,1 @@
+"""Benchmarks: print a table and write JSON; not timed tests."""
