@@ -95,6 +95,7 @@ class PrioritizedPipeline(TrainPipeline):
     def __init__(self, dmp, optimizer, device) -> None:
         super().__init__(dmp, optimizer, device)
         ec = dmp.module.ec
+        ec = getattr(ec, "_embedding_collection", ec)  # a PEC-wrapped table: use the inner collection
         shardings = getattr(ec, "_sharding_type_to_sharding", {})
         if list(shardings) != ["row_wise"] or len(ec._lookups) != 1:
             raise PipelineError(f"the prioritized pipeline needs one row-wise sharded table group; this model has "
