@@ -64,8 +64,12 @@ class Config:
     num_negatives: int = 128
     """K: sampled-softmax negatives shared by the samples of a step."""
     attention: str = "bucketed"
-    """``bucketed`` (fbgemm jagged<->padded per power-of-two length bucket) or ``reference``
-    (one SDPA call per sample; slow, for tests)."""
+    """``bucketed`` (fbgemm jagged<->padded per length bucket) or ``reference`` (one SDPA call
+    per sample; for tests)."""
+    bucket_ratio: float = 1.25
+    """A length bucket holds lengths in ``[Lmin, Lmin * bucket_ratio]`` and is padded to its max:
+    attention padding waste is at most ``bucket_ratio^2 - 1``, keeping a batch's cost close to the
+    sum of its samples' costs (what the balancer assumes). Larger: fewer, bigger kernel calls."""
 
     def __post_init__(self) -> None:
         if self.num_items < 2:
@@ -74,6 +78,8 @@ class Config:
             raise ConfigError(f"embedding_dim {self.embedding_dim} is not divisible by num_heads {self.num_heads}")
         if self.attention not in ("bucketed", "reference"):
             raise ConfigError(f"attention must be 'bucketed' or 'reference', got {self.attention!r}")
+        if self.bucket_ratio < 1.0:
+            raise ConfigError(f"bucket_ratio must be >= 1.0, got {self.bucket_ratio}")
         if min(self.num_layers, self.ffn_multiplier, self.max_seq_len, self.num_negatives) < 1:
             raise ConfigError("num_layers, ffn_multiplier, max_seq_len and num_negatives must be >= 1")
 
@@ -113,11 +119,13 @@ def make_embedding_collection(config: Config, device: torch.device | None = None
     return EmbeddingCollection(tables=[table], device=device)
 
 
-def length_buckets(lengths: list[int]) -> list[tuple[int, int, int]]:
-    """Contiguous power-of-two buckets of length-sorted samples.
+def length_buckets(lengths: list[int], ratio: float = 1.25) -> list[tuple[int, int, int]]:
+    """Contiguous buckets of length-sorted samples, each within a factor ``ratio`` of its shortest.
 
     Args:
         lengths: ascending history lengths (python ints).
+        ratio: a bucket starting at length ``a`` takes lengths up to ``max(a * ratio, a + 8)``
+            (short sequences share a bucket: a kernel call costs more than their padding).
 
     Returns:
         ``(first sample, end sample, padded length Lb)`` per bucket; ``Lb`` is the bucket's max.
@@ -125,7 +133,7 @@ def length_buckets(lengths: list[int]) -> list[tuple[int, int, int]]:
     out: list[tuple[int, int, int]] = []
     start = 0
     for i in range(1, len(lengths) + 1):
-        if i == len(lengths) or (lengths[i] - 1).bit_length() != (lengths[start] - 1).bit_length():
+        if i == len(lengths) or lengths[i] > max(lengths[start] * ratio, lengths[start] + 8):
             out.append((start, i, lengths[i - 1]))
             start = i
     return out
@@ -237,7 +245,7 @@ class DenseTower(nn.Module):
             token_index = (torch.arange(int(new_offsets[-1])) + shift).to(hist.device)
             positions = (torch.arange(int(new_offsets[-1])) - torch.repeat_interleave(new_offsets[:-1], sorted_len))
             lengths_list = sorted_len.tolist()
-            buckets = length_buckets(lengths_list)
+            buckets = length_buckets(lengths_list, cfg.bucket_ratio)
             perm_dev = perm.to(hist.device)
         x = hist.index_select(0, token_index) * math.sqrt(cfg.embedding_dim) + self.pos(positions.to(hist.device))
         with record_function("## dense_blocks ##"):
