@@ -31,10 +31,11 @@ lookups and pipeline bookkeeping, which are nearly equal across pipelines).
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -67,6 +68,9 @@ class PipelineConfig:
     pec_fallback: bool = False
     """When ``name == "pec"`` cannot run here, use ``prioritized`` (with a warning) instead of
     raising :class:`PipelineUnavailableError`."""
+    overlap: bool = True
+    """``prioritized`` only: fetch the next batch's NOL rows on the background thread, overlapped
+    with compute (``False``: inline, same results; for measuring what the overlap hides)."""
 
     def __post_init__(self) -> None:
         if self.name not in PIPELINE_NAMES:
@@ -87,6 +91,10 @@ class StepStats:
             batch (``prioritized`` only; 0 otherwise).
         num_rows_after_update: rows fetched after the previous batch's update (``prioritized``:
             the rows both batches touch; other pipelines: 0).
+        phase_seconds: main-thread time per communication phase where the pipeline measures it
+            directly (``prioritized``: ``wait_prefetch``, ``fetch_ol``, ``sparse_update``,
+            ``dense_allreduce``, and ``background_prefetch``: the background thread's time on this
+            batch's NOL exchange, not main-thread time); empty otherwise.
     """
 
     index: int
@@ -95,6 +103,7 @@ class StepStats:
     exposed_comm_seconds: float
     num_rows_ahead: int = 0
     num_rows_after_update: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -206,6 +215,15 @@ class TrainPipeline(abc.ABC):
         self.timer = ComputeTimer(dmp.module.dense, device)
         self.timed_optimizer = TimedOptimizer(optimizer, self.timer)
         self._index = 0
+        self._phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        """Time a main-thread stage into :attr:`StepStats.phase_seconds` and mark it for the profiler."""
+        t0 = time.perf_counter()
+        with record_function(f"## {name} ##"):
+            yield
+        self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - t0
 
     @abc.abstractmethod
     def _progress(self, dataloader_iter: Iterator[Batch]) -> tuple[tuple[torch.Tensor, torch.Tensor], int, int]:
@@ -233,7 +251,8 @@ class TrainPipeline(abc.ABC):
             torch.cuda.synchronize(self.device)
         step = time.perf_counter() - t0
         compute = self.timer.take()
-        stats = StepStats(self._index, step, compute, max(0.0, step - compute), ahead, after)
+        stats = StepStats(self._index, step, compute, max(0.0, step - compute), ahead, after, self._phases)
+        self._phases = {}
         self._index += 1
         return StepOutput(output, stats)
 
@@ -367,13 +386,15 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
             raise PipelineUnavailableError(reason)
         logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
         name = "prioritized"
+    if not config.overlap and name != "prioritized":
+        logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
     if name == "plain":
         return PlainPipeline(dmp, optimizer, device)
     if name == "sparse-dist":
         return SparseDistPipeline(dmp, optimizer, device)
     from fstrain.prioritized import PrioritizedPipeline
 
-    return PrioritizedPipeline(dmp, optimizer, device)
+    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap)
 
 
 def run_steps(pipeline: TrainPipeline, batches: Iterator[Batch], max_steps: int | None = None) -> list[StepOutput]:

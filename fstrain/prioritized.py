@@ -25,6 +25,7 @@ Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` worl
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ from torch.autograd.profiler import record_function
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fstrain.data import HISTORY_KEY, TARGET_KEY, Batch
-from fstrain.dist import allreduce_dense_grads
+from fstrain.dist import dense_parameters
 from fstrain.model import NEGATIVE_KEY
 from fstrain.pipeline import PipelineError, TrainPipeline
 
@@ -58,6 +59,7 @@ class _Exchange:
     recv_counts: list[int]
     recv_local: torch.Tensor
     recv_ol: torch.Tensor
+    seconds: float
 
 
 def _segment_counts(flags: torch.Tensor, counts: list[int]) -> list[int]:
@@ -75,8 +77,9 @@ class PrioritizedPipeline(TrainPipeline):
       all-to-all, NOL row all-to-all.
     * main thread, default process group: ``## fetch_ol ##`` (OL lookup + all-to-all, after
       N-1's update), ``## dense_forward_backward ##``, ``## wait_prefetch ##`` (the background
-      job of N+1 must be done before the table is written), ``## sparse_update ##`` (gradient
-      all-to-all + fused update), ``## dense_allreduce ##``, ``## optimizer ##``.
+      job of N+1 must be done before the table is written), ``## dense_allreduce ##`` (started
+      asynchronously, overlapping) ``## sparse_update ##`` (gradient all-to-all + fused
+      update), ``## optimizer ##``.
 
     On CUDA the same code issues its kernels on the default stream of each thread; it has not
     been run on a GPU (no figures).
@@ -85,6 +88,8 @@ class PrioritizedPipeline(TrainPipeline):
         dmp: the sharded model (one row-wise table shared by history, target and negatives).
         optimizer: its optimizer (fused sparse + dense Adam).
         device: where the model runs.
+        overlap: run the NOL exchange on the background thread (``False``: inline on the main
+            thread, same work and results; the benchmark's no-overlap control).
 
     Raises:
         PipelineError: the table is not row-wise sharded in a single group.
@@ -92,8 +97,9 @@ class PrioritizedPipeline(TrainPipeline):
 
     name = "prioritized"
 
-    def __init__(self, dmp, optimizer, device) -> None:
+    def __init__(self, dmp, optimizer, device, *, overlap: bool = True) -> None:
         super().__init__(dmp, optimizer, device)
+        self.overlap = overlap
         ec = dmp.module.ec
         ec = getattr(ec, "_embedding_collection", ec)  # a PEC-wrapped table: use the inner collection
         shardings = getattr(ec, "_sharding_type_to_sharding", {})
@@ -145,6 +151,7 @@ class PrioritizedPipeline(TrainPipeline):
     # ------------------------------------------------------------- background job
     def _prefetch(self, batch: Batch, first: bool) -> _Exchange:
         """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc)."""
+        t0 = time.perf_counter()
         with torch.no_grad(), record_function("## prefetch_nol ##"):
             g = self._group
             ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
@@ -164,14 +171,19 @@ class PrioritizedPipeline(TrainPipeline):
             nol_rows = self._lookup_rows(recv_local[~recv_ol])
             ol_mask = self._all_to_all(recv_ol.to(torch.uint8).to(self.device), recv, send, g).cpu().bool()
             nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
-        return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol)
+        return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol,
+                         time.perf_counter() - t0)
 
     def _submit(self, batch: Batch) -> None:
-        self._pending = self._pool.submit(self._prefetch, batch, self._first)
+        if self.overlap:
+            self._pending = self._pool.submit(self._prefetch, batch, self._first)
+        else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
+            with self._phase("prefetch_inline"):
+                self._pending = _done(self._prefetch(batch, self._first))
         self._first = False
 
     def _wait(self) -> _Exchange:
-        with record_function("## wait_prefetch ##"):
+        with self._phase("wait_prefetch"):
             ex = self._pending.result()
         self._pending = None
         return ex
@@ -179,7 +191,7 @@ class PrioritizedPipeline(TrainPipeline):
     # --------------------------------------------------------------- main thread
     def _fetch_ol(self, ex: _Exchange) -> torch.Tensor:
         """OL rows (after the previous update) merged with the NOL rows: ``[U x d]``."""
-        with record_function("## fetch_ol ##"):
+        with self._phase("fetch_ol"):
             ol_rows_out = self._lookup_rows(ex.recv_local[ex.recv_ol])
             ol_rows = self._all_to_all(ol_rows_out, _segment_counts(ex.recv_ol, ex.recv_counts),
                                        _segment_counts(ex.ol_mask, ex.send_counts))
@@ -191,12 +203,32 @@ class PrioritizedPipeline(TrainPipeline):
 
     def _sparse_update(self, ex: _Exchange, grad: torch.Tensor) -> None:
         """Send each unique row's gradient to its owner; the owner applies them in one fused update."""
-        with record_function("## sparse_update ##"):
+        with self._phase("sparse_update"):
             recv_grad = self._all_to_all(grad, ex.send_counts, ex.recv_counts)
             if ex.recv_local.numel():
                 with torch.enable_grad():
                     out = self._lookup(self._rows(ex.recv_local)).view(-1, self.embedding_dim)
                     out.backward(recv_grad)
+
+    def _start_dense_allreduce(self):
+        """Start the SUM all-reduce of the dense gradients (one flat buffer, asynchronous)."""
+        params = [p for p in dense_parameters(self.dmp) if p.grad is not None]
+        if self.world_size == 1 or not params:
+            return None
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        return dist.all_reduce(flat, async_op=True), flat, params
+
+    @staticmethod
+    def _finish_dense_allreduce(pending) -> None:
+        if pending is None:
+            return
+        work, flat, params = pending
+        work.wait()
+        off = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[off:off + n].view_as(p.grad))
+            off += n
 
     def _progress(self, dataloader_iter):
         if self._pending is None:  # fill: the first batch has no predecessor, all its rows are NOL
@@ -218,15 +250,18 @@ class PrioritizedPipeline(TrainPipeline):
                 leaf[pos[HISTORY_KEY]], f[HISTORY_KEY].lengths(), leaf[pos[TARGET_KEY]], leaf[pos[NEGATIVE_KEY]],
                 batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples)
             loss.backward()
+        with self._phase("dense_allreduce"):
+            pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below
         nxt_ex = self._wait() if nxt is not None else None  # table writes below must not race the lookup
         self._sparse_update(ex, leaf.grad)
-        with record_function("## dense_allreduce ##"):
-            allreduce_dense_grads(self.dmp)
+        with self._phase("dense_allreduce"):
+            self._finish_dense_allreduce(pending_allreduce)
         with record_function("## optimizer ##"):
             self.timed_optimizer.step()
             self.optimizer.zero_grad()
         if nxt_ex is not None:
             self._pending = _done(nxt_ex)
+        self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
         num_ol = int(ex.ol_mask.sum())
         return output, ex.ids.numel() - num_ol, num_ol
 

@@ -14,7 +14,7 @@ from tests.fstrain.shards import write_shards
 
 MODEL = dict(num_items=40, embedding_dim=8, num_negatives=6, num_layers=1, num_heads=2)
 NUM_STEPS = 4
-PIPELINED = ["sparse-dist", "prioritized"]
+PIPELINED = ["sparse-dist", "prioritized", "prioritized-no-overlap"]
 
 
 def _batches(shards, rank, world_size=2):
@@ -28,8 +28,10 @@ def _batches(shards, rank, world_size=2):
 def _train(shards, config, env, build=None):
     from fstrain.dist import OptimConfig, build_sharded_model, local_state
     from fstrain.model import Config
-    from fstrain.pipeline import make_pipeline, run_steps
+    from fstrain.pipeline import PipelineConfig, make_pipeline, run_steps
 
+    if config == "prioritized-no-overlap":
+        config = PipelineConfig(name="prioritized", overlap=False)
     torch.manual_seed(0)
     dmp, opt = (build or build_sharded_model)(Config(**MODEL), OptimConfig(dense_lr=1e-2, sparse_lr=0.1), env)
     pipe = make_pipeline(config, dmp, opt, env.device)
@@ -110,6 +112,8 @@ def test_prioritized_splits_rows_and_reports_times(results):
         assert stats[0].num_rows_after_update == 0 and stats[0].num_rows_ahead > 0  # no predecessor: all ahead
         assert all(s.num_rows_after_update > 0 for s in stats[1:])  # tiny vocabulary: batches share rows
         assert sum(s.num_rows_ahead for s in stats[1:]) > 0
+        assert "background_prefetch" in stats[1].phase_seconds
+        assert "prefetch_inline" in r["prioritized-no-overlap"]["stats"][1].phase_seconds
         for name in ["plain", *PIPELINED]:
             for s in r[name]["stats"]:
                 assert 0 < s.compute_seconds <= s.step_seconds
