@@ -114,10 +114,15 @@ class StepOutput:
         output: the model output, ``(loss_sum, num_samples)``: detached loss sum over this
             rank's samples (scalar tensor) and its sample count (tensor).
         stats: timings of the step.
+        step: ``Batch.step`` of the batch trained in this call (pipelines read ahead, so the
+            caller cannot take it from the last batch it produced).
+        num_tokens: history items of that batch on this rank.
     """
 
     output: tuple[torch.Tensor, torch.Tensor]
     stats: StepStats
+    step: int
+    num_tokens: int
 
 
 class ComputeTimer:
@@ -216,6 +221,16 @@ class TrainPipeline(abc.ABC):
         self.timed_optimizer = TimedOptimizer(optimizer, self.timer)
         self._index = 0
         self._phases: dict[str, float] = {}
+        self._trained: tuple[int, int] = (-1, 0)  # (Batch.step, num_tokens) of the batch being trained
+        self._batch_hook = dmp.module.register_forward_pre_hook(self._see_batch)
+
+    def _see_batch(self, _module, args) -> None:
+        """Model forward pre-hook: remember which batch the (possibly torchrec-driven) step trains."""
+        if args and isinstance(args[0], Batch):
+            self._mark(args[0])
+
+    def _mark(self, batch: Batch) -> None:
+        self._trained = (batch.step, int(batch.lengths.sum()))
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -254,11 +269,12 @@ class TrainPipeline(abc.ABC):
         stats = StepStats(self._index, step, compute, max(0.0, step - compute), ahead, after, self._phases)
         self._phases = {}
         self._index += 1
-        return StepOutput(output, stats)
+        return StepOutput(output, stats, *self._trained)
 
     def close(self) -> None:
         """Release hooks and background resources (the model stays usable)."""
         self.timer.remove()
+        self._batch_hook.remove()
 
 
 class PlainPipeline(TrainPipeline):

@@ -125,6 +125,9 @@ class PrioritizedPipeline(TrainPipeline):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
         self._pending: concurrent.futures.Future | None = None
         self._first = True
+        # CUDA: the background job's kernels go to a side stream (its collectives to the second
+        # process group's own NCCL stream), ordered after the main stream at submission.
+        self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # ------------------------------------------------------------------ helpers
     def _rows(self, local: torch.Tensor) -> KeyedJaggedTensor:
@@ -149,9 +152,20 @@ class PrioritizedPipeline(TrainPipeline):
         return out
 
     # ------------------------------------------------------------- background job
-    def _prefetch(self, batch: Batch, first: bool) -> _Exchange:
-        """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc)."""
+    def _prefetch(self, batch: Batch, first: bool, ready: torch.cuda.Event | None) -> _Exchange:
+        """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc).
+
+        ``ready`` (CUDA): recorded on the main stream at submission; the side stream waits on it
+        so the lookup reads the table after the previous update.
+        """
         t0 = time.perf_counter()
+        if self._side_stream is None:
+            return self._prefetch_on_stream(batch, first, t0)
+        with torch.cuda.stream(self._side_stream):
+            self._side_stream.wait_event(ready)
+            return self._prefetch_on_stream(batch, first, t0)
+
+    def _prefetch_on_stream(self, batch: Batch, first: bool, t0: float) -> _Exchange:
         with torch.no_grad(), record_function("## prefetch_nol ##"):
             g = self._group
             ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
@@ -175,16 +189,23 @@ class PrioritizedPipeline(TrainPipeline):
                          time.perf_counter() - t0)
 
     def _submit(self, batch: Batch) -> None:
+        ready = None
+        if self._side_stream is not None:
+            ready = torch.cuda.Event()
+            ready.record()  # on the main stream: everything issued so far (the previous update)
         if self.overlap:
-            self._pending = self._pool.submit(self._prefetch, batch, self._first)
+            self._pending = self._pool.submit(self._prefetch, batch, self._first, ready)
         else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
             with self._phase("prefetch_inline"):
-                self._pending = _done(self._prefetch(batch, self._first))
+                self._pending = _done(self._prefetch(batch, self._first, ready))
         self._first = False
 
     def _wait(self) -> _Exchange:
         with self._phase("wait_prefetch"):
             ex = self._pending.result()
+            if self._side_stream is not None:  # the job's kernels were issued, not necessarily done
+                torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+                ex.nol_rows.record_stream(torch.cuda.current_stream(self.device))
         self._pending = None
         return ex
 
@@ -242,6 +263,7 @@ class PrioritizedPipeline(TrainPipeline):
         if nxt is not None:
             self._submit(nxt)  # NOL of N+1 overlaps everything below
         batch, f = ex.batch, ex.batch.features
+        self._mark(batch)
         with record_function("## dense_forward_backward ##"):
             leaf = emb.requires_grad_()
             lengths = f.length_per_key()

@@ -38,7 +38,8 @@ def _train(shards, config, env, build=None):
     outs = run_steps(pipe, _batches(shards, env.rank, env.world_size))
     pipe.close()
     return {"state": local_state(dmp), "stats": [o.stats for o in outs], "loss": [float(o.output[0]) for o in outs],
-            "class": type(pipe).__name__}
+            "class": type(pipe).__name__, "steps": [o.step for o in outs], "tokens": [o.num_tokens for o in outs],
+            "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
 
 def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
@@ -92,6 +93,8 @@ def test_equal_to_non_pipelined(results, name):
     for r in results:
         assert r[name]["class"] != "PlainPipeline"
         _assert_equal_to_plain(r, name)
+        assert r[name]["steps"] == list(range(NUM_STEPS))  # outputs name the batch they trained
+        assert r[name]["tokens"] == r[name]["true_tokens"]
 
 
 @pytest.mark.multiproc
