@@ -65,3 +65,40 @@ def test_checkpoint_resume_equals_straight_run(tmp_path):
         assert summary["first_step"] == 2 and summary["end_step"] == 4
         _assert_same(straight, resumed)
     assert sorted(os.listdir(ckpt)) == ["step-00000002", "step-00000004"]
+
+
+def _cli_worker(argv):
+    from fstrain.cli import main
+
+    return main(argv)
+
+
+@pytest.mark.multiproc
+def test_train_cli_on_movielens_two_ranks(tmp_path):
+    """`fstrain train` on real shards (ML-1M head, per-event, max length 512) with 2 gloo ranks."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from fsdata.cli import main as fsdata_main
+    from tests.conftest import dataset_path
+
+    src = dataset_path("ml-1m_ensfm/sequences.txt")
+    small = tmp_path / "head.txt"
+    small.write_text("".join(open(src).readlines()[:40]))
+    assert fsdata_main(["convert", str(small), str(tmp_path / "s.parquet"), "--format", "sequences",
+                        "--samples", "per-event", "--max-seq-len", "512", "--no-progress"]) == 0
+    shards = tmp_path / "shards"
+    assert fsdata_main(["balance", str(tmp_path / "s.parquet"), str(shards), "--ranks", "2",
+                        "--batch-size-per-rank", "8", "--no-progress"]) == 0
+    metrics = tmp_path / "metrics"
+    argv = ["train", str(shards), "--max-steps", "3", "--log-every-steps", "1", "--metrics-dir", str(metrics),
+            "--embedding-dim", "16", "--num-layers", "1", "--num-negatives", "16",
+            "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert run_ranks(_cli_worker, 2, argv) == [0, 0]
+    times = pq.read_table(metrics / "step_times.parquet").to_pydict()
+    assert times["step"] == [0, 0, 1, 1, 2, 2] and times["rank"] == [0, 1] * 3
+    assert all(c > 0 for c in times["compute_seconds"]) and all(n == 8 for n in times["num_samples"])
+    summary = json.loads((metrics / "summary.json").read_text())
+    assert summary["num_steps"] == 3 and summary["num_ranks"] == 2 and 0 <= summary["measured_bubble"] < 1
+    assert os.path.exists(tmp_path / "ckpt" / "step-00000003" / "fstrain.json")

@@ -1,0 +1,96 @@
+"""Replay and calibrate on tiny data; the NNLS fit; the calibrated JSON read by fsdata."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fsdata.cost import load_cost_model
+from fstrain.calibrate import calibrate, fit_batch_times, nnls
+from fstrain.cli import main
+from fstrain.errors import ConfigError
+from fstrain.replay import replay
+from tests.fstrain.shards import write_shards
+
+TINY = dict(embedding_dim=8, num_layers=1, num_heads=1, num_negatives=4, max_seq_len=64)
+
+
+def test_nnls_matches_known_nonnegative_solution():
+    rng = np.random.default_rng(0)
+    a = rng.random((30, 4))
+    x = np.array([0.5, 0.0, 2.0, 1e-3])
+    np.testing.assert_allclose(nnls(a, a @ x), x, atol=1e-9)
+    # an unconstrained fit would make the last coefficient negative
+    b = a @ np.array([1.0, 1.0, 1.0, 0.0]) - 0.5 * a[:, 3]
+    assert (nnls(a, b) >= 0).all()
+
+
+def test_fit_batch_times_recovers_polynomial():
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(1, 512, rng.integers(1, 40)) for _ in range(40)]
+    t = np.array([2e-3 + 1e-5 * len(L) + 3e-7 * L.sum() + 4e-9 * (L.astype(float) ** 2).sum() for L in batches])
+    fit = fit_batch_times(batches, t)
+    np.testing.assert_allclose(fit.coefficients, [1e-5, 3e-7, 4e-9], rtol=1e-6)
+    assert fit.batch_overhead_seconds == pytest.approx(2e-3) and fit.max_relative_error < 1e-8
+
+
+def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path):
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "-o", str(out), "--lengths", "4,16,48", "--batch-sizes", "2,6", "--mixed", "2",
+                 "--repeats", "1", "--warmup", "1", "--embedding-dim", "8", "--num-layers", "1", "--num-heads", "1",
+                 "--num-negatives", "4", "--max-seq-len", "64"]) == 0
+    obj = json.loads(out.read_text())
+    assert obj["kind"] == "polynomial" and len(obj["coefficients"]) == 3
+    assert obj["fit"]["num_measurements"] == 3 * 2 + 2
+    model = load_cost_model(str(out))
+    assert model.coefficients == tuple(obj["coefficients"])
+    assert model.cost(np.array([48]))[0] > model.cost(np.array([4]))[0]
+
+
+def test_calibrate_rejects_lengths_above_max_seq_len():
+    with pytest.raises(ConfigError, match="exceeds max_seq_len 64"):
+        calibrate(model=TINY, lengths=(8, 128), batch_sizes=(2,), repeats=1)
+
+
+def test_replay_reports_measured_and_predicted(tmp_path):
+    out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=4, batch_size_per_rank=3)
+    res = replay(out, max_steps=2, warmup=1, repeats=2, model=TINY)
+    assert res["num_ranks"] == 3 and res["num_steps"] == 2
+    assert np.asarray(res["compute_seconds"]).shape == (2, 3) and (np.asarray(res["compute_seconds"]) > 0).all()
+    assert 0.0 <= res["measured_bubble"] < 1.0 and 0.0 <= res["predicted_bubble"] < 1.0
+    with pytest.raises(ConfigError, match="statistic"):
+        replay(out, statistic="mean")
+
+
+def test_replay_cli_json(tmp_path, capsys):
+    bal = write_shards(str(tmp_path / "b"), num_ranks=2, num_steps=3, batch_size_per_rank=4)
+    shuf = write_shards(str(tmp_path / "u"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
+    assert main(["replay", bal, "--baseline", shuf, "--max-steps", "2", "--repeats", "1", "--warmup", "0",
+                 "--json", "--out", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
+                 "--num-heads", "1", "--num-negatives", "4"]) == 0
+    obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("measured_bubble", "predicted_bubble", "num_ranks", "num_steps", "measured_reduction"):
+        assert key in obj
+    assert obj["num_ranks"] == 2 and obj["num_steps"] == 2
+    assert len(json.loads((tmp_path / "r.json").read_text())["compute_seconds"]) == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["replay", "{missing}"], "manifest.json not found"),
+    (["replay", "{shards}", "--max-steps", "0"], "--max-steps must be >= 1"),
+    (["train", "{shards}"], "written for 2 ranks but this job has world size 1"),
+    (["train", "{shards}", "--resume"], "--resume needs --checkpoint-dir"),
+    (["calibrate", "-o", "{tmp}/c.json", "--lengths", "a,b"], "--lengths must be comma-separated integers"),
+])
+def test_cli_errors_are_one_line_with_nonzero_exit(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=2, batch_size_per_rank=2)
+    argv = [a.format(missing=str(tmp_path / "nope"), shards=shards, tmp=str(tmp_path)) for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's parser.error
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) >= 1 and needle in err[-1] and "Traceback" not in "\n".join(err)
