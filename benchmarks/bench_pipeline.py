@@ -185,25 +185,32 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
             "num_steps": len(steps), "step_ms": 1e3 * statistics.fmean(steps),
             "compute_ms": 1e3 * statistics.fmean(s["compute_seconds"] for s in stats),
             "exposed_comm_ms": 1e3 * statistics.fmean(s["exposed_comm_seconds"] for s in stats),
+            "straggler_wait_ms": 1e3 * statistics.fmean(s["straggler_wait_seconds"] for s in stats),
             "exposed_comm_ms_median": 1e3 * statistics.median(s["exposed_comm_seconds"] for s in stats),
             "exposed_share": sum(s["exposed_comm_seconds"] for s in stats) / sum(s["step_seconds"] for s in stats),
             "rows_ahead_share": ahead / (ahead + after) if ahead + after else None,
             "phase_ms": {k: 1e3 * sum(s["phase_seconds"].get(k, 0.0) for s in stats) / len(stats)
                          for k in sorted({k for s in stats for k in s["phase_seconds"]})},
         }
-    return {"config": asdict(cfg), "pipelines": summary}
+    import torch
+    import torchrec
+
+    machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0],
+               "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": "gloo"}
+    return {"config": asdict(cfg), "machine": machine, "pipelines": summary}
 
 
 def format_table(result: dict) -> str:
     """Markdown table of :func:`run`'s summary."""
-    lines = ["| pipeline | step ms | compute ms | exposed comm ms (median) | exposed share | rows ahead |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| pipeline | step ms | compute ms | straggler wait ms | exposed comm ms (median) | exposed share "
+             "| rows ahead |", "|---|---|---|---|---|---|---|"]
     for name, s in result["pipelines"].items():
         if "skipped" in s:
-            lines.append(f"| {name} | not run: {s['skipped']} | | | | |")
+            lines.append(f"| {name} | not run: {s['skipped']} | | | | | |")
             continue
         ahead = "-" if s["rows_ahead_share"] is None else f"{100 * s['rows_ahead_share']:.0f}%"
-        lines.append(f"| {name} | {s['step_ms']:.1f} | {s['compute_ms']:.1f} | {s['exposed_comm_ms']:.1f} "
+        lines.append(f"| {name} | {s['step_ms']:.1f} | {s['compute_ms']:.1f} | {s['straggler_wait_ms']:.1f} "
+                     f"| {s['exposed_comm_ms']:.1f} "
                      f"({s['exposed_comm_ms_median']:.1f}) | {100 * s['exposed_share']:.0f}% | {ahead} |")
     for name, s in result["pipelines"].items():
         if s.get("phase_ms"):

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -68,6 +69,9 @@ class PipelineConfig:
     pec_fallback: bool = False
     """When ``name == "pec"`` cannot run here, use ``prioritized`` (with a warning) instead of
     raising :class:`PipelineUnavailableError`."""
+    measure_straggler_wait: bool = True
+    """Time the wait for the slowest rank apart from communication (one tiny all-reduce per
+    step on a dedicated process group, after the dense backward)."""
     overlap: bool = True
     """``prioritized`` only: fetch the next batch's NOL rows on the background thread, overlapped
     with compute (``False``: inline, same results; for measuring what the overlap hides)."""
@@ -85,8 +89,9 @@ class StepStats:
         index: 0-based count of ``progress`` calls of this pipeline.
         step_seconds: wall time of the call.
         compute_seconds: dense forward + dense backward + optimizer step.
-        exposed_comm_seconds: ``step_seconds - compute_seconds``: time the step spent outside
-            compute, i.e. waiting on communication (plus the local lookups and bookkeeping).
+        exposed_comm_seconds: ``step_seconds - compute_seconds - straggler_wait_seconds``: time
+            the step spent outside compute and outside the wait for the slowest rank, i.e.
+            waiting on communication (plus the local lookups and bookkeeping).
         num_rows_ahead: embedding rows of this batch fetched ahead, overlapped with the previous
             batch (``prioritized`` only; 0 otherwise).
         num_rows_after_update: rows fetched after the previous batch's update (``prioritized``:
@@ -95,6 +100,8 @@ class StepStats:
             directly (``prioritized``: ``wait_prefetch``, ``fetch_ol``, ``sparse_update``,
             ``dense_allreduce``, and ``background_prefetch``: the background thread's time on this
             batch's NOL exchange, not main-thread time); empty otherwise.
+        straggler_wait_seconds: wait for the slowest rank after the dense backward (this rank's
+            share of the bubble; 0 when not measured).
     """
 
     index: int
@@ -104,6 +111,7 @@ class StepStats:
     num_rows_ahead: int = 0
     num_rows_after_update: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    straggler_wait_seconds: float = 0.0
 
 
 @dataclass(slots=True)
@@ -132,18 +140,36 @@ class ComputeTimer:
     of the loss to the gradients of the embedding inputs). On CUDA each boundary synchronises
     the device, so enabling the timer costs some overlap there; on CPU it is free.
 
+    With ``straggler_group``, the end of the dense backward also enters a one-element
+    all-reduce on that (dedicated) process group and times it apart: the wait for the slowest
+    rank's compute (the bubble, as :func:`fstrain.train.measured_step` measures it), so that it
+    is not counted as communication. A dedicated group keeps its order independent of the
+    collectives DDP and torchrec issue from inside the backward.
+
     Args:
         dense: the data-parallel tower (``dmp.module.dense``).
         device: where the tower runs.
+        straggler_group: process group for the straggler barrier (``None``: no barrier).
     """
 
-    def __init__(self, dense: nn.Module, device: torch.device) -> None:
+    def __init__(self, dense: nn.Module, device: torch.device, straggler_group=None) -> None:
         self._device = device
+        self._group = straggler_group
         self.seconds = 0.0
+        self.wait_seconds = 0.0
         self._t0 = 0.0
         self._handles = [dense.register_forward_pre_hook(self._start), dense.register_forward_hook(self._stop),
                          dense.register_full_backward_pre_hook(self._start),
-                         dense.register_full_backward_hook(self._stop)]
+                         dense.register_full_backward_hook(self._stop_backward)]
+
+    def _stop_backward(self, *_args) -> None:
+        self._stop()
+        if self._group is not None:
+            t0 = time.perf_counter()
+            with record_function("## wait_for_stragglers ##"):
+                dist.all_reduce(torch.zeros(1, device=self._device), group=self._group)
+                self._sync()
+            self.wait_seconds += time.perf_counter() - t0
 
     def _sync(self) -> None:
         if self._device.type == "cuda":
@@ -157,10 +183,11 @@ class ComputeTimer:
         self._sync()
         self.seconds += time.perf_counter() - self._t0
 
-    def take(self) -> float:
-        """Seconds accumulated since the last call; resets the counter."""
-        s, self.seconds = self.seconds, 0.0
-        return s
+    def take(self) -> tuple[float, float]:
+        """``(compute, straggler wait)`` seconds accumulated since the last call; resets both."""
+        out = (self.seconds, self.wait_seconds)
+        self.seconds = self.wait_seconds = 0.0
+        return out
 
     def remove(self) -> None:
         """Remove the hooks."""
@@ -209,15 +236,19 @@ class TrainPipeline(abc.ABC):
         dmp: the sharded model from :func:`fstrain.dist.build_sharded_model`.
         optimizer: its optimizer (fused sparse + dense Adam).
         device: where the model runs.
+        measure_straggler_wait: time the wait for the slowest rank apart (a one-element
+            all-reduce after the dense backward, see :class:`ComputeTimer`); collective.
     """
 
     name: str = ""
 
-    def __init__(self, dmp: DistributedModelParallel, optimizer, device: torch.device) -> None:
+    def __init__(self, dmp: DistributedModelParallel, optimizer, device: torch.device, *,
+                 measure_straggler_wait: bool = True) -> None:
         self.dmp = dmp
         self.optimizer = optimizer
         self.device = device
-        self.timer = ComputeTimer(dmp.module.dense, device)
+        self._straggler_group = dist.new_group(backend=dist.get_backend()) if measure_straggler_wait else None
+        self.timer = ComputeTimer(dmp.module.dense, device, self._straggler_group)
         self.timed_optimizer = TimedOptimizer(optimizer, self.timer)
         self._index = 0
         self._phases: dict[str, float] = {}
@@ -265,8 +296,9 @@ class TrainPipeline(abc.ABC):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         step = time.perf_counter() - t0
-        compute = self.timer.take()
-        stats = StepStats(self._index, step, compute, max(0.0, step - compute), ahead, after, self._phases)
+        compute, wait = self.timer.take()
+        stats = StepStats(self._index, step, compute, max(0.0, step - compute - wait), ahead, after, self._phases,
+                          wait)
         self._phases = {}
         self._index += 1
         return StepOutput(output, stats, *self._trained)
@@ -275,6 +307,9 @@ class TrainPipeline(abc.ABC):
         """Release hooks and background resources (the model stays usable)."""
         self.timer.remove()
         self._batch_hook.remove()
+        if self._straggler_group is not None:
+            dist.destroy_process_group(self._straggler_group)
+            self._straggler_group = None
 
 
 class PlainPipeline(TrainPipeline):
@@ -310,8 +345,8 @@ class SparseDistPipeline(TrainPipeline):
 
     name = "sparse-dist"
 
-    def __init__(self, dmp, optimizer, device) -> None:
-        super().__init__(dmp, optimizer, device)
+    def __init__(self, dmp, optimizer, device, **kwargs) -> None:
+        super().__init__(dmp, optimizer, device, **kwargs)
         from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
         self._pipe = TrainPipelineSparseDist(dmp, self.timed_optimizer, device, execute_all_batches=True)
@@ -361,11 +396,11 @@ class PECPipeline(TrainPipeline):
 
     name = "pec"
 
-    def __init__(self, dmp, optimizer, device) -> None:
+    def __init__(self, dmp, optimizer, device, **kwargs) -> None:
         reason = pec_unavailable_reason(dmp, device)
         if reason:
             raise PipelineUnavailableError(reason)
-        super().__init__(dmp, optimizer, device)
+        super().__init__(dmp, optimizer, device, **kwargs)
         from torchrec.distributed.train_pipeline.pec_train_pipeline import TrainPipelinePEC
 
         self._pipe = TrainPipelinePEC(dmp, self.timed_optimizer, device)
@@ -394,10 +429,11 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if isinstance(config, str):
         config = PipelineConfig(name=config)
     name = config.name
+    kw = {"measure_straggler_wait": config.measure_straggler_wait}
     if name in ("pec", "auto"):
         reason = pec_unavailable_reason(dmp, device)
         if reason is None:
-            return PECPipeline(dmp, optimizer, device)
+            return PECPipeline(dmp, optimizer, device, **kw)
         if name == "pec" and not config.pec_fallback:
             raise PipelineUnavailableError(reason)
         logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
@@ -405,12 +441,12 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if not config.overlap and name != "prioritized":
         logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
     if name == "plain":
-        return PlainPipeline(dmp, optimizer, device)
+        return PlainPipeline(dmp, optimizer, device, **kw)
     if name == "sparse-dist":
-        return SparseDistPipeline(dmp, optimizer, device)
+        return SparseDistPipeline(dmp, optimizer, device, **kw)
     from fstrain.prioritized import PrioritizedPipeline
 
-    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap)
+    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap, **kw)
 
 
 def run_steps(pipeline: TrainPipeline, batches: Iterator[Batch], max_steps: int | None = None) -> list[StepOutput]:

@@ -97,8 +97,8 @@ class PrioritizedPipeline(TrainPipeline):
 
     name = "prioritized"
 
-    def __init__(self, dmp, optimizer, device, *, overlap: bool = True) -> None:
-        super().__init__(dmp, optimizer, device)
+    def __init__(self, dmp, optimizer, device, *, overlap: bool = True, **kwargs) -> None:
+        super().__init__(dmp, optimizer, device, **kwargs)
         self.overlap = overlap
         ec = dmp.module.ec
         ec = getattr(ec, "_embedding_collection", ec)  # a PEC-wrapped table: use the inner collection
@@ -291,6 +291,9 @@ class PrioritizedPipeline(TrainPipeline):
         """Stop the background thread (waits for a running job)."""
         super().close()
         self._pool.shutdown(wait=True)
+        if self._group is not None:
+            dist.destroy_process_group(self._group)  # local; no collective is in flight here
+            self._group = None
 
 
 def _done(value) -> concurrent.futures.Future:

@@ -119,8 +119,9 @@ def test_prioritized_splits_rows_and_reports_times(results):
         assert "prefetch_inline" in r["prioritized-no-overlap"]["stats"][1].phase_seconds
         for name in ["plain", *PIPELINED]:
             for s in r[name]["stats"]:
-                assert 0 < s.compute_seconds <= s.step_seconds
-                assert s.exposed_comm_seconds == pytest.approx(s.step_seconds - s.compute_seconds)
+                assert 0 < s.compute_seconds <= s.step_seconds and s.straggler_wait_seconds > 0
+                assert s.exposed_comm_seconds == pytest.approx(
+                    s.step_seconds - s.compute_seconds - s.straggler_wait_seconds)
 
 
 @pytest.mark.multiproc
