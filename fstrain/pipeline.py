@@ -303,6 +303,10 @@ class TrainPipeline(abc.ABC):
         self._index += 1
         return StepOutput(output, stats, *self._trained)
 
+    def flush(self) -> None:
+        """Finish work of past steps still in flight, so the model state is complete (call it
+        before saving a checkpoint; ``prioritized`` defers part of each step's sparse update)."""
+
     def close(self) -> None:
         """Release hooks and background resources (the model stays usable)."""
         self.timer.remove()

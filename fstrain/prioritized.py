@@ -25,6 +25,8 @@ Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` worl
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import threading
 import time
 from dataclasses import dataclass
 
@@ -48,6 +50,9 @@ class _Exchange:
     rows to fetch after the update, ``nol_rows [U - sum(ol_mask) x d]`` rows fetched ahead.
     Owner side (requests of all ranks to this rank): ``recv_counts [R]``, ``recv_local [M]``
     local row indices, ``recv_ol [M]`` the OL flags.
+    About the *previous* batch (``None`` for a batch without one): ``prev_keep [U_prev]`` its
+    rows that this batch also touches (their gradient is applied in the previous step, before
+    this batch's OL fetch; the others are deferred), ``prev_recv_keep [M_prev]`` the owner's view.
     """
 
     batch: Batch
@@ -59,6 +64,8 @@ class _Exchange:
     recv_counts: list[int]
     recv_local: torch.Tensor
     recv_ol: torch.Tensor
+    prev_keep: torch.Tensor | None
+    prev_recv_keep: torch.Tensor | None
     seconds: float
 
 
@@ -124,7 +131,10 @@ class PrioritizedPipeline(TrainPipeline):
         self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
         self._pending: concurrent.futures.Future | None = None
-        self._first = True
+        self._deferred: concurrent.futures.Future | None = None
+        # table accesses from the two threads touch disjoint rows; the lock keeps the fused
+        # kernels themselves from running concurrently (never held across a collective)
+        self._tbe_lock = threading.Lock()
         # CUDA: the background job's kernels go to a side stream (its collectives to the second
         # process group's own NCCL stream), ordered after the main stream at submission.
         self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -142,7 +152,7 @@ class PrioritizedPipeline(TrainPipeline):
         """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient)."""
         if local.numel() == 0:
             return torch.zeros(0, self.embedding_dim, device=self.device)
-        with torch.no_grad():
+        with self._tbe_lock, torch.no_grad():
             return self._lookup(self._rows(local)).view(-1, self.embedding_dim)
 
     def _all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int], group=None) -> torch.Tensor:
@@ -152,20 +162,24 @@ class PrioritizedPipeline(TrainPipeline):
         return out
 
     # ------------------------------------------------------------- background job
-    def _prefetch(self, batch: Batch, first: bool, ready: torch.cuda.Event | None) -> _Exchange:
+    def _prefetch(self, batch: Batch, prev: _Exchange | None, ready: torch.cuda.Event | None) -> _Exchange:
         """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc).
 
         ``ready`` (CUDA): recorded on the main stream at submission; the side stream waits on it
         so the lookup reads the table after the previous update.
         """
         t0 = time.perf_counter()
-        if self._side_stream is None:
-            return self._prefetch_on_stream(batch, first, t0)
-        with torch.cuda.stream(self._side_stream):
-            self._side_stream.wait_event(ready)
-            return self._prefetch_on_stream(batch, first, t0)
+        with self._on_side_stream(ready):
+            return self._prefetch_on_stream(batch, prev, t0)
 
-    def _prefetch_on_stream(self, batch: Batch, first: bool, t0: float) -> _Exchange:
+    def _on_side_stream(self, ready: torch.cuda.Event | None):
+        """CUDA: run on the side stream after ``ready``; CPU: nothing."""
+        if self._side_stream is None:
+            return contextlib.nullcontext()
+        self._side_stream.wait_event(ready)
+        return torch.cuda.stream(self._side_stream)
+
+    def _prefetch_on_stream(self, batch: Batch, prev: _Exchange | None, t0: float) -> _Exchange:
         with torch.no_grad(), record_function("## prefetch_nol ##"):
             g = self._group
             ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
@@ -176,7 +190,7 @@ class PrioritizedPipeline(TrainPipeline):
             send, recv = send_counts.tolist(), recv_counts_t.tolist()
             recv_ids = self._all_to_all(ids, send, recv, g)
             recv_local = recv_ids.cpu() - self._my_offset
-            if first:
+            if prev is None:
                 recv_ol = torch.zeros(recv_local.numel(), dtype=torch.bool)
             else:
                 recv_ol = self._touched[recv_local]  # rows the previous batch (any rank) updates
@@ -185,20 +199,44 @@ class PrioritizedPipeline(TrainPipeline):
             nol_rows = self._lookup_rows(recv_local[~recv_ol])
             ol_mask = self._all_to_all(recv_ol.to(torch.uint8).to(self.device), recv, send, g).cpu().bool()
             nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
+            prev_keep = prev_recv_keep = None
+            if prev is not None:  # which rows of the previous batch this one touches (backward split)
+                prev_recv_keep = self._touched[prev.recv_local]
+                prev_keep = self._all_to_all(prev_recv_keep.to(torch.uint8).to(self.device), prev.recv_counts,
+                                             prev.send_counts, g).cpu().bool()
         return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol,
-                         time.perf_counter() - t0)
+                         prev_keep, prev_recv_keep, time.perf_counter() - t0)
 
-    def _submit(self, batch: Batch) -> None:
-        ready = None
-        if self._side_stream is not None:
-            ready = torch.cuda.Event()
-            ready.record()  # on the main stream: everything issued so far (the previous update)
+    def _ready_event(self) -> torch.cuda.Event | None:
+        """CUDA: an event on the main stream after everything issued so far; CPU: ``None``."""
+        if self._side_stream is None:
+            return None
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
+
+    def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
         if self.overlap:
-            self._pending = self._pool.submit(self._prefetch, batch, self._first, ready)
+            self._pending = self._pool.submit(self._prefetch, batch, prev, self._ready_event())
         else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
             with self._phase("prefetch_inline"):
-                self._pending = _done(self._prefetch(batch, self._first, ready))
-        self._first = False
+                self._pending = _done(self._prefetch(batch, prev, self._ready_event()))
+
+    def _deferred_update(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
+                         ready: torch.cuda.Event | None) -> float:
+        """Background thread: gradient all-to-all + fused update of rows the next batch does not touch."""
+        t0 = time.perf_counter()
+        with self._on_side_stream(ready), record_function("## deferred_sparse_update ##"):
+            self._apply_grad(grad, send, recv, local, self._group)
+        return time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Wait until the deferred gradient of the last step is applied (call before a checkpoint)."""
+        if self._deferred is not None:
+            self._phases["background_deferred_update"] = self._deferred.result()
+            if self._side_stream is not None:
+                torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+            self._deferred = None
 
     def _wait(self) -> _Exchange:
         with self._phase("wait_prefetch"):
@@ -222,14 +260,38 @@ class PrioritizedPipeline(TrainPipeline):
             emb[~mask] = ex.nol_rows
         return emb
 
-    def _sparse_update(self, ex: _Exchange, grad: torch.Tensor) -> None:
-        """Send each unique row's gradient to its owner; the owner applies them in one fused update."""
+    def _apply_grad(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
+                    group=None) -> None:
+        """Send row gradients ``grad [sum(send) x d]`` to their owners; the owner applies the received
+        ``[sum(recv) x d]`` to its rows ``local`` in one fused update (a re-lookup whose backward runs
+        the table's fused optimizer; fbgemm sums repeated rows first)."""
+        recv_grad = self._all_to_all(grad, send, recv, group)
+        if local.numel():
+            with self._tbe_lock, torch.enable_grad():
+                out = self._lookup(self._rows(local)).view(-1, self.embedding_dim)
+                out.backward(recv_grad)
+
+    def _sparse_update(self, ex: _Exchange, grad: torch.Tensor, nxt: _Exchange | None) -> None:
+        """Apply now the gradient of rows the next batch touches; defer the rest to the background thread.
+
+        Every row still gets its whole step gradient in one update, before anything reads it again:
+        rows the next batch touches before its OL fetch, the others before the background thread's
+        next job (the prefetch of the batch after next), which is queued behind it.
+        """
         with self._phase("sparse_update"):
-            recv_grad = self._all_to_all(grad, ex.send_counts, ex.recv_counts)
-            if ex.recv_local.numel():
-                with torch.enable_grad():
-                    out = self._lookup(self._rows(ex.recv_local)).view(-1, self.embedding_dim)
-                    out.backward(recv_grad)
+            if nxt is None:  # last batch: nothing to defer
+                self._apply_grad(grad, ex.send_counts, ex.recv_counts, ex.recv_local)
+                return
+            keep, recv_keep = nxt.prev_keep, nxt.prev_recv_keep
+            self._apply_grad(grad[keep.to(grad.device)], _segment_counts(keep, ex.send_counts),
+                             _segment_counts(recv_keep, ex.recv_counts), ex.recv_local[recv_keep])
+            args = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
+                    _segment_counts(~recv_keep, ex.recv_counts), ex.recv_local[~recv_keep])
+        if self.overlap:
+            self._deferred = self._pool.submit(self._deferred_update, *args, self._ready_event())
+        else:
+            with self._phase("deferred_update_inline"):
+                self._deferred = _done(self._deferred_update(*args, self._ready_event()))
 
     def _start_dense_allreduce(self):
         """Start the SUM all-reduce of the dense gradients (one flat buffer, asynchronous)."""
@@ -253,15 +315,16 @@ class PrioritizedPipeline(TrainPipeline):
 
     def _progress(self, dataloader_iter):
         if self._pending is None:  # fill: the first batch has no predecessor, all its rows are NOL
-            self._submit(next(dataloader_iter).to(self.device))
-        ex = self._wait() if self._pending is not None else None
+            self.flush()
+            self._submit(next(dataloader_iter).to(self.device), None)
+        ex = self._wait()
         emb = self._fetch_ol(ex)
         try:
             nxt = next(dataloader_iter).to(self.device)
         except StopIteration:
             nxt = None
         if nxt is not None:
-            self._submit(nxt)  # NOL of N+1 overlaps everything below
+            self._submit(nxt, ex)  # NOL of N+1 overlaps everything below
         batch, f = ex.batch, ex.batch.features
         self._mark(batch)
         with record_function("## dense_forward_backward ##"):
@@ -275,7 +338,8 @@ class PrioritizedPipeline(TrainPipeline):
         with self._phase("dense_allreduce"):
             pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below
         nxt_ex = self._wait() if nxt is not None else None  # table writes below must not race the lookup
-        self._sparse_update(ex, leaf.grad)
+        self.flush()  # the previous step's deferred update: done already (queued before that prefetch)
+        self._sparse_update(ex, leaf.grad, nxt_ex)
         with self._phase("dense_allreduce"):
             self._finish_dense_allreduce(pending_allreduce)
         with record_function("## optimizer ##"):
@@ -283,12 +347,15 @@ class PrioritizedPipeline(TrainPipeline):
             self.optimizer.zero_grad()
         if nxt_ex is not None:
             self._pending = _done(nxt_ex)
+        else:
+            self.flush()  # last batch: leave the table complete
         self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
         num_ol = int(ex.ol_mask.sum())
         return output, ex.ids.numel() - num_ol, num_ol
 
     def close(self) -> None:
         """Stop the background thread (waits for a running job)."""
+        self.flush()
         super().close()
         self._pool.shutdown(wait=True)
         if self._group is not None:

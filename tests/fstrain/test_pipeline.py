@@ -25,7 +25,7 @@ def _batches(shards, rank, world_size=2):
             for b in ShardReader(shards, rank, world_size, num_prefetch_batches=0))
 
 
-def _train(shards, config, env, build=None):
+def _train(shards, config, env, build=None, max_steps=None):
     from fstrain.dist import OptimConfig, build_sharded_model, local_state
     from fstrain.model import Config
     from fstrain.pipeline import PipelineConfig, make_pipeline, run_steps
@@ -35,9 +35,11 @@ def _train(shards, config, env, build=None):
     torch.manual_seed(0)
     dmp, opt = (build or build_sharded_model)(Config(**MODEL), OptimConfig(dense_lr=1e-2, sparse_lr=0.1), env)
     pipe = make_pipeline(config, dmp, opt, env.device)
-    outs = run_steps(pipe, _batches(shards, env.rank, env.world_size))
+    outs = run_steps(pipe, _batches(shards, env.rank, env.world_size), max_steps)
+    pipe.flush()  # mid-run: the state a checkpoint would save
+    state = local_state(dmp)
     pipe.close()
-    return {"state": local_state(dmp), "stats": [o.stats for o in outs], "loss": [float(o.output[0]) for o in outs],
+    return {"state": state, "stats": [o.stats for o in outs], "loss": [float(o.output[0]) for o in outs],
             "class": type(pipe).__name__, "steps": [o.step for o in outs], "tokens": [o.num_tokens for o in outs],
             "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
@@ -50,6 +52,9 @@ def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
 
     env = init_distributed(backend)
     out = {name: _train(shards, name, env) for name in names}
+    if probe:
+        for name in ("plain", "prioritized"):
+            out[f"{name}@2"] = _train(shards, name, env, max_steps=2)
     from fstrain.dist import build_sharded_model, local_state
 
     torch.manual_seed(0)
@@ -95,6 +100,17 @@ def test_equal_to_non_pipelined(results, name):
         _assert_equal_to_plain(r, name)
         assert r[name]["steps"] == list(range(NUM_STEPS))  # outputs name the batch they trained
         assert r[name]["tokens"] == r[name]["true_tokens"]
+
+
+@pytest.mark.multiproc
+def test_flushed_mid_run_state_equals_non_pipelined(results):
+    """After ``flush()`` the state mid-run (what a checkpoint saves) equals plain training's."""
+    for r in results:
+        ref, got = r["plain@2"]["state"], r["prioritized@2"]["state"]
+        assert len(r["prioritized@2"]["stats"]) == 2
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=lambda m: f"{k}: {m}")
+        assert not torch.equal(ref["ec.embeddings.item_table.weight"], r["plain"]["state"]["ec.embeddings.item_table.weight"])
 
 
 @pytest.mark.multiproc
