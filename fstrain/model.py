@@ -158,23 +158,31 @@ class JaggedCausalAttention(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(n, L, three_d // 3)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, buckets: list[tuple[int, int, int]],
-                lengths_list: list[int]) -> torch.Tensor:
-        """Args: x ``[T x d]``; offsets ``[B+1]`` int64; buckets from :func:`length_buckets`.
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, offsets_list: list[int],
+                buckets: list[tuple[int, int, int]], lengths_list: list[int]) -> torch.Tensor:
+        """Causal attention of every sequence over itself.
 
-        Returns: ``[T x d]``.
+        Args:
+            x: ``[T x d]`` float, jagged values of length-sorted sequences.
+            offsets: ``[B+1]`` int64 on ``x``'s device.
+            offsets_list: the same offsets as python ints (slicing without device syncs).
+            buckets: from :func:`length_buckets`.
+            lengths_list: sorted lengths as python ints.
+
+        Returns:
+            ``[T x d]``.
         """
         qkv = self.qkv(x)
         parts = []
         if self.reference:
             for b, L in enumerate(lengths_list):
-                a = int(offsets[b])
+                a = offsets_list[b]
                 parts.append(self._sdpa(qkv[a:a + L].unsqueeze(0)).squeeze(0))
         else:
             for s, e, Lb in buckets:
-                a, z = int(offsets[s]), int(offsets[e])
-                sub_off = offsets[s:e + 1] - offsets[s]
-                padded = torch.ops.fbgemm.jagged_to_padded_dense(qkv[a:z], [sub_off], [Lb])
+                a, z = offsets_list[s], offsets_list[e]
+                sub_off = offsets[s:e + 1] - a
+                padded = torch.ops.fbgemm.jagged_to_padded_dense(qkv[a:z], [sub_off], [Lb])  # [n x Lb x 3d]
                 parts.append(torch.ops.fbgemm.dense_to_jagged(self._sdpa(padded), [sub_off])[0])
         return self.out(torch.cat(parts) if len(parts) > 1 else parts[0])
 
@@ -191,8 +199,9 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, config.ffn_multiplier * d), nn.GELU(),
                                  nn.Linear(config.ffn_multiplier * d, d))
 
-    def forward(self, x, offsets, buckets, lengths_list):
-        x = x + self.attn(self.ln1(x), offsets, buckets, lengths_list)
+    def forward(self, x, offsets, offsets_list, buckets, lengths_list):
+        """``x`` ``[T x d]`` -> ``[T x d]`` (arguments as :meth:`JaggedCausalAttention.forward`)."""
+        x = x + self.attn(self.ln1(x), offsets, offsets_list, buckets, lengths_list)
         return x + self.ffn(self.ln2(x))
 
 
@@ -247,12 +256,14 @@ class DenseTower(nn.Module):
             lengths_list = sorted_len.tolist()
             buckets = length_buckets(lengths_list, cfg.bucket_ratio)
             perm_dev = perm.to(hist.device)
+            offsets_list = new_offsets.tolist()
+            offsets_dev = new_offsets.to(hist.device)
         x = hist.index_select(0, token_index) * math.sqrt(cfg.embedding_dim) + self.pos(positions.to(hist.device))
         with record_function("## dense_blocks ##"):
             for blk in self.blocks:
-                x = blk(x, new_offsets, buckets, lengths_list)
+                x = blk(x, offsets_dev, offsets_list, buckets, lengths_list)
         with record_function("## dense_loss ##"):
-            user = self.ln_final(x.index_select(0, (new_offsets[1:] - 1).to(x.device)))  # [B x d]
+            user = self.ln_final(x.index_select(0, offsets_dev[1:] - 1))  # [B x d]
             t = target_emb.index_select(0, perm_dev)
             pos_logit = (user * t).sum(-1, keepdim=True)  # [B x 1]
             neg_logit = user @ neg_emb.t()  # [B x K]

@@ -9,6 +9,7 @@ This isolates the load-imbalance part of the bubble: a real run adds communicati
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import statistics
@@ -72,15 +73,21 @@ def time_forward_backward(model: SequentialRecommender, batch: Batch, *, repeats
         Median seconds over ``repeats`` runs.
     """
     times = []
-    for _ in range(repeats):
-        model.zero_grad(set_to_none=True)
-        _sync(device)
-        t0 = clock()
-        with record_function("## replay_forward_backward ##"):
-            loss, _ = model(batch)
-            loss.backward()
-        _sync(device)
-        times.append(clock() - t0)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a timed run would be charged to whichever rank triggered it
+    try:
+        for _ in range(repeats):
+            model.zero_grad(set_to_none=True)
+            _sync(device)
+            t0 = clock()
+            with record_function("## replay_forward_backward ##"):
+                loss, _ = model(batch)
+                loss.backward()
+            _sync(device)
+            times.append(clock() - t0)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return statistics.median(times)
 
 

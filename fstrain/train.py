@@ -90,9 +90,12 @@ def train_step(dmp: DistributedModelParallel, opt, batch: Batch) -> tuple[torch.
     return loss_sum, int(n)
 
 
-def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, device: torch.device
-                  ) -> tuple[torch.Tensor, int, StepTiming]:
+def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, device: torch.device,
+                  num_tokens: int = -1) -> tuple[torch.Tensor, int, StepTiming]:
     """Timed step with the same update as :func:`train_step` (see the module docstring).
+
+    Args:
+        num_tokens: history items of the batch (recorded; pass it from the host copy).
 
     Returns:
         ``(loss_sum, num_samples, timing)``.
@@ -125,7 +128,8 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
     _sync(device)
     t4 = time.perf_counter()
     timing = StepTiming(step=batch.step, rank=rank, num_samples=batch.num_samples,
-                        num_tokens=int(f[HISTORY_KEY].lengths().sum()), sparse_forward_seconds=t1 - t0,
+                        num_tokens=num_tokens if num_tokens >= 0 else int(f[HISTORY_KEY].lengths().sum()),
+                        sparse_forward_seconds=t1 - t0,
                         compute_seconds=t2 - t1, wait_seconds=t3 - t2, sync_seconds=t4 - t3)
     return loss_sum, int(n), timing
 
@@ -243,27 +247,31 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
     timings: list[StepTiming] = []
-    window_loss, window_n, window_tokens, t_window = 0.0, 0, 0, time.perf_counter()
+    window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
+    window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
     for batch in reader:
-        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed).to(env.device)
+        num_tokens = int(batch.lengths.sum())  # on the host, before the copy
+        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed).to(env.device, non_blocking=True)
         if cfg.step_mode == "plain":
             loss_sum, n = train_step(dmp, opt, batch)
         else:
-            loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device)
+            loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
             timings.append(timing)
         step = batch.step + 1
-        window_loss += float(loss_sum)
+        window_loss += loss_sum.to(torch.float64)
         window_n += n
-        window_tokens += int(batch.lengths.sum())
+        window_tokens += num_tokens
         if cfg.log_every_steps and step % cfg.log_every_steps == 0:
-            stats = torch.tensor([window_loss, window_n, window_tokens], dtype=torch.float64, device=env.device)
+            stats = torch.stack([window_loss, torch.tensor(float(window_n), dtype=torch.float64, device=env.device),
+                                 torch.tensor(float(window_tokens), dtype=torch.float64, device=env.device)])
             dist.all_reduce(stats)
             dt = time.perf_counter() - t_window
             if env.rank == 0:
                 logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
                             stats[0].item() / max(1.0, stats[1].item()), stats[1].item() / dt, stats[2].item() / dt)
-            window_loss, window_n, window_tokens, t_window = 0.0, 0, 0, time.perf_counter()
+            window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
+            window_n, window_tokens, t_window = 0, 0, time.perf_counter()
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
