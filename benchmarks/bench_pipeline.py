@@ -149,10 +149,11 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
     """Run every pipeline in ``names`` on ``cfg.num_ranks`` spawned gloo processes.
 
     Returns:
-        ``{"config": ..., "pipelines": {name: summary}}``; a summary has per-step means over ranks
-        and steps (``step_ms``, ``compute_ms``, ``exposed_comm_ms``, their medians, the exposed
-        share of the step and, for ``prioritized``, the share of rows fetched ahead), or
-        ``skipped`` with the reason.
+        ``{"config", "machine", "pipelines": {name: summary}}``; a summary has ``step_ms`` (the
+        slowest rank's step, averaged over steps), means over ranks and steps of
+        ``compute_ms``, ``straggler_wait_ms`` and ``exposed_comm_ms`` (and its median), the
+        exposed share of the step, ``phase_ms`` and, for ``prioritized``, the share of unique
+        rows fetched ahead; or ``skipped`` with the reason.
 
     Raises:
         RuntimeError: a rank failed (its traceback in the message).
@@ -178,7 +179,8 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
             continue
         stats = [s for r in per_rank for s in r[name]["stats"]]
         # a step lasts as long as its slowest rank: take the max over ranks per step for wall time
-        steps = [max(r[name]["stats"][i]["step_seconds"] for r in per_rank) for i in range(len(per_rank[0][name]["stats"]))]
+        num_steps = len(per_rank[0][name]["stats"])
+        steps = [max(r[name]["stats"][i]["step_seconds"] for r in per_rank) for i in range(num_steps)]
         ahead = sum(s["num_rows_ahead"] for s in stats)
         after = sum(s["num_rows_after_update"] for s in stats)
         summary[name] = {
@@ -214,7 +216,8 @@ def format_table(result: dict) -> str:
                      f"({s['exposed_comm_ms_median']:.1f}) | {100 * s['exposed_share']:.0f}% | {ahead} |")
     for name, s in result["pipelines"].items():
         if s.get("phase_ms"):
-            lines.append(f"\n{name} phases, ms per step: " + ", ".join(f"{k} {v:.1f}" for k, v in s["phase_ms"].items()))
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in s["phase_ms"].items())
+            lines.append(f"\n{name} phases, ms per step: {phases}")
     return "\n".join(lines)
 
 

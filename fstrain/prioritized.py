@@ -14,9 +14,10 @@ requested from it by *all* ranks in the previous batch (a boolean row mask). Eve
 way (id all-to-all, classification, NOL lookup, mask and NOL row all-to-alls) runs on one
 background thread over a second gloo/NCCL process group, so its collectives never interleave
 with the main thread's. After the update of batch N the main thread fetches the OL rows of
-batch N+1 (one all-to-all), runs the dense step, sends the gradient of each unique row back to
-its owner, and the owner applies it through the table's fused optimizer (a re-lookup whose
-backward runs fbgemm's fused update), then the dense all-reduce and optimizer step.
+batch N+1 (one all-to-all) and runs the dense step. Gradients are re-split: rows that batch N+2
+also touches are sent to their owners at once and applied through the table's fused optimizer (a
+re-lookup whose backward runs fbgemm's fused update); the others on the background thread, before
+its next prefetch, the first job that can read them again. Then the dense all-reduce and step.
 
 Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` world size,
 ``M`` ids requested from this rank by all ranks (with repeats across ranks).
@@ -79,17 +80,20 @@ class PrioritizedPipeline(TrainPipeline):
 
     Threads and process groups:
 
-    * background thread, second process group (``## prefetch_nol ##``): for batch N+1 while
-      batch N computes: id all-to-all, OL/NOL classification on the owner, NOL lookup, OL-mask
-      all-to-all, NOL row all-to-all.
+    * background thread, second process group, one job at a time in submission order:
+      ``## prefetch_nol ##`` for batch N+1 while batch N computes (id all-to-all, OL/NOL split
+      on the owner, NOL lookup, mask and NOL row all-to-alls, and the mask of batch N's rows
+      that N+1 touches), then ``## deferred_sparse_update ##`` of batch N (gradient all-to-all
+      and fused update of the rows N+1 does not touch), which runs before the prefetch of N+2.
     * main thread, default process group: ``## fetch_ol ##`` (OL lookup + all-to-all, after
-      N-1's update), ``## dense_forward_backward ##``, ``## wait_prefetch ##`` (the background
-      job of N+1 must be done before the table is written), ``## dense_allreduce ##`` (started
-      asynchronously, overlapping) ``## sparse_update ##`` (gradient all-to-all + fused
-      update), ``## optimizer ##``.
+      N-1's update), ``## dense_forward_backward ##`` (with the straggler barrier on a third
+      group), ``## dense_allreduce ##`` (started asynchronously), ``## wait_prefetch ##`` (the
+      job of N+1 must be done before the table is written), ``## sparse_update ##`` (rows N+1
+      touches), ``## optimizer ##``.
 
-    On CUDA the same code issues its kernels on the default stream of each thread; it has not
-    been run on a GPU (no figures).
+    CUDA: the background jobs run on a side stream that waits for an event recorded on the main
+    stream at submission; the main stream waits for the side stream before it uses their
+    results. Written for GPUs but not run on one (no figures).
 
     Args:
         dmp: the sharded model (one row-wise table shared by history, target and negatives).
