@@ -44,6 +44,34 @@ def _train(shards, config, env, build=None, max_steps=None):
             "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
 
+SLEEP_SECONDS = 0.3
+
+
+def _overlap_probe(shards, env, overlap: bool) -> list[float]:
+    """Step times of ``prioritized`` when both its background prefetch and the dense forward take
+    ``SLEEP_SECONDS`` longer: overlapped, a step lasts ~1 sleep; inline, ~2."""
+    import time
+
+    from fstrain.dist import OptimConfig, build_sharded_model
+    from fstrain.model import Config
+    from fstrain.pipeline import PipelineConfig, make_pipeline, run_steps
+
+    dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(), env)
+    pipe = make_pipeline(PipelineConfig(name="prioritized", overlap=overlap), dmp, opt, env.device)
+    inner = pipe._prefetch_on_stream
+
+    def slow_prefetch(*args):
+        time.sleep(SLEEP_SECONDS)
+        return inner(*args)
+
+    pipe._prefetch_on_stream = slow_prefetch
+    hook = dmp.module.dense.register_forward_pre_hook(lambda *_: time.sleep(SLEEP_SECONDS))
+    outs = run_steps(pipe, _batches(shards, env.rank, env.world_size), 3)
+    hook.remove()
+    pipe.close()
+    return [o.stats.step_seconds for o in outs]
+
+
 def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
     from fstrain.dist import OptimConfig, init_distributed
     from fstrain.model import Config
@@ -55,6 +83,7 @@ def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
     if probe:
         for name in ("plain", "prioritized"):
             out[f"{name}@2"] = _train(shards, name, env, max_steps=2)
+        out["overlap_probe"] = {mode: _overlap_probe(shards, env, mode) for mode in (True, False)}
     from fstrain.dist import build_sharded_model, local_state
 
     torch.manual_seed(0)
@@ -112,6 +141,16 @@ def test_flushed_mid_run_state_equals_non_pipelined(results):
             torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=lambda m: f"{k}: {m}")
         table = "ec.embeddings.item_table.weight"
         assert not torch.equal(ref[table], r["plain"]["state"][table])  # 2 steps are not the end state
+
+
+@pytest.mark.multiproc
+def test_prefetch_overlaps_dense_compute(results):
+    """With a slow prefetch and a slow dense forward (both +0.3 s), overlapped steps after the
+    first take ~1 sleep, inline ones ~2: the NOL exchange really runs during the compute."""
+    for r in results:
+        overlapped, inline = r["overlap_probe"][True], r["overlap_probe"][False]
+        assert all(t < 1.6 * SLEEP_SECONDS for t in overlapped[1:]), overlapped
+        assert all(t > 1.9 * SLEEP_SECONDS for t in inline[1:]), inline
 
 
 @pytest.mark.multiproc
