@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from fsdata.errors import FsdataError
@@ -101,6 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
+    p = sub.add_parser("synth", help="generate samples whose lengths follow a real dataset's distribution",
+                       epilog="examples:\n  fsdata synth big.parquet --num-samples 20000000 "
+                              "--lengths-from ../shared/datasets/ml-1m_ensfm/sequences.txt --layout event\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output", help="Parquet file to write")
+    p.add_argument("--num-samples", type=int, required=True)
+    p.add_argument("--lengths-from", required=True, help="a dataset file (sequences, events or CSV) to resample lengths from")
+    p.add_argument("--layout", default="event", choices=["user", "event"], help="per-user or per-event lengths")
+    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--num-items", type=int, default=100_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+    _add_common(p)
+
     p = sub.add_parser("verify", help="check an OUTPUT's invariants", epilog=_EPILOG_VERIFY,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output")
@@ -154,7 +169,9 @@ def _cmd_balance(a: argparse.Namespace) -> int:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    t0 = time.perf_counter()
     src, cost_model, lengths, ids = _load_lengths(a)
+    t1 = time.perf_counter()
     partitioner = a.partitioner or DEFAULT_PARTITIONER
     settings = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
                                strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
@@ -164,11 +181,13 @@ def _cmd_balance(a: argparse.Namespace) -> int:
     plan = make_plan(cost_model.cost(lengths), num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank,
                      seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
                      partitioner=partitioner, budget=a.budget)
-    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite)
+    timings = {"read_lengths": t1 - t0, "plan": time.perf_counter() - t1}
+    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite, timings=timings)
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
     summary["output"] = str(a.output)
+    summary["stage_seconds"] = timings
     if a.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -177,13 +196,28 @@ def _cmd_balance(a: argparse.Namespace) -> int:
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({a.strategy}, {a.batch_policy})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
         print(f"  lower bound        {m['lower_bound_bubble']:.4%}  (equal counts)")
+        print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    return 0
+
+
+def _cmd_synth(a: argparse.Namespace) -> int:
+    from fsdata.synth import read_lengths, write_synth_samples
+
+    if Path(a.output).exists() and not a.overwrite:
+        raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    if not Path(a.lengths_from).exists():
+        raise FsdataError(f"--lengths-from {a.lengths_from} does not exist; pass a dataset file")
+    source = read_lengths(a.lengths_from, layout=a.layout, max_seq_len=a.max_seq_len)
+    info = write_synth_samples(a.output, a.num_samples, source, seed=a.seed, num_items=a.num_items)
+    print(f"wrote {info['num_samples']:,} samples ({info['num_bytes'] / 1e9:.2f} GB) to {a.output}, lengths "
+          f"resampled from {a.lengths_from} ({a.layout} layout)")
     return 0
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
     from fsdata.verify import verify
 
-    r = verify(a.output, a.input, column_map=a.columns)
+    r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
@@ -193,7 +227,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify}
+COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify,
+            "synth": _cmd_synth}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,12 +18,12 @@ import numpy as np
 
 from fsdata import bubble
 from fsdata.errors import ConfigError, InputError
-from fsdata.partition import partition_steps, per_rank_loads
+from fsdata.partition import DEFAULT_METHOD, partition_steps, per_rank_loads
 
 STRATEGIES = ("balanced", "shuffle")
 BATCH_POLICIES = ("fixed", "cost-budget")
 REMAINDER_POLICIES = ("drop", "error")
-DEFAULT_PARTITIONER = "lpt"
+DEFAULT_PARTITIONER = DEFAULT_METHOD
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,7 +36,7 @@ class Plan:
         num_steps: S.
         step: shape ``[N]`` int32, step of each input row; -1 when dropped.
         rank: shape ``[N]`` int32, rank of each input row; -1 when dropped.
-        order_key: shape ``[N]`` int64, position in the shuffled order (sorts a rank's rows by step).
+        order_key: shape ``[N]`` int64, sorts a rank's rows by step, then by shuffled position.
         dropped: shape ``[D]`` int64, input row indices that were dropped (the remainder).
         loads: shape ``[S x R]`` float64, predicted cost per rank per step.
         counts: shape ``[S x R]`` int32, samples per rank per step.
@@ -139,7 +139,8 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         perm = np.concatenate([steps.ravel(), rest])
         s_, r_ = plan_cost_budget(costs[perm], R, B, budget)
         step[perm], rank[perm] = s_, r_
-        order_key[perm] = np.arange(N)
+        # a rank's rows are ordered by step, then by position in the shuffled order
+        order_key[perm] = s_.astype(np.int64) * N + np.arange(N)
         order_key[step < 0] = -1
     else:
         method = "shuffle" if strategy == "shuffle" else partitioner

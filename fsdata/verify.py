@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from fsdata import bubble
 from fsdata import schema as S
@@ -52,7 +53,7 @@ def read_manifest(output: str | os.PathLike) -> dict:
 
 
 def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
-           column_map: str | None = None, check_checksums: bool = True) -> dict:
+           column_map: str | None = None, check_checksums: bool = True, progress: bool = False) -> dict:
     """Verify an OUTPUT; raise on the first violated invariant.
 
     Args:
@@ -60,6 +61,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         input_path: the balance INPUT, to check that no sample was lost or duplicated.
         column_map: ``--columns`` mapping used for the input.
         check_checksums: recompute SHA-256 of every rank file.
+        progress: show a progress bar over rank files.
 
     Returns:
         Summary dict: ``num_ranks``, ``num_steps``, ``num_samples_written``, ``num_samples_dropped``,
@@ -85,7 +87,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     cost_model = load_cost_model(m["cost_model"])
     loads = np.zeros((steps, R))
     all_ids: list[np.ndarray] = []
-    for f in sorted(m["files"], key=lambda f: f["rank"]):
+    for f in tqdm(sorted(m["files"], key=lambda f: f["rank"]), unit="rank", desc="verify", disable=not progress):
         r, path = f["rank"], out / f["path"]
         if not path.is_file():
             raise VerifyError(f"rank {r}: file {path} is missing")

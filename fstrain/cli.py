@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--metrics-dir", default=None, help="write step_times.parquet and summary.json here")
     t.add_argument("--step-mode", choices=("measured", "plain"), default="measured")
-    t.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    t.add_argument("--backend", choices=("auto", "gloo", "nccl", "shm"), default="auto",
+                   help="auto: nccl with CUDA, else gloo; shm: fstrain.comm shared-memory transport (CPU)")
     t.add_argument("--dense-lr", type=float, default=1e-3)
     t.add_argument("--sparse-lr", type=float, default=0.05)
     t.add_argument("--sparse-optimizer", choices=("rowwise_adagrad", "sgd"), default="rowwise_adagrad")

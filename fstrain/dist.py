@@ -34,6 +34,7 @@ from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 logger = logging.getLogger(__name__)
 
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
+BACKENDS = ("auto", "nccl", "gloo", "shm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class DistEnv:
         world_size: number of processes.
         local_rank: rank inside the node (selects the CUDA device).
         device: ``cuda:<local_rank>`` with NCCL, else ``cpu`` with gloo.
-        backend: ``nccl`` or ``gloo``.
+        backend: ``nccl``, ``gloo`` or ``shm``.
     """
 
     rank: int
@@ -59,7 +60,9 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
 
     Args:
-        backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl`` or ``gloo``.
+        backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl``, ``gloo``, or ``shm``
+            (CPU: the shared-memory transport of :mod:`fstrain.comm`, registered as a
+            torch.distributed backend, so torchrec's all-to-alls use it unchanged).
         timeout_seconds: collective timeout.
 
     Returns:
@@ -68,12 +71,17 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     Raises:
         ConfigError: ``nccl`` requested without CUDA, or an unknown backend.
     """
-    if backend not in ("auto", "nccl", "gloo"):
-        raise ConfigError(f"unknown backend {backend!r}; use auto, nccl or gloo")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     cuda = torch.cuda.is_available()
     if backend == "nccl" and not cuda:
         raise ConfigError("--backend nccl needs a CUDA device and none is visible; use --backend gloo")
     backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    pg_backend = backend
+    if backend == "shm":
+        from fstrain.comm import CommConfig, register_torch_backends
+
+        pg_backend = register_torch_backends(CommConfig(backend="shm"))
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -86,7 +94,7 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
         if "MASTER_ADDR" not in os.environ:  # plain `fstrain train` without torchrun: one process
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend=backend, rank=rank, world_size=world,
+        dist.init_process_group(backend=pg_backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_seconds),
                                 device_id=device if backend == "nccl" else None)
     return DistEnv(rank, world, local, device, backend)

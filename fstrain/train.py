@@ -66,7 +66,7 @@ class TrainConfig:
     metrics_dir: str | None = None
     """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
     backend: str = "auto"
-    """``auto``, ``gloo`` or ``nccl``."""
+    """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -252,7 +252,10 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     step = start
     for batch in reader:
         num_tokens = int(batch.lengths.sum())  # on the host, before the copy
-        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed).to(env.device, non_blocking=True)
+        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed)
+        if env.device.type == "cuda":
+            batch = batch.pin_memory()  # so the copy below is asynchronous
+        batch = batch.to(env.device, non_blocking=True)
         if cfg.step_mode == "plain":
             loss_sum, n = train_step(dmp, opt, batch)
         else:

@@ -144,7 +144,7 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
                                    strategy=cfg.strategy, batch_policy=cfg.batch_policy, partitioner=cfg.partitioner,
                                    progress=progress)
         write_balanced(src, shards, plan, ids, cost_model, settings)
-    checked = verify(shards, samples)
+    checked = verify(shards, samples, progress=progress)
     (run_dir / "verify.json").write_text(json.dumps(checked, indent=2))
     summary = {"profile": report, "verify": checked}
     tmp_done = run_dir / "._SUCCESS.tmp"

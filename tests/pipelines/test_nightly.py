@@ -72,3 +72,34 @@ def test_real_toys_per_user(tmp_path, capsys):
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     assert r["verify"]["checked_input"] and r["verify"]["num_samples_written"] > 19000
+
+
+def test_killed_run_leaves_latest_intact(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO_ROOT
+    from tests.fsdata.helpers import write_samples
+
+    work = tmp_path / "work"
+    small = write_samples(tmp_path / "small.parquet", n=512)
+    good = run_nightly(NightlyConfig(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=8), work,
+                       progress=False)
+    big = write_samples(tmp_path / "big.parquet", n=200_000)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.nightly", "--input", str(big), "--format", "samples",
+                             "--work-dir", str(work), "--ranks", "8", "--batch-size-per-rank", "4", "--no-progress"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    started = False
+    while time.time() < deadline and not started:
+        started = any(p.name.startswith(".shards.tmp-") for p in (work / "runs").glob("*/.shards.tmp-*"))
+        time.sleep(0.005)
+    assert started and proc.poll() is None, "the nightly run did not reach the balance stage in time"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
+    assert (work / "latest" / "shards" / "manifest.json").exists()
+    assert not (work / ".latest.tmp").exists()

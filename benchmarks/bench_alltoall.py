@@ -1,0 +1,209 @@
+"""All-to-all-v latency and bandwidth: shared-memory backend vs gloo (CPU), copy engine vs NCCL (GPU).
+
+CPU section: for 2 and 4 ranks (processes on this node) and message sizes from 1 KB to 64 MB per
+rank, time ``all_to_all_v`` of the ``shm`` backend and of gloo's ``all_to_all_single``. Each
+iteration starts after a barrier; its time is the slowest rank's; the table gives the median
+over iterations, and the bus bandwidth as bytes leaving one rank for other ranks / time.
+
+GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
+runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
+Without CUDA it prints that it was not measured.
+
+Examples:
+    python -m benchmarks.bench_alltoall --quick
+    python -m benchmarks.bench_alltoall --out results/ --ranks 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+logger = logging.getLogger("bench_alltoall")
+
+_ROW_FLOATS = 64  # float32 rows of 256 bytes, an embedding-sized row
+_FULL_SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+_QUICK_SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+
+
+def _iterations(size_bytes: int, quick: bool) -> int:
+    if size_bytes <= 64 << 10:
+        n = 200
+    elif size_bytes <= 1 << 20:
+        n = 50
+    else:
+        n = 10 if size_bytes <= 16 << 20 else 5
+    return max(3, n // 4) if quick else n
+
+
+def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
+    """Median over iterations of the slowest rank's time per function, seconds.
+
+    The functions alternate inside each iteration, so load from other processes on the node hits
+    them alike.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(warmup + iters):
+        for name, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times[name].append(dt.item())
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool,
+                result_path: str) -> None:
+    from fstrain.comm import CommConfig, build_backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+    shm = build_backend(CommConfig(backend="shm"))
+    gloo = build_backend(CommConfig(backend="gloo"))
+    rows = []
+    for size in sizes:
+        per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
+        splits = [per_peer] * world_size
+        x = torch.randn(per_peer * world_size, _ROW_FLOATS)
+        out = torch.empty_like(x)
+        iters = _iterations(size, quick)
+        medians = _time({name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
+                         for name, comm in (("shm", shm), ("gloo", gloo))}, iters)
+        for name, seconds in medians.items():
+            cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4
+            rows.append({"backend": name, "world_size": world_size,
+                         "bytes_per_rank": x.numel() * 4, "iterations": iters,
+                         "latency_us": seconds * 1e6,
+                         "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
+    shm.close()
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def _gpu_worker(rank: int, world_size: int, init_file: str, quick: bool, result_path: str) -> None:
+    """GEMM TFLOP/s alone and during an all-to-all-v loop (cuda-ce vs nccl). Needs CUDA."""
+    from fstrain.comm import CommConfig, CopyEngineBackend, build_backend
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size, device_id=torch.device("cuda", rank))
+    n, size = 8192, 64 << 20
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    per_peer = size // (_ROW_FLOATS * 4 * world_size)
+    x = torch.randn(per_peer * world_size, _ROW_FLOATS, device="cuda")
+    splits = [per_peer] * world_size
+    gemms, exchanges = (10, 5) if quick else (50, 20)
+
+    def gemm_tflops(comm=None) -> tuple[float, float]:
+        side = torch.cuda.Stream()
+        dist.barrier()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if comm is not None:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(exchanges):
+                    comm.all_to_all_v(x, splits, splits)
+        for _ in range(gemms):
+            a @ a
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        return 2 * n**3 * gemms / dt / 1e12, exchanges * size / dt / 1e9 if comm else 0.0
+
+    rows = [{"mode": "gemm alone", "gemm_tflops": gemm_tflops()[0], "a2a_gbps": 0.0}]
+    for name, cfg in (("cuda-ce", CopyEngineBackend.Config()),
+                      ("nccl", CopyEngineBackend.Config(force_nccl=True))):
+        comm = build_backend(CommConfig(backend="cuda-ce", cuda_ce=cfg))
+        gemm_tflops(comm)  # warm up
+        tflops, gbps = gemm_tflops(comm)
+        rows.append({"mode": f"gemm + {name} all-to-all-v", "gemm_tflops": tflops,
+                     "a2a_gbps": gbps, "copy_engines": getattr(comm, "uses_copy_engines", False)})
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def _spawn(fn, world_size: int, *args) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "rows.json")
+        mp.spawn(fn, args=(world_size, os.path.join(tmp, "init"), *args, result),
+                 nprocs=world_size, join=True)
+        with open(result) as f:
+            return json.load(f)
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("Examples:")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
+    parser.add_argument("--out", default=None, help="directory for bench_alltoall.json")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (CPU)")
+    args = parser.parse_args(argv)
+    if any(r < 2 for r in args.ranks):
+        parser.error(f"--ranks needs world sizes >= 2, got {args.ranks}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    sizes = _QUICK_SIZES if args.quick else _FULL_SIZES
+    cpu_rows: list[dict] = []
+    for w in args.ranks:
+        logger.info("CPU: %d ranks ...", w)
+        cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick)
+    print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits (median of slowest-rank "
+          f"times; torch threads = 1 per rank; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores)")
+    print(f"{'ranks':>5} {'bytes/rank':>10} | {'shm us':>10} {'gloo us':>10} | "
+          f"{'shm GB/s':>9} {'gloo GB/s':>9} | {'speedup':>7}")
+    by_key = {(r["backend"], r["world_size"], r["bytes_per_rank"]): r for r in cpu_rows}
+    for w in args.ranks:
+        for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["world_size"] == w}):
+            s, g = by_key[("shm", w, size)], by_key[("gloo", w, size)]
+            print(f"{w:>5} {_fmt_bytes(size):>10} | {s['latency_us']:>10.1f} {g['latency_us']:>10.1f}"
+                  f" | {s['bus_bandwidth_gbps']:>9.2f} {g['bus_bandwidth_gbps']:>9.2f} | "
+                  f"{g['latency_us'] / s['latency_us']:>6.2f}x")
+    gpu_rows: list[dict] | str
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        gpu_rows = _spawn(_gpu_worker, torch.cuda.device_count(), args.quick)
+        print("\nGPU: GEMM throughput while the all-to-all-v runs")
+        for r in gpu_rows:
+            print(f"  {r['mode']:<32} {r['gemm_tflops']:8.1f} TFLOP/s  a2a {r['a2a_gbps']:7.1f} GB/s")
+    else:
+        gpu_rows = "not measured: needs at least 2 CUDA devices"
+        print(f"\nGPU section: {gpu_rows}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "bench_alltoall.json")
+        command = [sys.executable, "-m", "benchmarks.bench_alltoall", *(argv or sys.argv[1:])]
+        payload = {"command": " ".join(command),
+                   "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+                   "torch": torch.__version__,
+                   "cpu": cpu_rows, "gpu": gpu_rows}
+        with open(path + ".tmp", "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(path + ".tmp", path)  # appears whole or not at all
+        print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

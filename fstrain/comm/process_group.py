@@ -1,0 +1,129 @@
+"""torch.distributed process groups whose all-to-all runs on a `CommBackend` transport.
+
+torch lets a Python subclass of ``dist.ProcessGroup`` act as a backend: a creator registered with
+``dist.Backend.register_backend(name, creator, devices=[...])`` returns the subclass, which then
+*is* the group (``distributed_c10d._new_process_group_helper`` keeps it as the group object). The
+C++ trampoline (``PyProcessGroup``) sends ``all_to_all_single`` (deprecated name
+``alltoall_base``) to the Python override for every caller: ``dist.all_to_all_single``,
+``torch.ops._c10d_functional.all_to_all_single`` and therefore torchrec's
+``comm_ops.alltoall_pooled`` / ``alltoall_sequence`` / ``variable_batch_alltoall_pooled`` and the
+KJT input dist. Every collective the subclass does not override (all_reduce, broadcast,
+all_gather, barrier, ...) goes to the C++ base, which forwards to the real backend registered on
+the same object with ``_register_backend`` (gloo for CPU here). So one group, one name:
+
+    >>> register_torch_backends()
+    >>> dist.init_process_group("fs_shm", ...)   # all-to-all on shared memory, rest on gloo
+
+Limits (torch 2.13): the Python group cannot be built with the 3-argument (store, rank, size)
+constructor (pybind raises "returned holder-wrapped instance is not an alias instance"), so it
+keeps the store itself; the all-to-all runs synchronously inside the call and returns a completed
+``Work`` (``async_op=True`` is accepted, the overlap comes from the caller's pipeline).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from fstrain.comm.base import CommBackend, even_splits
+from fstrain.comm.shm import ShmBackend
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SHM_BACKEND_NAME", "ShmProcessGroup", "completed_work", "register_shm_backend"]
+
+#: name to pass to ``dist.init_process_group`` / ``dist.new_group`` after registration.
+SHM_BACKEND_NAME = "fs_shm"
+
+
+def completed_work(result: list[torch.Tensor]) -> dist.Work:
+    """A ``Work`` that is already finished, whose future holds ``result``."""
+    fut: Future = Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class ShmProcessGroup(dist.ProcessGroup):
+    """Process group: all-to-all on `ShmBackend`, every other collective on gloo.
+
+    Args:
+        store: the group's store (prefixed per group by torch).
+        rank: this rank in the group.
+        world_size: ranks in the group.
+        timeout: collective timeout; also used by the shm transport when its config keeps the
+            default.
+        config: shared-memory transport settings.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+                 config: ShmBackend.Config | None = None):
+        super().__init__(rank, world_size)
+        self._rank, self._world_size = rank, world_size
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size,
+                                           timeout)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
+        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+        self.transport: CommBackend = ShmBackend(
+            dist.PrefixStore("shm/", store), rank=rank, world_size=world_size, config=config)
+        #: number of all-to-all calls served by the shm transport (for tests and stats).
+        self.num_shm_all_to_all = 0
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return SHM_BACKEND_NAME
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: object = None) -> dist.Work:
+        """``dist.all_to_all_single`` on shared memory (CPU tensors); CUDA tensors go to gloo.
+
+        Empty split lists mean equal splits, as in torch. Errors of the transport
+        (`PeerTimeoutError`, `PeerExitedError`, `SplitMismatchError`) propagate to the caller.
+        """
+        if input.device.type != "cpu":
+            return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes,
+                                            opts or dist.AllToAllOptions())
+        out_splits = list(output_split_sizes) or even_splits(output.shape[0], self._world_size)
+        in_splits = list(input_split_sizes) or even_splits(input.shape[0], self._world_size)
+        if output.is_contiguous():
+            self.transport.all_to_all_v(input, out_splits, in_splits, out=output)
+        else:
+            output.copy_(self.transport.all_to_all_v(input, out_splits, in_splits))
+        self.num_shm_all_to_all += 1
+        return completed_work([output])
+
+    alltoall_base = all_to_all_single
+
+    def shutdown(self) -> None:
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.transport.close()
+
+
+def _create_shm_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+                      config: ShmBackend.Config | None = None) -> ShmProcessGroup:
+    return ShmProcessGroup(store, rank, world_size, timeout, config)
+
+
+def register_shm_backend(config: ShmBackend.Config | None = None) -> str:
+    """Register `ShmProcessGroup` with torch.distributed as backend ``"fs_shm"`` (CPU).
+
+    Call in every process before ``dist.init_process_group("fs_shm", ...)`` or
+    ``dist.new_group(..., backend="fs_shm")``. Registering again replaces the config.
+
+    Args:
+        config: transport settings used for every group created afterwards.
+
+    Returns:
+        the backend name, ``"fs_shm"``.
+    """
+    dist.Backend.register_backend(SHM_BACKEND_NAME, functools.partial(_create_shm_group,
+                                                                        config=config),
+                                  devices=["cpu"])
+    return SHM_BACKEND_NAME

@@ -1,0 +1,260 @@
+"""Multi-process tests: the shared-memory all-to-all-v equals gloo's, and failures never hang.
+
+Each test spawns 2-4 CPU processes that rendezvous through a file store. Workers send back what
+they measured (or the error they raised) through a queue; the parent asserts.
+"""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.multiproc
+
+_SPAWN_TIMEOUT_SECONDS = 120
+
+
+def _worker(rank, world_size, init_file, fn, args, results):
+    try:
+        out = fn(rank, world_size, init_file, *args)
+        results.put((rank, "ok", out))
+    except BaseException as e:  # report everything, the parent decides
+        results.put((rank, "error", (type(e).__name__, str(e), traceback.format_exc())))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _spawn(world_size, fn, *args):
+    """Run ``fn(rank, world_size, init_file, *args)`` in ``world_size`` processes.
+
+    Returns:
+        dict rank -> ("ok", value) or ("error", (type name, message, traceback)); a rank that
+        died without reporting is missing.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=_worker, args=(r, world_size, init_file, fn, args, results))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        out, deadline = {}, time.monotonic() + _SPAWN_TIMEOUT_SECONDS
+        while len(out) < world_size and time.monotonic() < deadline:
+            try:
+                rank, status, value = results.get(timeout=0.5)
+                out[rank] = (status, value)
+            except queue.Empty:
+                if all(not p.is_alive() for p in procs) and results.empty():
+                    break
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return out
+
+
+def _assert_all_ok(out, world_size):
+    assert sorted(out) == list(range(world_size)), f"ranks missing: {out}"
+    for rank, (status, value) in out.items():
+        assert status == "ok", f"rank {rank} failed:\n{value[2] if status == 'error' else value}"
+
+
+def _init(rank, world_size, init_file, backend):
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Equality with gloo
+
+
+def _cases(world_size, large_rows):
+    """(name, split matrix [W x W] as lists, trailing shape, dtype); same on every rank."""
+    g = torch.Generator().manual_seed(1234 + world_size)
+    w = world_size
+    cases = []
+    for i in range(3):
+        m = torch.randint(0, 40, (w, w), generator=g)
+        cases.append((f"random{i}", m.tolist(), (5,), torch.float32))
+    m = torch.randint(0, 9, (w, w), generator=g)
+    m[0, :] = 0  # rank 0 sends nothing
+    m[:, w - 1] = 0  # the last rank receives nothing
+    m[1 % w, 0] = 0
+    cases.append(("empty_splits", m.tolist(), (3,), torch.int64))
+    cases.append(("all_empty", [[0] * w for _ in range(w)], (4,), torch.float32))
+    cases.append(("tiny_1d", torch.randint(0, 3, (w, w), generator=g).tolist(), (), torch.int64))
+    cases.append(("bf16", torch.randint(0, 70, (w, w), generator=g).tolist(), (16,), torch.bfloat16))
+    big = torch.randint(large_rows // 2, large_rows, (w, w), generator=g)
+    cases.append(("large", big.tolist(), (64,), torch.float32))
+    return cases
+
+
+# Per group size: chunk bytes (small ones force many ring wrap-arounds) and rows of the "large"
+# case. 2 ranks send ~37-75 MB per rank in 64 KiB chunks through 2-slot rings ("tens of MB").
+_EQUALITY_SETUPS = {2: (1 << 16, 100_000), 3: (1 << 20, 8_000), 4: (1 << 14, 5_000)}
+
+
+def _check_group(rank, world_size, group, gloo, cfg):
+    from fstrain.comm import CommConfig, build_backend
+
+    direct = build_backend(CommConfig(backend="shm", shm=cfg), group=group)
+    checked, max_bytes = [], 0
+    for name, m, trailing, dtype in _cases(world_size, _EQUALITY_SETUPS[world_size][1]):
+        in_splits = m[rank]
+        out_splits = [m[p][rank] for p in range(world_size)]
+        x = torch.randn(sum(in_splits), *trailing).mul(1000).to(dtype) + rank
+        ref = torch.empty(sum(out_splits), *trailing, dtype=dtype)
+        dist.all_to_all_single(ref, x, out_splits, in_splits, group=gloo)
+        got = torch.full_like(ref, -7)
+        dist.all_to_all_single(got, x, out_splits, in_splits, group=group)  # the fs_shm group
+        assert torch.equal(got, ref), f"W={world_size} {name}: process group differs from gloo"
+        got2 = direct.all_to_all_v(x, out_splits, in_splits)
+        assert torch.equal(got2, ref), f"W={world_size} {name}: ShmBackend differs from gloo"
+        checked.append(name)
+        max_bytes = max(max_bytes, x.numel() * x.element_size())
+    # Equal splits through the functional collective (the path torch.compile'd torchrec takes).
+    import torch.distributed._functional_collectives as fc
+
+    x = torch.arange(world_size * 6, dtype=torch.float32) + 100 * rank
+    y = fc.wait_tensor(fc.all_to_all_single(x, None, None, group))
+    ref = torch.empty_like(x)
+    dist.all_to_all_single(ref, x, group=gloo)
+    assert torch.equal(y, ref), f"W={world_size}: functional all_to_all_single differs from gloo"
+    # torchrec's pooled-embedding all-to-all (forward and backward) over the fs_shm group.
+    from torchrec.distributed.comm_ops import alltoall_pooled
+
+    batch_per_rank, dim_sum_per_rank = [3, 5, 0, 4][:world_size], [4, 6, 1, 8][:world_size]
+    pooled = {}
+    for name, g in (("shm", group), ("gloo", gloo)):
+        torch.manual_seed(rank)
+        emb = torch.randn(sum(batch_per_rank), dim_sum_per_rank[rank], requires_grad=True)
+        y = alltoall_pooled(emb, batch_per_rank, dim_sum_per_rank, group=g).wait()
+        (y * torch.arange(y.numel()).reshape(y.shape)).sum().backward()
+        pooled[name] = (y.detach(), emb.grad)
+    assert pooled["shm"][0].shape == (batch_per_rank[rank], sum(dim_sum_per_rank))
+    assert torch.equal(pooled["shm"][0], pooled["gloo"][0]), "torchrec alltoall_pooled forward"
+    assert torch.equal(pooled["shm"][1], pooled["gloo"][1]), "torchrec alltoall_pooled backward"
+    # Other collectives are delegated to gloo on the same group.
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t, group=group)
+    assert t.item() == world_size * (world_size + 1) / 2
+    dist.barrier(group=group)
+    direct.close()
+    return {"checked": checked, "shm_calls": group.num_shm_all_to_all, "max_bytes": max_bytes}
+
+
+def _equal_to_gloo(rank, world_size, init_file):
+    """Default group fs_shm over 4 ranks, then fs_shm subgroups of 2, 3 and 4 ranks."""
+    from fstrain.comm import CommConfig, register_torch_backends
+    from fstrain.comm.process_group import ShmProcessGroup
+    from fstrain.comm.shm import ShmBackend
+
+    _init(rank, world_size, init_file, register_torch_backends(CommConfig(backend="shm")))
+    assert isinstance(dist.group.WORLD, ShmProcessGroup)
+    results = {}
+    for w, (chunk_bytes, _) in _EQUALITY_SETUPS.items():
+        cfg = ShmBackend.Config(chunk_bytes=chunk_bytes, num_slots=2, timeout_seconds=30)
+        register_torch_backends(CommConfig(backend="shm", shm=cfg))  # config of the next group
+        group = dist.new_group(list(range(w)), backend="fs_shm")  # every rank calls new_group
+        gloo = dist.new_group(list(range(w)), backend="gloo")
+        if rank < w:
+            assert group.transport.config.chunk_bytes == chunk_bytes
+            results[w] = _check_group(rank, w, group, gloo, cfg)
+    return results
+
+
+def test_shm_all_to_all_v_equals_gloo_on_2_3_4_ranks():
+    before = set(glob.glob("/dev/shm/fsc-*"))
+    out = _spawn(4, _equal_to_gloo)
+    _assert_all_ok(out, 4)
+    for rank, (_, res) in out.items():
+        assert sorted(res) == [w for w in (2, 3, 4) if rank < w]
+        for w, r in res.items():
+            assert len(r["checked"]) == 8
+            # 8 cases + functional + torchrec forward and backward: all went through shm.
+            assert r["shm_calls"] == 11, r
+    assert max(out[r][1][2]["max_bytes"] for r in (0, 1)) > 30e6  # "tens of MB"
+    assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"
+
+
+# --------------------------------------------------------------------------------------------
+# Failures: crashed, hung, absent and disagreeing peers raise within the timeout
+
+
+def _try(fn):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as e:
+        return (type(e).__name__, getattr(e, "peer_rank", None), str(e), time.monotonic() - t0)
+    return None
+
+
+def _failures(rank, world_size, init_file, scenarios):
+    from fstrain.comm import ShmBackend
+
+    _init(rank, world_size, init_file, "gloo")
+    store = dist.distributed_c10d._get_default_store()
+    cfg = ShmBackend.Config(timeout_seconds=2.0, liveness_check_seconds=0.2)
+    results = {}
+    for scenario in scenarios:
+        dist.barrier()  # gloo: scenarios do not overlap
+        if scenario == "absent":  # rank 1 never joins this rendezvous
+            if rank == 0:
+                results[scenario] = _try(lambda: ShmBackend(store, prefix="absent", rank=0,
+                                                            world_size=2, config=cfg))
+            continue
+        w = world_size if scenario == "crash" else 2
+        if rank >= w:
+            continue
+        comm = ShmBackend(store, prefix=scenario, rank=rank, world_size=w, config=cfg)
+        if scenario == "crash" and rank == w - 1:
+            os._exit(3)  # dies after the rendezvous, before the exchange
+        if scenario == "hang" and rank == 1:
+            time.sleep(3.0)  # longer than rank 0's timeout: rank 0 gives up and aborts
+        even = [3] * w
+        splits = [3, 4] if scenario == "mismatch" and rank == 0 else even  # rank 1 expects 3
+        xs = torch.ones(sum(splits), 4) * rank
+        results[scenario] = _try(lambda: comm.all_to_all_v(xs, even, splits))
+        comm.close()
+    return results
+
+
+def test_absent_mismatched_hung_and_crashed_peers_raise_within_the_timeout():
+    # Ranks 0 and 1 run the 2-rank scenarios while rank 2 waits; then all 3 run "crash", where
+    # rank 2 exits after the rendezvous.
+    out = _spawn(3, _failures, ["absent", "mismatch", "hang", "crash"])
+    assert sorted(out) == [0, 1], out  # the crashed rank never reported
+    for rank in (0, 1):
+        assert out[rank][0] == "ok", out[rank][1]
+    r0, r1 = out[0][1], out[1][1]
+    err, peer, msg, seconds = r0["absent"]
+    assert err == "PeerTimeoutError" and peer == 1 and "rendezvous" in msg, r0
+    assert seconds < 10
+    assert r0["mismatch"] is None  # rank 0 got the 3 rows it expected
+    err, peer, msg, _ = r1["mismatch"]
+    assert err == "SplitMismatchError" and peer == 0, r1
+    assert "expected 48 bytes" in msg and "sent 64 bytes" in msg
+    err, peer, msg, seconds = r0["hang"]
+    assert err == "PeerTimeoutError" and peer == 1 and "2.0 s" in msg, r0
+    assert 1.9 < seconds < 5.0
+    # Rank 1 arrives after rank 0 gave up: it sees rank 0's abort flag instead of waiting.
+    err, peer, msg, seconds = r1["hang"]
+    assert err == "PeerExitedError" and peer == 0 and "aborted" in msg, r1
+    assert seconds < 1.0
+    for res in (r0, r1):
+        err, peer, msg, seconds = res["crash"]
+        assert err == "PeerExitedError" and peer == 2 and "peer rank 2" in msg, res
+        assert seconds < 2.0, f"took {seconds:.2f} s; the liveness check should beat the timeout"
