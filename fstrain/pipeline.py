@@ -137,8 +137,9 @@ class ComputeTimer:
     """Times dense forward, dense backward and optimizer steps with hooks (host wall clock).
 
     Forward: module pre/post hooks; backward: full backward pre/post hooks (from the gradient
-    of the loss to the gradients of the embedding inputs). On CUDA each boundary synchronises
-    the device, so enabling the timer costs some overlap there; on CPU it is free.
+    of the loss to the gradients of the embedding inputs). CPU: host wall clock. CUDA: timing
+    events recorded on the current stream at each boundary, read in :meth:`take` (no host
+    synchronisation inside the step; not yet run on a GPU).
 
     With ``straggler_group``, the end of the dense backward also enters a one-element
     all-reduce on that (dedicated) process group and times it apart: the wait for the slowest
@@ -153,11 +154,13 @@ class ComputeTimer:
     """
 
     def __init__(self, dense: nn.Module, device: torch.device, straggler_group=None) -> None:
+        self._cuda = device.type == "cuda"
         self._device = device
         self._group = straggler_group
         self.seconds = 0.0
         self.wait_seconds = 0.0
         self._t0 = 0.0
+        self._events: list[tuple[str, object, object]] = []  # CUDA: (kind, start, end) per interval
         self._handles = [dense.register_forward_pre_hook(self._start), dense.register_forward_hook(self._stop),
                          dense.register_full_backward_pre_hook(self._start),
                          dense.register_full_backward_hook(self._stop_backward)]
@@ -165,26 +168,48 @@ class ComputeTimer:
     def _stop_backward(self, *_args) -> None:
         self._stop()
         if self._group is not None:
-            t0 = time.perf_counter()
+            self._start()
             with record_function("## wait_for_stragglers ##"):
                 dist.all_reduce(torch.zeros(1, device=self._device), group=self._group)
-                self._sync()
-            self.wait_seconds += time.perf_counter() - t0
-
-    def _sync(self) -> None:
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
+            self._end("wait")
 
     def _start(self, *_args) -> None:
-        self._sync()
-        self._t0 = time.perf_counter()
+        if self._cuda:  # an event on the current stream: no host synchronisation, streams keep overlapping
+            self._t0 = torch.cuda.Event(enable_timing=True)
+            self._t0.record()
+        else:
+            self._t0 = time.perf_counter()
 
     def _stop(self, *_args) -> None:
-        self._sync()
-        self.seconds += time.perf_counter() - self._t0
+        """Hook signature: end a compute interval."""
+        self._end("compute")
+
+    def _end(self, kind: str) -> None:
+        """End the open interval as ``compute`` or ``wait``."""
+        if self._cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events.append((kind, self._t0, end))
+            return
+        dt = time.perf_counter() - self._t0
+        if kind == "wait":
+            self.wait_seconds += dt
+        else:
+            self.seconds += dt
 
     def take(self) -> tuple[float, float]:
-        """``(compute, straggler wait)`` seconds accumulated since the last call; resets both."""
+        """``(compute, straggler wait)`` seconds accumulated since the last call; resets both.
+
+        On CUDA the intervals are read from their events (this waits for the last one).
+        """
+        for kind, start, end in self._events:
+            end.synchronize()
+            dt = start.elapsed_time(end) / 1e3
+            if kind == "wait":
+                self.wait_seconds += dt
+            else:
+                self.seconds += dt
+        self._events.clear()
         out = (self.seconds, self.wait_seconds)
         self.seconds = self.wait_seconds = 0.0
         return out
