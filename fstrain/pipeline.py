@@ -417,7 +417,8 @@ class PECPipeline(TrainPipeline):
     Streams (from torchrec): OL lookup of N and the dense forward/backward on the default
     stream; input dist of N+2 and the overlap split (OL/NOL masks) of N+1 on the data-dist
     stream; NOL lookup of N+1 after N's forward; OL gradient all-to-all of N before the
-    optimizer, NOL gradient of N deferred to step N+1.
+    optimizer, NOL gradient of N deferred to step N+1 (so between calls the table lacks it, and
+    :meth:`flush` cannot force it: checkpoint a ``pec`` run at its end).
 
     Raises:
         PipelineUnavailableError: with the reason, where it cannot run.
