@@ -113,8 +113,28 @@ def calibration_grid(lengths=DEFAULT_LENGTHS, batch_sizes=DEFAULT_BATCH_SIZES, n
     return grid
 
 
+def shard_batches(shards: str, max_steps: int) -> list[np.ndarray]:
+    """Length compositions of real per-rank batches: every rank's batch of the first ``max_steps`` steps.
+
+    Calibrating on these (best from ``--strategy shuffle`` shards, whose batches are diverse) fits
+    the model on the length mix the balancer will actually see.
+
+    Returns:
+        list of ``[B]`` int64 length arrays.
+    """
+    from fstrain.data import ShardReader, load_manifest
+
+    m = load_manifest(shards)
+    out = []
+    for r in range(m.num_ranks):
+        for b in ShardReader(shards, r, None, max_steps=max_steps, num_prefetch_batches=0):
+            out.append(b.lengths.numpy().astype(np.int64))
+    return out
+
+
 def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAULT_LENGTHS,
-              batch_sizes=DEFAULT_BATCH_SIZES, num_mixed: int = 12, warmup: int = 3, repeats: int = 3,
+              batch_sizes=DEFAULT_BATCH_SIZES, num_mixed: int = 12, extra_batches: list[np.ndarray] | None = None,
+              warmup: int = 3, repeats: int = 3,
               seed: int = 0, device: str = "cpu", num_threads: int | None = 1, clock: str = "auto",
               name: str | None = None) -> dict:
     """Time the grid on ``device`` and fit the cost model.
@@ -125,6 +145,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
         lengths: history lengths of the grid (each <= ``max_seq_len``).
         batch_sizes: samples per batch of the grid.
         num_mixed: extra batches of random grid lengths (check additivity).
+        extra_batches: more batch compositions to time (e.g. :func:`shard_batches` of real shards).
         warmup: untimed runs first.
         repeats: timed runs per batch (median).
         seed: lengths of the mixed batches, ids, init.
@@ -152,7 +173,10 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
     if max(lengths) > cfg.max_seq_len:
         raise ConfigError(f"calibration length {max(lengths)} exceeds max_seq_len {cfg.max_seq_len}; "
                           f"pass --lengths up to {cfg.max_seq_len}")
-    grid = calibration_grid(lengths, batch_sizes, num_mixed, seed)
+    grid = calibration_grid(lengths, batch_sizes, num_mixed, seed) + list(extra_batches or [])
+    if max(int(L.max()) for L in grid) > cfg.max_seq_len:
+        raise ConfigError(f"a calibration batch has a history longer than max_seq_len {cfg.max_seq_len}; "
+                          "raise --max-seq-len")
     rng = np.random.default_rng(seed + 1)
 
     def batch_of(L: np.ndarray, step: int):

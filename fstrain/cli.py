@@ -24,6 +24,7 @@ _REPLAY_EPILOG = """examples:
 """
 _CALIBRATE_EPILOG = """examples:
   fstrain calibrate --output calibrated.json --embedding-dim 32 --num-layers 1
+  fstrain calibrate --output calibrated.json --from-shards shuffled/ --shard-steps 4 --embedding-dim 32
   fsdata balance samples.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
 """
 
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lengths", default="4,16,48,96,160,256,384,512", help="comma-separated grid lengths")
     c.add_argument("--batch-sizes", default="8,32", help="comma-separated samples per batch")
     c.add_argument("--mixed", type=int, default=12, help="extra batches of random grid lengths (default 12)")
+    c.add_argument("--from-shards", default=None,
+                   help="also time the real per-rank batches of this fsdata OUTPUT (best: --strategy shuffle)")
+    c.add_argument("--shard-steps", type=int, default=4, help="steps of --from-shards to time (default 4)")
     c.add_argument("--name", default=None, help="cost model name recorded in manifests")
     c.add_argument("--json", action="store_true", help="print the fit as JSON")
     _add_timing_flags(c)
@@ -176,14 +180,18 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.calibrate import calibrate
+    from fstrain.calibrate import calibrate, shard_batches
     from fstrain.metrics import write_json
 
     lengths = _ints(a.lengths, "--lengths", parser)
     sizes = _ints(a.batch_sizes, "--batch-sizes", parser)
     kw = _model_kwargs(a)
     num_items = kw.pop("num_items", 4000)
+    if a.shard_steps < 1:
+        parser.error(f"--shard-steps must be >= 1, got {a.shard_steps}")
+    extra = shard_batches(a.from_shards, a.shard_steps) if a.from_shards else None
     res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
+                    extra_batches=extra,
                     warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.threads,
                     clock=a.clock, name=a.name)
     write_json(res, a.output)

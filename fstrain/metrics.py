@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -121,4 +121,4 @@ def compare(ours: dict, baseline: dict) -> dict:
 
 
 __all__ = ["StepTiming", "timing_matrix", "summarize", "write_step_times", "read_step_times", "write_json",
-           "compare", "asdict"]
+           "compare"]

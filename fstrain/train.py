@@ -141,8 +141,9 @@ def latest_checkpoint(checkpoint_dir: str) -> tuple[str, int] | None:
     best = None
     for name in os.listdir(checkpoint_dir):
         p = os.path.join(checkpoint_dir, name)
-        if name.startswith(_CKPT_PREFIX) and os.path.exists(os.path.join(p, "fstrain.json")):
-            step = int(name[len(_CKPT_PREFIX):])
+        digits = name[len(_CKPT_PREFIX):]
+        if name.startswith(_CKPT_PREFIX) and digits.isdigit() and os.path.exists(os.path.join(p, "fstrain.json")):
+            step = int(digits)
             if best is None or step > best[1]:
                 best = (p, step)
     return best

@@ -38,7 +38,7 @@ def test_fit_batch_times_recovers_polynomial():
 
 def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path):
     out = tmp_path / "cal.json"
-    assert main(["calibrate", "-o", str(out), "--lengths", "4,16,48", "--batch-sizes", "2,6", "--mixed", "2",
+    assert main(["calibrate", "-o", str(out), "--lengths", "4,16,64", "--batch-sizes", "2,8", "--mixed", "2",
                  "--repeats", "1", "--warmup", "1", "--embedding-dim", "8", "--num-layers", "1", "--num-heads", "1",
                  "--num-negatives", "4", "--max-seq-len", "64"]) == 0
     obj = json.loads(out.read_text())
@@ -46,7 +46,7 @@ def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path):
     assert obj["fit"]["num_measurements"] == 3 * 2 + 2
     model = load_cost_model(str(out))
     assert model.coefficients == tuple(obj["coefficients"])
-    assert model.cost(np.array([48]))[0] > model.cost(np.array([4]))[0]
+    assert model.cost(np.array([64]))[0] > model.cost(np.array([4]))[0]
 
 
 def test_calibrate_rejects_lengths_above_max_seq_len():
@@ -94,3 +94,14 @@ def test_cli_errors_are_one_line_with_nonzero_exit(tmp_path, capsys, monkeypatch
         rc = e.code
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) >= 1 and needle in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_calibrate_from_real_shard_batches(tmp_path):
+    from fstrain.calibrate import shard_batches
+
+    shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
+    batches = shard_batches(shards, 2)
+    assert len(batches) == 2 * 2 and all(len(L) == 4 for L in batches)
+    res = calibrate(model=TINY, lengths=(4, 64), batch_sizes=(2, 16), num_mixed=0, extra_batches=batches,
+                    repeats=2, warmup=1)
+    assert res["fit"]["num_measurements"] == 4 + 4
