@@ -72,6 +72,21 @@ def _overlap_probe(shards, env, overlap: bool) -> list[float]:
     return [o.stats.step_seconds for o in outs]
 
 
+def _pipeline_steps(shards, env) -> list:
+    """What ``fstrain.train`` would consume: ``pipeline_steps`` items (timings as plain tuples)."""
+    from fstrain.dist import OptimConfig, build_sharded_model
+    from fstrain.model import Config
+    from fstrain.pipeline import make_pipeline, pipeline_steps
+
+    torch.manual_seed(0)
+    dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(dense_lr=1e-2, sparse_lr=0.1), env)
+    pipe = make_pipeline("prioritized", dmp, opt, env.device)
+    items = [(step, float(loss), n, tokens, t) for step, loss, n, tokens, t in
+             pipeline_steps(pipe, _batches(shards, env.rank, env.world_size), env.rank)]
+    pipe.close()
+    return items
+
+
 def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
     from fstrain.dist import OptimConfig, init_distributed
     from fstrain.model import Config
@@ -84,6 +99,7 @@ def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
         for name in ("plain", "prioritized"):
             out[f"{name}@2"] = _train(shards, name, env, max_steps=2)
         out["overlap_probe"] = {mode: _overlap_probe(shards, env, mode) for mode in (True, False)}
+        out["pipeline_steps"] = _pipeline_steps(shards, env)
     from fstrain.dist import build_sharded_model, local_state
 
     torch.manual_seed(0)
@@ -151,6 +167,19 @@ def test_prefetch_overlaps_dense_compute(results):
         overlapped, inline = r["overlap_probe"][True], r["overlap_probe"][False]
         assert all(t < 1.6 * SLEEP_SECONDS for t in overlapped[1:]), overlapped
         assert all(t > 1.9 * SLEEP_SECONDS for t in inline[1:]), inline
+
+
+@pytest.mark.multiproc
+def test_pipeline_steps_feed_train_metrics(results):
+    """``pipeline_steps`` gives train() the step, loss, counts and a StepTiming of each batch."""
+    for rank, r in enumerate(results):
+        items, ref = r["pipeline_steps"], r["plain"]
+        assert [i[0] for i in items] == list(range(NUM_STEPS))
+        torch.testing.assert_close(torch.tensor([i[1] for i in items]), torch.tensor(ref["loss"]))
+        assert [i[3] for i in items] == ref["true_tokens"]
+        for step, _, n, tokens, t in items:
+            assert (t.step, t.rank, t.num_samples, t.num_tokens) == (step, rank, n, tokens) and n > 0
+            assert t.compute_seconds > 0 and t.wait_seconds > 0 and t.sync_seconds >= 0
 
 
 @pytest.mark.multiproc
