@@ -1,0 +1,255 @@
+"""Exposed communication per training step, with and without overlap (CPU/gloo, 2 processes).
+
+Trains the fstrain model with each pipeline of :mod:`fstrain.pipeline` on the same synthetic
+batches (lognormal history lengths, Zipf-distributed item ids so consecutive batches share their
+popular rows, as real sequence data does) and reports per step: wall time, compute (dense
+forward + backward + optimizer) and exposed communication (the rest). ``pec`` is skipped where
+it cannot run (CPU) and recorded with the reason.
+
+Usage::
+
+    python -m benchmarks.bench_pipeline --quick            # ~1 minute on 2 cores
+    python -m benchmarks.bench_pipeline --out results/     # table on stdout + bench_pipeline.json
+
+Not a test: figures vary with the machine's load; they are recorded in docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pickle
+import socket
+import statistics
+import sys
+import tempfile
+import traceback
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+PIPELINES = ("plain", "sparse-dist", "prioritized-no-overlap", "prioritized", "pec")
+
+
+def pipeline_config(name: str):
+    """``prioritized-no-overlap`` is ``prioritized`` with its NOL exchange inline (the control)."""
+    from fstrain.pipeline import PipelineConfig
+
+    if name == "prioritized-no-overlap":
+        return PipelineConfig(name="prioritized", overlap=False)
+    return PipelineConfig(name=name)
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchConfig:
+    """Sizes of one benchmark run."""
+
+    num_ranks: int = 2
+    """Processes (gloo, one CPU thread each)."""
+    num_steps: int = 30
+    """Measured steps per pipeline."""
+    num_warmup_steps: int = 5
+    """Steps run before measuring (excluded)."""
+    steps_per_round: int = 5
+    """Pipelines take turns every this many steps (spreads machine-load drift evenly)."""
+    batch_size_per_rank: int = 32
+    """Samples per rank per step."""
+    mean_length: float = 40.0
+    """Mean history length (lognormal, sigma 0.8, capped at ``max_seq_len``)."""
+    num_items: int = 200_000
+    """Rows of the item table."""
+    zipf_exponent: float = 1.1
+    """Item popularity: ``P(rank k) ~ k^-zipf_exponent``."""
+    embedding_dim: int = 64
+    """d."""
+    num_layers: int = 2
+    """Transformer blocks."""
+    num_negatives: int = 256
+    """Shared negatives per step."""
+    max_seq_len: int = 256
+    """Longest history."""
+
+
+QUICK = BenchConfig(num_steps=10, num_warmup_steps=3, batch_size_per_rank=16, mean_length=24.0, num_items=50_000,
+                    embedding_dim=32, num_layers=1, num_negatives=64, max_seq_len=128)
+
+
+def make_batches(cfg: BenchConfig, rank: int, num_steps: int, seed: int = 0) -> list:
+    """Per-step batches of ``rank`` (with negatives), deterministic in ``(seed, step, rank)``."""
+    from fstrain.data import make_batch
+    from fstrain.model import with_negatives
+
+    out = []
+    for step in range(num_steps):
+        rng = np.random.default_rng([seed, step, rank])
+        B = cfg.batch_size_per_rank
+        mu = np.log(cfg.mean_length) - 0.32  # lognormal mean = exp(mu + sigma^2 / 2), sigma = 0.8
+        lengths = np.clip(rng.lognormal(mu, 0.8, B).astype(np.int64), 1, cfg.max_seq_len)
+        ids = (rng.zipf(cfg.zipf_exponent, int(lengths.sum()) + B) - 1) % cfg.num_items
+        batch = make_batch(ids[:-B], lengths, ids[-B:], np.arange(B) + step * B * cfg.num_ranks + rank * B, step,
+                           B * cfg.num_ranks)
+        out.append(with_negatives(batch, cfg.num_items, cfg.num_negatives, seed))
+    return out
+
+
+def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir: str) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(cfg.num_ranks), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
+    logging.disable(logging.WARNING)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    result: dict = {}
+    try:
+        from fstrain.dist import OptimConfig, build_sharded_model, init_distributed
+        from fstrain.model import Config
+        from fstrain.pipeline import PipelineUnavailableError, make_pipeline, run_steps
+
+        env = init_distributed("gloo")
+        total = cfg.num_warmup_steps + cfg.num_steps
+        batches = make_batches(cfg, rank, total)
+        mcfg = Config(num_items=cfg.num_items, embedding_dim=cfg.embedding_dim, num_layers=cfg.num_layers,
+                      num_negatives=cfg.num_negatives, max_seq_len=cfg.max_seq_len)
+        pipes, iters = {}, {}
+        for name in names:
+            torch.manual_seed(0)
+            dmp, opt = build_sharded_model(mcfg, OptimConfig(), env)
+            try:
+                pipes[name] = make_pipeline(pipeline_config(name), dmp, opt, env.device)
+            except PipelineUnavailableError as e:
+                result[name] = {"skipped": str(e)}
+                continue
+            iters[name] = iter(batches)
+            run_steps(pipes[name], iters[name], cfg.num_warmup_steps)
+            result[name] = {"stats": []}
+        # interleave the pipelines in rounds so that load from other processes hits all of them alike
+        for start in range(0, cfg.num_steps, cfg.steps_per_round):
+            for name, pipe in pipes.items():
+                dist.barrier()
+                outs = run_steps(pipe, iters[name], min(cfg.steps_per_round, cfg.num_steps - start))
+                result[name]["stats"].extend(asdict(o.stats) for o in outs)
+        for pipe in pipes.values():
+            pipe.close()
+        result = ("ok", result)
+    except BaseException as e:  # noqa: BLE001 - reported by the parent
+        result = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def run(cfg: BenchConfig, names: list[str]) -> dict:
+    """Run every pipeline in ``names`` on ``cfg.num_ranks`` spawned gloo processes.
+
+    Returns:
+        ``{"config", "machine", "pipelines": {name: summary}}``; a summary has ``step_ms`` (the
+        slowest rank's step, averaged over steps), means over ranks and steps of
+        ``compute_ms``, ``straggler_wait_ms`` and ``exposed_comm_ms`` (and its median), the
+        exposed share of the step, ``phase_ms`` and, for ``prioritized``, the share of unique
+        rows fetched ahead; or ``skipped`` with the reason.
+
+    Raises:
+        RuntimeError: a rank failed (its traceback in the message).
+    """
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(_run_rank, args=(cfg, names, port, d), nprocs=cfg.num_ranks, start_method="spawn")
+        per_rank = []
+        for r in range(cfg.num_ranks):
+            with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
+                status, value = pickle.load(f)
+            if status != "ok":
+                raise RuntimeError(f"rank {r}: {value}")
+            per_rank.append(value)
+    summary = {}
+    for name in names:
+        if "skipped" in per_rank[0][name]:
+            summary[name] = {"skipped": per_rank[0][name]["skipped"]}
+            continue
+        stats = [s for r in per_rank for s in r[name]["stats"]]
+        # a step lasts as long as its slowest rank: take the max over ranks per step for wall time
+        num_steps = len(per_rank[0][name]["stats"])
+        steps = [max(r[name]["stats"][i]["step_seconds"] for r in per_rank) for i in range(num_steps)]
+        ahead = sum(s["num_rows_ahead"] for s in stats)
+        after = sum(s["num_rows_after_update"] for s in stats)
+        summary[name] = {
+            "num_steps": len(steps), "step_ms": 1e3 * statistics.fmean(steps),
+            "compute_ms": 1e3 * statistics.fmean(s["compute_seconds"] for s in stats),
+            "exposed_comm_ms": 1e3 * statistics.fmean(s["exposed_comm_seconds"] for s in stats),
+            "straggler_wait_ms": 1e3 * statistics.fmean(s["straggler_wait_seconds"] for s in stats),
+            "exposed_comm_ms_median": 1e3 * statistics.median(s["exposed_comm_seconds"] for s in stats),
+            "exposed_share": sum(s["exposed_comm_seconds"] for s in stats) / sum(s["step_seconds"] for s in stats),
+            "rows_ahead_share": ahead / (ahead + after) if ahead + after else None,
+            "phase_ms": {k: 1e3 * sum(s["phase_seconds"].get(k, 0.0) for s in stats) / len(stats)
+                         for k in sorted({k for s in stats for k in s["phase_seconds"]})},
+        }
+    import torch
+    import torchrec
+
+    machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0],
+               "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": "gloo"}
+    return {"config": asdict(cfg), "machine": machine, "pipelines": summary}
+
+
+def format_table(result: dict) -> str:
+    """Markdown table of :func:`run`'s summary."""
+    lines = ["| pipeline | step ms | compute ms | straggler wait ms | exposed comm ms (median) | exposed share "
+             "| rows ahead |", "|---|---|---|---|---|---|---|"]
+    for name, s in result["pipelines"].items():
+        if "skipped" in s:
+            lines.append(f"| {name} | not run: {s['skipped']} | | | | | |")
+            continue
+        ahead = "-" if s["rows_ahead_share"] is None else f"{100 * s['rows_ahead_share']:.0f}%"
+        lines.append(f"| {name} | {s['step_ms']:.1f} | {s['compute_ms']:.1f} | {s['straggler_wait_ms']:.1f} "
+                     f"| {s['exposed_comm_ms']:.1f} "
+                     f"({s['exposed_comm_ms_median']:.1f}) | {100 * s['exposed_share']:.0f}% | {ahead} |")
+    for name, s in result["pipelines"].items():
+        if s.get("phase_ms"):
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in s["phase_ms"].items())
+            lines.append(f"\n{name} phases, ms per step: {phases}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_pipeline", description=__doc__.split("\n")[0],
+                                     epilog="example: python -m benchmarks.bench_pipeline --quick --out /tmp/bench")
+    parser.add_argument("--quick", action="store_true", help="small model and few steps (~1 minute)")
+    parser.add_argument("--out", help="folder for bench_pipeline.json (written atomically)")
+    parser.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated names (default: all)")
+    parser.add_argument("--steps", type=int, help="measured steps per pipeline (overrides the preset)")
+    args = parser.parse_args(argv)
+    names = [n for n in args.pipelines.split(",") if n]
+    unknown = sorted(set(names) - set(PIPELINES))
+    if unknown:
+        parser.error(f"unknown pipelines {unknown}; choose from {', '.join(PIPELINES)}")
+    cfg = QUICK if args.quick else BenchConfig()
+    if args.steps is not None:
+        if args.steps < 1:
+            parser.error(f"--steps must be >= 1, got {args.steps}")
+        cfg = BenchConfig(**{**asdict(cfg), "num_steps": args.steps})
+    result = run(cfg, names)
+    print(format_table(result))
+    if args.out:
+        from fstrain.metrics import write_json
+
+        path = os.path.join(args.out, "bench_pipeline.json")
+        write_json(result, path)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+__all__ = ["BenchConfig", "QUICK", "make_batches", "run", "format_table", "main"]
