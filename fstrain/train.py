@@ -34,6 +34,7 @@ from fstrain.dist import DistEnv, OptimConfig, allreduce_dense_grads, build_shar
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.model import NEGATIVE_KEY, Config, with_negatives
+from fstrain.pipeline import PipelineConfig, make_pipeline, pipeline_steps
 
 logger = logging.getLogger(__name__)
 _CKPT_PREFIX = "step-"
@@ -65,6 +66,9 @@ class TrainConfig:
     """``measured`` (timed, split backward) or ``plain`` (``loss.backward()`` through DDP)."""
     metrics_dir: str | None = None
     """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
+    pipeline: str | None = None
+    """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
+    steps with :mod:`fstrain.pipeline` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
     """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
 
@@ -217,6 +221,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """
     if cfg.step_mode not in ("measured", "plain"):
         raise ConfigError(f"step_mode must be 'measured' or 'plain', got {cfg.step_mode!r}")
+    pcfg = PipelineConfig(name=cfg.pipeline) if cfg.pipeline else None  # unknown name: PipelineError
     if cfg.max_steps is not None and cfg.max_steps < 1:
         raise ConfigError(f"--max-steps must be >= 1, got {cfg.max_steps}")
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
@@ -251,18 +256,30 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
-    for batch in reader:
-        num_tokens = int(batch.lengths.sum())  # on the host, before the copy
-        batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed)
-        if env.device.type == "cuda":
-            batch = batch.pin_memory()  # so the copy below is asynchronous
-        batch = batch.to(env.device, non_blocking=True)
-        if cfg.step_mode == "plain":
-            loss_sum, n = train_step(dmp, opt, batch)
-        else:
-            loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
+    pipe = make_pipeline(pcfg, dmp, opt, env.device) if pcfg else None
+    if pipe:
+        host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
+        source = pipeline_steps(pipe, host, env.rank)
+    else:
+        source = reader
+    for item in source:
+        if pipe:
+            batch_step, loss_sum, n, num_tokens, timing = item
             timings.append(timing)
-        step = batch.step + 1
+        else:
+            batch = item
+            num_tokens = int(batch.lengths.sum())  # on the host, before the copy
+            batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed)
+            if env.device.type == "cuda":
+                batch = batch.pin_memory()  # so the copy below is asynchronous
+            batch = batch.to(env.device, non_blocking=True)
+            if cfg.step_mode == "plain":
+                loss_sum, n = train_step(dmp, opt, batch)
+            else:
+                loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
+                timings.append(timing)
+            batch_step = batch.step
+        step = batch_step + 1
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_tokens += num_tokens
@@ -277,7 +294,11 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_tokens, t_window = 0, 0, time.perf_counter()
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+            if pipe:
+                pipe.flush()  # prioritized: the last step's deferred sparse update
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+    if pipe:
+        pipe.close()  # flushes
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
         if step > start:
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})

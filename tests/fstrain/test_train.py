@@ -127,3 +127,25 @@ def test_two_ranks_over_shm_equal_one_rank_with_the_whole_global_batch(tmp_path)
         else:
             torch.testing.assert_close(r0[k], ref[k], atol=1e-5, rtol=1e-5, msg=lambda m: f"{k}: {m}")
             torch.testing.assert_close(r1[k], ref[k], atol=1e-5, rtol=1e-5)
+
+
+def _pipeline_worker(shards, ckpt):
+    plain, _ = _params(shards, 4, mode="plain")
+    out = {}
+    for name in ("prioritized", "sparse-dist", "auto"):
+        out[name], summary = _params(shards, 4, pipeline=name)
+    _params(shards, 2, pipeline="prioritized", checkpoint_dir=ckpt)
+    resumed, _ = _params(shards, 4, pipeline="prioritized", checkpoint_dir=ckpt, resume=True)
+    return plain, out, resumed, summary
+
+
+@pytest.mark.multiproc
+def test_train_with_pipelines_equals_plain_loop(tmp_path):
+    """train() driven by each shipped pipeline gives the parameters of the plain loop (and resumes)."""
+    shards = str(tmp_path / "shards")
+    write_shards(shards, num_ranks=2, num_steps=4, batch_size_per_rank=6, seed=5)
+    for plain, by_pipeline, resumed, summary in run_ranks(_pipeline_worker, 2, shards, str(tmp_path / "ckpt")):
+        for name, params in by_pipeline.items():
+            _assert_same(plain, params)
+        _assert_same(plain, resumed)
+        assert summary["num_steps"] == 4
