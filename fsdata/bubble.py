@@ -93,7 +93,8 @@ def lower_bound_bubble(step_costs: np.ndarray, num_ranks: int, batch_size_per_ra
     lb = step_lower_bound(c, num_ranks, batch_size_per_rank)
     mean = c.sum(axis=1) / num_ranks
     denom = float(lb.sum())
-    return 0.0 if denom <= 0 else float((lb - mean).sum() / denom)
+    # lb >= mean holds exactly; clamp the float rounding that can leave -1e-17
+    return 0.0 if denom <= 0 else max(0.0, float((lb - mean).sum() / denom))
 
 
 def reduction(ours: float, baseline: float) -> float:
