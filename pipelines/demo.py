@@ -95,7 +95,7 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -
         if rc:
             raise RuntimeError(f"fsdata balance for the training demo failed with status {rc}")
     metrics = out / "train-metrics"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fstrain.cli", "train", str(shards), "--max-steps", str(steps), "--log-every-steps", "5",
            "--pipeline", "prioritized", "--backend", "shm", "--metrics-dir", str(metrics),
            "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64", "--json"]
