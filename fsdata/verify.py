@@ -25,7 +25,7 @@ from fsdata import schema as S
 from fsdata.balance import sha256_file
 from fsdata.cost import load_cost_model
 from fsdata.errors import VerifyError
-from fsdata.io import open_samples
+from fsdata.io import open_samples, sorted_unique
 
 
 def read_manifest(output: str | os.PathLike) -> dict:
@@ -116,9 +116,9 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     ids = np.concatenate(all_ids) if all_ids else np.empty(0, np.int64)
     if len(ids) != m["num_samples_written"]:
         raise VerifyError(f"{len(ids)} rows written, manifest says num_samples_written={m['num_samples_written']}")
-    uniq = np.unique(ids)
-    if len(uniq) != len(ids):
-        raise VerifyError(f"{len(ids) - len(uniq)} samples appear more than once across ranks")
+    uniq, duplicates = sorted_unique(ids)
+    if duplicates:
+        raise VerifyError(f"{duplicates} samples appear more than once across ranks")
     dropped = np.empty(0, np.int64)
     if m.get("dropped_file"):
         dropped = pq.read_table(out / m["dropped_file"], columns=[S.SAMPLE_ID]).column(0).to_numpy()
@@ -126,7 +126,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         raise VerifyError(f"{len(dropped)} dropped ids recorded, manifest says num_samples_dropped={m['num_samples_dropped']}")
     if m["num_samples_written"] + m["num_samples_dropped"] != m["num_samples_input"]:
         raise VerifyError("num_samples_written + num_samples_dropped != num_samples_input in the manifest")
-    if np.intersect1d(uniq, dropped).size:
+    if len(dropped) and np.isin(dropped, uniq).any():
         raise VerifyError("some samples are both written and recorded as dropped")
     checked_input = False
     if input_path is not None:
