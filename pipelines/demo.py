@@ -30,13 +30,14 @@ ML1M = DATASETS / "ml-1m_ensfm" / "sequences.txt"
 
 
 def synthetic_input(out_dir: Path, num_samples: int = 300_000, seed: int = 0) -> Path:
-    """Generated samples whose lengths follow a lognormal (median ~45, p99 ~ 900, capped at 2048)."""
+    """Generated samples whose lengths follow a lognormal (median ~55, capped at 512 like the
+    MovieLens-1M per-event histories: the same cap users train with)."""
     from fsdata.synth import write_synth_samples
 
     path = out_dir / "synthetic-samples.parquet"
     if not path.exists():
         rng = np.random.default_rng(seed)
-        source = np.clip(rng.lognormal(mean=3.8, sigma=1.2, size=100_000), 1, 2048).astype(np.int64)
+        source = np.clip(rng.lognormal(mean=4.0, sigma=1.0, size=100_000), 1, 512).astype(np.int64)
         write_synth_samples(path, num_samples, source, seed=seed)
     return path
 
