@@ -30,7 +30,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from fstrain.data import Batch
-from fstrain.dist import SPARSE_OPTIMIZERS, DistEnv, OptimConfig, SumDataParallelWrapper
+from fstrain.dist import SPARSE_OPTIMIZERS, DistEnv, OptimConfig, SumDataParallelWrapper, init_table_rows
 from fstrain.errors import ConfigError
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 
@@ -70,6 +70,7 @@ def build_pec_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
     plan = planner.collective_plan(model, sharders, pg)
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan,
                                    sharders=sharders, data_parallel_wrapper=SumDataParallelWrapper())
+    init_table_rows(dmp, config, seed=torch.initial_seed())  # the same table as build_sharded_model
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                       lambda params: torch.optim.Adam(params, lr=optim.dense_lr))
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
