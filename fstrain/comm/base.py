@@ -21,6 +21,7 @@ __all__ = [
     "BackendUnavailableError",
     "CommBackend",
     "CommError",
+    "ConcurrentCollectiveError",
     "PeerExitedError",
     "PeerTimeoutError",
     "SplitMismatchError",
@@ -72,6 +73,16 @@ class PeerExitedError(CommError):
             f"peer rank {peer_rank} is gone ({detail}); the exchange cannot complete. "
             "Look at that rank's log for the original failure."
         )
+
+
+class ConcurrentCollectiveError(CommError):
+    """A transport was called from a second thread while a collective was running on it.
+
+    A transport (one per process group) runs one collective at a time, like a process group's
+    stream; two threads that share one would also have to issue their collectives in the same
+    order on every rank, which nothing can guarantee. Give each thread its own group
+    (``dist.new_group``). The running collective is not disturbed.
+    """
 
 
 class SplitMismatchError(CommError, ValueError):

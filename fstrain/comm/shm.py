@@ -25,6 +25,16 @@ Memory ordering: payload stores are made visible before the counter store by x86
 order (TSO). On weakly ordered CPUs (aarch64) this is not guaranteed from Python; the backend
 warns there.
 
+Threads: a transport runs one collective at a time. A call from a second thread while one runs
+raises `ConcurrentCollectiveError` (the running one is not disturbed): serialising the two would
+not be enough, as every rank would also have to order them the same way. Give each thread its
+own process group; transports of different groups share nothing (segment, rings, doorbell, op
+sequence numbers) and run concurrently. ``close()`` from another thread during a collective does
+not release anything under it: the running call notices within ``liveness_check_seconds``,
+raises, and releases the segments and file descriptors itself (closing a descriptor under a
+running call could let its number be reused by another group's doorbell or a gloo socket, and the
+call's doorbell writes would then land there).
+
 Segments are unlinked as soon as every rank has mapped them, so nothing is left in ``/dev/shm``
 after the processes exit, even after a crash (except a crash inside the rendezvous itself).
 """
@@ -40,6 +50,7 @@ import os
 import platform
 import select
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -56,6 +67,8 @@ from torch.autograd.profiler import record_function
 from fstrain.comm.base import (
     BackendUnavailableError,
     CommBackend,
+    CommError,
+    ConcurrentCollectiveError,
     PeerExitedError,
     PeerTimeoutError,
     SplitMismatchError,
@@ -174,8 +187,9 @@ class ShmBackend(CommBackend):
     """All-to-all-v through shared-memory rings between the processes of one node.
 
     Rendezvous goes through a ``torch.distributed.Store`` (names of the segments, node identity);
-    data never does. Build one per process group; it is not thread-safe (one collective at a
-    time, like a process group's stream).
+    data never does. Build one per process group. One collective at a time: a call from a second
+    thread while one runs raises `ConcurrentCollectiveError`; transports of different groups can
+    be used from different threads at once.
     """
 
     name = "shm"
@@ -243,6 +257,10 @@ class ShmBackend(CommBackend):
         self.config = cfg
         self._op_seq = 0
         self._closed = False
+        # Held by the thread running a collective; close() from another thread then only asks.
+        self._busy = threading.Lock()
+        self._busy_thread = ""
+        self._close_requested = False
         self._sent = [0] * world_size  # chunks published to each peer's ring (my write_seq)
         self._received = [0] * world_size  # chunks consumed from each peer (my read_seq)
         self._peers: list[_Segment | None] = [None] * world_size
@@ -321,7 +339,7 @@ class ShmBackend(CommBackend):
             self._own.header[_H_ABORTED] = 1
             for p in range(self.world_size):
                 self._ring(p)  # wake waiting peers so they see the abort flag now
-        self.close()
+        self._release()
 
     def _ring(self, peer: int) -> None:
         """Wake ``peer`` if it waits on its doorbell (a full FIFO already means "wake up")."""
@@ -340,7 +358,23 @@ class ShmBackend(CommBackend):
                 pass
 
     def close(self) -> None:
-        """Unmap every segment and close the doorbells (idempotent)."""
+        """Unmap every segment and close the doorbells (idempotent, callable from any thread).
+
+        While another thread runs a collective on this transport, nothing is released under it:
+        the call raises `CommError` within ``liveness_check_seconds`` if it is waiting (it
+        finishes if it is not) and releases everything on its way out.
+        """
+        self._close_requested = True
+        if self._busy.acquire(blocking=False):
+            try:
+                self._release()
+            finally:
+                self._busy.release()
+        # The running call sees the request after at most ``liveness_check_seconds`` of waiting (no
+        # doorbell write from here: the call may close that descriptor at any moment).
+
+    def _release(self) -> None:
+        """Unmap and close everything; only with ``_busy`` held, or before any call (init)."""
         if self._closed:
             return
         self._closed = True
@@ -370,7 +404,27 @@ class ShmBackend(CommBackend):
             PeerTimeoutError: no chunk moved for ``timeout_seconds``.
             PeerExitedError: a peer process exited or aborted its transport.
         """
-        if self._closed:
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentCollectiveError(
+                f"rank {self.rank}: all_to_all_v called on thread "
+                f"{threading.current_thread().name!r} while thread {self._busy_thread!r} runs "
+                f"collective #{self._op_seq} on the same shm transport; use one process group per "
+                "thread (dist.new_group)")
+        try:
+            self._busy_thread = threading.current_thread().name
+            return self._all_to_all_v(input, output_splits, input_splits, out)
+        finally:
+            self._busy_thread = ""
+            self._busy.release()
+            if self._close_requested and self._busy.acquire(blocking=False):
+                try:  # close() was called by another thread during the collective
+                    self._release()
+                finally:
+                    self._busy.release()
+
+    def _all_to_all_v(self, input: torch.Tensor, output_splits: Sequence[int],
+                      input_splits: Sequence[int], out: torch.Tensor | None) -> torch.Tensor:
+        if self._closed or self._close_requested:
             raise RuntimeError("ShmBackend is closed (by close() or after an earlier exchange error);"
                                " create a new transport / process group")
         if input.device.type != "cpu":
@@ -471,6 +525,9 @@ class ShmBackend(CommBackend):
                 continue
             left_seconds = cfg.timeout_seconds - (time.monotonic() - last_progress)
             self._wait_for_bell(min(cfg.liveness_check_seconds, max(0.0, left_seconds)))
+            if self._close_requested:
+                raise CommError(f"rank {rank}: the shm transport was closed by another thread "
+                                f"(process group destroyed or aborted) during collective #{op}")
             now = time.monotonic()
             waiting = sorted(set(sends) | set(recvs))
             if now - last_liveness >= cfg.liveness_check_seconds:

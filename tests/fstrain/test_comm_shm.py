@@ -2,17 +2,28 @@
 
 Each test spawns 2-4 CPU processes that rendezvous through a file store. Workers send back what
 they measured (or the error they raised) through a queue; the parent asserts.
+
+Deadlines: starting a rank (interpreter, torch and torchrec imports: ~14 s of CPU each) is pure
+CPU work that a loaded machine can stretch several times over, so it gets its own generous
+budget; the collectives get ``_RUN_TIMEOUT_SECONDS`` from the moment every rank has joined the
+process group, and every collective has its own timeout (gloo ``_COLLECTIVE_TIMEOUT``, shm
+``timeout_seconds``), so a real hang fails as an error, not as a slow test. A rank still running
+at the deadline prints every thread's stack to stderr first; when one rank fails, the others get
+``_ERROR_GRACE_SECONDS`` to report (they normally see the failure at once) before being killed.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import glob
 import multiprocessing as mp
 import os
 import queue
 import tempfile
 import time
+import sys
 import traceback
+from datetime import timedelta
 
 import pytest
 import torch
@@ -20,16 +31,24 @@ import torch.distributed as dist
 
 pytestmark = pytest.mark.multiproc
 
-_SPAWN_TIMEOUT_SECONDS = 120
+_STARTUP_TIMEOUT_SECONDS = 600  # spawn + imports + rendezvous: CPU-bound, slow only under load
+_RUN_TIMEOUT_SECONDS = 120  # from the moment every rank has joined its process group
+_COLLECTIVE_TIMEOUT = timedelta(seconds=60)  # gloo ops (torch's default is 30 min)
+_ERROR_GRACE_SECONDS = 15
+
+_results = None  # the worker's result queue, for `_init` to report "ready"
 
 
 def _worker(rank, world_size, init_file, fn, args, results):
+    global _results
+    _results = results
     try:
         out = fn(rank, world_size, init_file, *args)
         results.put((rank, "ok", out))
     except BaseException as e:  # report everything, the parent decides
         results.put((rank, "error", (type(e).__name__, str(e), traceback.format_exc())))
     finally:
+        faulthandler.cancel_dump_traceback_later()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -49,14 +68,30 @@ def _spawn(world_size, fn, *args):
                  for r in range(world_size)]
         for p in procs:
             p.start()
-        out, deadline = {}, time.monotonic() + _SPAWN_TIMEOUT_SECONDS
-        while len(out) < world_size and time.monotonic() < deadline:
+        out, ready, failed_at = {}, set(), None
+        deadline, phase = time.monotonic() + _STARTUP_TIMEOUT_SECONDS, "startup"
+        while len(out) < world_size:
+            now = time.monotonic()
+            if now > deadline or (failed_at is not None and now > failed_at + _ERROR_GRACE_SECONDS):
+                missing = sorted(set(range(world_size)) - set(out))
+                print(f"_spawn: ranks {missing} did not report ({phase} deadline, or "
+                      f"{_ERROR_GRACE_SECONDS} s after another rank failed); killed",
+                      file=sys.stderr)
+                break
             try:
                 rank, status, value = results.get(timeout=0.5)
-                out[rank] = (status, value)
             except queue.Empty:
                 if all(not p.is_alive() for p in procs) and results.empty():
                     break
+                continue
+            if status == "ready":  # joined the process group
+                ready.add(rank)
+                if len(ready) == world_size:
+                    deadline, phase = now + _RUN_TIMEOUT_SECONDS, "run"
+                continue
+            out[rank] = (status, value)
+            if status == "error" and failed_at is None:
+                failed_at = now
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
@@ -72,8 +107,13 @@ def _assert_all_ok(out, world_size):
 
 
 def _init(rank, world_size, init_file, backend):
+    """Join the default group; from then on the rank has ``_RUN_TIMEOUT_SECONDS`` to finish."""
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                            world_size=world_size)
+                            world_size=world_size, timeout=_COLLECTIVE_TIMEOUT)
+    # A rank that hangs shows where (every thread) before the parent kills it.
+    faulthandler.dump_traceback_later(_RUN_TIMEOUT_SECONDS - 5, file=sys.stderr)
+    if _results is not None:
+        _results.put((rank, "ready", None))
 
 
 # --------------------------------------------------------------------------------------------

@@ -264,3 +264,39 @@ def test_pec_equal_to_non_pipelined_on_gpu(tmp_path):
     for r in run_ranks(_pec_gpu_worker, 2, shards):
         assert r["pec"]["class"] == "PECPipeline"
         _assert_equal_to_plain(r, "pec")
+
+
+_SHM_HANG_SECONDS = 90
+
+
+def _shm_worker(shards):
+    """``prioritized`` over ``--backend shm``: the background exchange runs on a second fs_shm group
+    while the main thread uses the default fs_shm group (docs/comm.md, threads). Several runs in a
+    row, each with its own pair of groups. A rank that hangs dumps its threads' stacks and exits."""
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback_later(_SHM_HANG_SECONDS, exit=True, file=sys.stderr)
+    try:
+        out = _worker(shards, backend="shm", names=("plain", "prioritized"), probe=False)
+        from fstrain.dist import DistEnv
+        import torch.distributed as dist
+
+        env = DistEnv(dist.get_rank(), dist.get_world_size(), dist.get_rank(), torch.device("cpu"), "shm")
+        out["prioritized-again"] = [_train(shards, "prioritized", env)["loss"] for _ in range(3)]
+        out["default_group"] = type(dist.group.WORLD).__name__
+        return out
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.mark.multiproc
+def test_prioritized_over_shm_equal_to_non_pipelined(tmp_path):
+    """The prioritized pipeline on fs_shm groups (main + background thread) equals plain training."""
+    shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=NUM_STEPS, batch_size_per_rank=4, seed=7,
+                          num_items=MODEL["num_items"])
+    for r in run_ranks(_shm_worker, 2, shards):
+        assert r["default_group"] == "ShmProcessGroup"
+        _assert_equal_to_plain(r, "prioritized")
+        for loss in r["prioritized-again"]:
+            assert loss == r["prioritized"]["loss"]
