@@ -62,3 +62,20 @@ def test_profile_cli_json_and_table(tmp_path, capsys):
     assert main(["profile", str(inp), "--ranks", "4", "--batch-size-per-rank", "8"]) == 0
     out = capsys.readouterr().out
     assert "bubble today" in out and "p99" in out
+
+
+def test_profile_real_movielens_per_user(tmp_path, capsys):
+    from tests.conftest import dataset_path
+
+    src = dataset_path("ml-1m_ensfm/sequences.txt")
+    samples = tmp_path / "ml1m_user.parquet"
+    assert main(["convert", str(src), str(samples), "--format", "sequences", "--samples", "per-user",
+                 "--max-seq-len", "4096", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["profile", str(samples), "--ranks", "16", "--batch-size-per-rank", "16", "--cost-model",
+                 "quadratic", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["lengths"]["count"] == 6040 and r["lengths"]["max"] == 2313
+    # per-user MovieLens-1M at R=16, B=16 is the heavy-tail regime: the bound itself is high
+    assert r["heavy_tail_warning"] and 0.3 < r["lower_bound_bubble"] < r["baseline_bubble"]
+    assert any(w["change"] == "max_seq_len=512" for w in r["what_if"])
