@@ -34,6 +34,21 @@ from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 logger = logging.getLogger(__name__)
 
 SPARSE_OPTIMIZERS = ("rowwise_adagrad", "sgd")
+
+
+def sparse_optimizer(optim: "OptimConfig") -> tuple[type[torch.optim.Optimizer], dict]:
+    """The fused in-backward optimizer of the embedding table: ``(class, kwargs)``.
+
+    Raises:
+        ConfigError: ``optim.sparse_optimizer`` is not one of :data:`SPARSE_OPTIMIZERS`.
+    """
+    if optim.sparse_optimizer not in SPARSE_OPTIMIZERS:
+        raise ConfigError(f"unknown sparse optimizer {optim.sparse_optimizer!r}; use {', '.join(SPARSE_OPTIMIZERS)}")
+    if optim.sparse_optimizer == "rowwise_adagrad":
+        return RowWiseAdagrad, {"lr": optim.sparse_lr}
+    return torch.optim.SGD, {"lr": optim.sparse_lr}
+
+
 BACKENDS = ("auto", "nccl", "gloo", "shm")
 
 
@@ -161,12 +176,9 @@ def build_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
     Raises:
         ConfigError: unknown sparse optimizer.
     """
-    if optim.sparse_optimizer not in SPARSE_OPTIMIZERS:
-        raise ConfigError(f"unknown sparse optimizer {optim.sparse_optimizer!r}; use {', '.join(SPARSE_OPTIMIZERS)}")
+    opt_cls, kwargs = sparse_optimizer(optim)  # unknown name: ConfigError before any allocation
     model = SequentialRecommender(config, device=torch.device("meta"))
     model.dense.to(env.device)
-    opt_cls, kwargs = ((RowWiseAdagrad, {"lr": optim.sparse_lr}) if optim.sparse_optimizer == "rowwise_adagrad"
-                       else (torch.optim.SGD, {"lr": optim.sparse_lr}))
     apply_optimizer_in_backward(opt_cls, model.ec.parameters(), kwargs)
     compute = "fused"
     topology = Topology(world_size=env.world_size, compute_device=env.device.type)

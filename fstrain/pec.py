@@ -27,11 +27,9 @@ from torchrec.modules.pec_embedding_modules import PECEmbeddingCollection
 from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
-from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from fstrain.data import Batch
-from fstrain.dist import SPARSE_OPTIMIZERS, DistEnv, OptimConfig, SumDataParallelWrapper, init_table_rows
-from fstrain.errors import ConfigError
+from fstrain.dist import DistEnv, OptimConfig, SumDataParallelWrapper, init_table_rows, sparse_optimizer
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 
 #: State-dict prefix of the wrapped table (``ec.embeddings.`` in the plain layout).
@@ -53,13 +51,10 @@ def build_pec_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
     Raises:
         ConfigError: unknown sparse optimizer.
     """
-    if optim.sparse_optimizer not in SPARSE_OPTIMIZERS:
-        raise ConfigError(f"unknown sparse optimizer {optim.sparse_optimizer!r}; use {', '.join(SPARSE_OPTIMIZERS)}")
+    opt_cls, kwargs = sparse_optimizer(optim)  # unknown name: ConfigError before any allocation
     model = SequentialRecommender(config, device=torch.device("meta"))
     model.dense.to(env.device)
     model.ec = PECEmbeddingCollection(model.ec)
-    opt_cls, kwargs = ((RowWiseAdagrad, {"lr": optim.sparse_lr}) if optim.sparse_optimizer == "rowwise_adagrad"
-                       else (torch.optim.SGD, {"lr": optim.sparse_lr}))
     apply_optimizer_in_backward(opt_cls, model.ec.parameters(), kwargs)
     constraints = {TABLE_NAME: ParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value],
                                                     compute_kernels=["fused"])}

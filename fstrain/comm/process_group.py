@@ -7,9 +7,9 @@ C++ trampoline (``PyProcessGroup``) sends ``all_to_all_single`` (deprecated name
 ``alltoall_base``) to the Python override for every caller: ``dist.all_to_all_single``,
 ``torch.ops._c10d_functional.all_to_all_single`` and therefore torchrec's
 ``comm_ops.alltoall_pooled`` / ``alltoall_sequence`` / ``variable_batch_alltoall_pooled`` and the
-KJT input dist. Every collective the subclass does not override (all_reduce, broadcast,
-all_gather, barrier, ...) goes to the C++ base, which forwards to the real backend registered on
-the same object with ``_register_backend`` (gloo for CPU here). So one group, one name:
+KJT input dist. Every other collective runs on a gloo backend the group owns (also registered
+on the object with ``_register_backend``, for the C++ paths that look it up). So one group, one
+name:
 
     >>> register_torch_backends()
     >>> dist.init_process_group("fs_shm", ...)   # all-to-all on shared memory, rest on gloo
@@ -18,6 +18,19 @@ Limits (torch 2.13): the Python group cannot be built with the 3-argument (store
 constructor (pybind raises "returned holder-wrapped instance is not an alias instance"), so it
 keeps the store itself; the all-to-all runs synchronously inside the call and returns a completed
 ``Work`` (``async_op=True`` is accepted, the overlap comes from the caller's pipeline).
+
+Why the other collectives are overridden in Python rather than inherited: for each collective
+the trampoline can override (allreduce, allreduce_coalesced, allgather, broadcast, barrier,
+reduce_scatter, send, recv and the coalesced all-gather / reduce-scatter), ``PyProcessGroup``
+(torch 2.13, ``WORK_OVERRIDE``) takes the GIL to look for a Python override and, finding none,
+calls the inherited C++ implementation *still holding the GIL*. That reaches gloo's ``enqueue``,
+which waits for gloo's work-queue mutex; a gloo worker thread holds that mutex while it frees a
+finished work, and freeing its tensors can need the GIL (Python-owned tensors). Lock-order
+inversion: DMP/DDP set-up (``broadcast_object_list``, ``_verify_param_shape_across_processes``)
+hung about one run in five on a loaded 2-core machine (both ranks inside the same gloo
+collective; py-spy showed the worker in ``~AsyncAllgatherWork`` waiting for the GIL and the main
+thread in ``ProcessGroupGloo::enqueue`` waiting for the mutex). Overridden here, the call enters
+gloo through its Python binding, which releases the GIL first.
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
 from torch.futures import Future
 
 from fstrain.comm.base import CommBackend, even_splits
@@ -98,6 +111,57 @@ class ShmProcessGroup(dist.ProcessGroup):
         return completed_work([output])
 
     alltoall_base = all_to_all_single
+
+    # ---- every other collective: gloo, entered through its GIL-releasing binding (module doc)
+    def allreduce(self, *args, **kwargs) -> dist.Work:
+        """``dist.all_reduce`` on gloo."""
+        return self._gloo.allreduce(*args, **kwargs)
+
+    def allreduce_coalesced(self, *args, **kwargs) -> dist.Work:
+        """``dist.all_reduce_coalesced`` on gloo."""
+        return self._gloo.allreduce_coalesced(*args, **kwargs)
+
+    def allgather(self, *args, **kwargs) -> dist.Work:
+        """``dist.all_gather`` on gloo."""
+        return self._gloo.allgather(*args, **kwargs)
+
+    def broadcast(self, *args, **kwargs) -> dist.Work:
+        """``dist.broadcast`` on gloo."""
+        return self._gloo.broadcast(*args, **kwargs)
+
+    def barrier(self, *args, **kwargs) -> dist.Work:
+        """``dist.barrier`` on gloo."""
+        return self._gloo.barrier(*args, **kwargs)
+
+    def reduce_scatter(self, *args, **kwargs) -> dist.Work:
+        """``dist.reduce_scatter`` on gloo."""
+        return self._gloo.reduce_scatter(*args, **kwargs)
+
+    def send(self, *args, **kwargs) -> dist.Work:
+        """``dist.send`` on gloo."""
+        return self._gloo.send(*args, **kwargs)
+
+    def recv(self, *args, **kwargs) -> dist.Work:
+        """``dist.recv`` on gloo."""
+        return self._gloo.recv(*args, **kwargs)
+
+    def all_gather_single_coalesced(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                                    opts: object = None) -> dist.Work:
+        """Coalesced ``dist.all_gather_into_tensor``: one gloo ``_allgather_base`` per pair, waited."""
+        for out, inp in zip(output_tensors, input_tensors, strict=True):
+            self._gloo._allgather_base(out, inp, opts or AllgatherOptions()).wait()
+        return completed_work(list(output_tensors))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
+        """Coalesced ``dist.reduce_scatter_tensor``: one gloo ``_reduce_scatter_base`` per pair, waited."""
+        for out, inp in zip(output_tensors, input_tensors, strict=True):
+            self._gloo._reduce_scatter_base(out, inp, opts or ReduceScatterOptions()).wait()
+        return completed_work(list(output_tensors))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def shutdown(self) -> None:
         self.transport.close()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
+import signal
 import socket
+import sys
 import tempfile
 import traceback
 
@@ -23,6 +26,8 @@ def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> Non
     import torch
 
     torch.set_num_threads(1)
+    # a rank the parent terminates (because another rank failed) prints where its threads were
+    faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         result = ("ok", fn(*args))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -42,8 +47,18 @@ def run_ranks(fn, world_size: int, *args) -> list:
     Returns the per-rank return values; raises ``RuntimeError`` with the first rank's error.
     """
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_entry, args=(world_size, free_port(), d, fn, args), nprocs=world_size,
-                           start_method="spawn", join=True)
+        try:
+            mp.start_processes(_entry, args=(world_size, free_port(), d, fn, args), nprocs=world_size,
+                               start_method="spawn", join=True)
+        except mp.ProcessExitedException as e:  # a rank died: say what the others reported
+            others = []
+            for r in range(world_size):
+                path = os.path.join(d, f"{r}.pkl")
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        status, value = pickle.load(f)
+                    others.append(f"rank {r}: {status}" + (f"\n{value}" if status == "error" else ""))
+            raise RuntimeError(f"{e}; results of the other ranks: {others or 'none written'}") from e
         results = []
         for r in range(world_size):
             with open(os.path.join(d, f"{r}.pkl"), "rb") as f:

@@ -68,3 +68,59 @@ def test_row_wise_embedding_collection_over_fs_shm():
     _assert_all_ok(out, 2)
     for _, calls in out.values():
         assert calls >= 2, f"only {calls} all-to-alls reached the shm transport"
+
+
+_OBJECT_ROUNDS = 300
+
+
+def _other_collectives(rank, world_size, init_file):
+    """Every non-all-to-all collective of the fs_shm group (gloo underneath), called from Python
+    and from C++ (DDP's parameter check), with the results gloo gives."""
+    from fstrain.comm import CommConfig, register_torch_backends
+
+    _init(rank, world_size, init_file, register_torch_backends(CommConfig(backend="shm")))
+    pg = dist.group.WORLD
+    w = world_size
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(w * (w + 1) // 2)))
+    b = torch.arange(4.0) * (rank + 1)
+    dist.broadcast(b, src=1)
+    assert torch.equal(b, torch.arange(4.0) * 2)
+    gathered = [torch.empty(2) for _ in range(w)]
+    dist.all_gather(gathered, torch.full((2,), float(rank)))
+    assert all(torch.equal(g, torch.full((2,), float(r))) for r, g in enumerate(gathered))
+    flat = torch.empty(2 * w)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(rank)))
+    assert torch.equal(flat, torch.arange(w, dtype=torch.float32).repeat_interleave(2))
+    out = torch.empty(2 * w)
+    pg.allgather_into_tensor_coalesced([out], [torch.full((2,), float(rank))]).wait()  # coalesced path
+    assert torch.equal(out, flat)
+    scattered = torch.empty(2)
+    dist.reduce_scatter_tensor(scattered, torch.arange(2.0 * w))
+    assert torch.equal(scattered, torch.arange(2.0 * rank, 2.0 * rank + 2) * w)
+    if rank == 0:
+        dist.send(torch.tensor([7.0]), dst=1)
+    elif rank == 1:
+        got = torch.zeros(1)
+        dist.recv(got, src=0)
+        assert got.item() == 7.0
+    dist.barrier()
+    # Back-to-back object collectives (what DMP and DDP set-up do): these hung ~1 run in 5 when
+    # the trampoline entered gloo holding the GIL (fstrain/comm/process_group.py).
+    for i in range(_OBJECT_ROUNDS):
+        objs = [{"round": i, "rank": rank}] if rank == 0 else [None]
+        dist.broadcast_object_list(objs, src=0)
+        assert objs[0] == {"round": i, "rank": 0}
+        everyone = [None] * w
+        dist.all_gather_object(everyone, rank * i)
+        assert everyone == [r * i for r in range(w)]
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))  # C++ verify + broadcast
+    ddp(torch.ones(1, 3)).sum().backward()
+    return type(pg).__name__
+
+
+def test_other_collectives_over_fs_shm_run_on_gloo():
+    out = _spawn(2, _other_collectives)
+    _assert_all_ok(out, 2)
+    assert {v for _, v in out.values()} == {"ShmProcessGroup"}

@@ -44,13 +44,19 @@ def _train(shards, config, env, build=None, max_steps=None):
             "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
 
-SLEEP_SECONDS = 0.3
+HANDSHAKE_TIMEOUT_SECONDS = 60.0
 
 
-def _overlap_probe(shards, env, overlap: bool) -> list[float]:
-    """Step times of ``prioritized`` when both its background prefetch and the dense forward take
-    ``SLEEP_SECONDS`` longer: overlapped, a step lasts ~1 sleep; inline, ~2."""
-    import time
+def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
+    """Where the NOL prefetch of batch N+1 runs relative to the dense forward of batch N.
+
+    Overlapped, the prefetch (on the background thread) and the dense forward (main thread) wait
+    for each other: the forward pre-hook signals "in the dense forward" and waits until the
+    prefetch has seen it, so the handshake completes only if both run at the same time. No
+    timing is involved; the timeout only turns a broken overlap into a failure instead of a hang.
+    Inline, the prefetch must run on the main thread before the forward (no handshake).
+    """
+    import threading
 
     from fstrain.dist import OptimConfig, build_sharded_model
     from fstrain.model import Config
@@ -59,17 +65,33 @@ def _overlap_probe(shards, env, overlap: bool) -> list[float]:
     dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(), env)
     pipe = make_pipeline(PipelineConfig(name="prioritized", overlap=overlap), dmp, opt, env.device)
     inner = pipe._prefetch_on_stream
+    in_forward, seen = threading.Event(), threading.Event()
+    log: list[dict] = []
 
-    def slow_prefetch(*args):
-        time.sleep(SLEEP_SECONDS)
-        return inner(*args)
+    def probed_prefetch(batch, prev, t0):
+        record = {"event": "prefetch", "main_thread": threading.current_thread() is threading.main_thread(),
+                  "fill": prev is None, "saw_forward": None}
+        if overlap and prev is not None:  # submitted by a step, before its dense forward
+            record["saw_forward"] = in_forward.wait(HANDSHAKE_TIMEOUT_SECONDS)
+            seen.set()
+        log.append(record)
+        return inner(batch, prev, t0)
 
-    pipe._prefetch_on_stream = slow_prefetch
-    hook = dmp.module.dense.register_forward_pre_hook(lambda *_: time.sleep(SLEEP_SECONDS))
-    outs = run_steps(pipe, _batches(shards, env.rank, env.world_size), 3)
+    def forward_pre_hook(*_):
+        record = {"event": "forward", "saw_prefetch": None}
+        if overlap:
+            in_forward.set()
+            record["saw_prefetch"] = seen.wait(HANDSHAKE_TIMEOUT_SECONDS)
+            in_forward.clear()
+            seen.clear()
+        log.append(record)
+
+    pipe._prefetch_on_stream = probed_prefetch
+    hook = dmp.module.dense.register_forward_pre_hook(forward_pre_hook)
+    run_steps(pipe, _batches(shards, env.rank, env.world_size), 3)  # 4 batches: each step has a next one
     hook.remove()
     pipe.close()
-    return [o.stats.step_seconds for o in outs]
+    return log
 
 
 def _pipeline_steps(shards, env) -> list:
@@ -161,12 +183,17 @@ def test_flushed_mid_run_state_equals_non_pipelined(results):
 
 @pytest.mark.multiproc
 def test_prefetch_overlaps_dense_compute(results):
-    """With a slow prefetch and a slow dense forward (both +0.3 s), overlapped steps after the
-    first take ~1 sleep, inline ones ~2: the NOL exchange really runs during the compute."""
+    """Overlapped, the NOL prefetch of batch N+1 runs on the background thread while batch N's
+    dense forward runs (a two-way handshake); inline, it runs on the main thread before it."""
     for r in results:
         overlapped, inline = r["overlap_probe"][True], r["overlap_probe"][False]
-        assert all(t < 1.6 * SLEEP_SECONDS for t in overlapped[1:]), overlapped
-        assert all(t > 1.9 * SLEEP_SECONDS for t in inline[1:]), inline
+        prefetches = [e for e in overlapped if e["event"] == "prefetch" and not e["fill"]]
+        forwards = [e for e in overlapped if e["event"] == "forward"]
+        assert len(prefetches) == len(forwards) == 3, overlapped
+        assert all(not e["main_thread"] and e["saw_forward"] for e in prefetches), overlapped
+        assert all(e["saw_prefetch"] for e in forwards), overlapped
+        assert [e["event"] for e in inline] == ["prefetch"] + ["prefetch", "forward"] * 3, inline
+        assert all(e["main_thread"] for e in inline if e["event"] == "prefetch"), inline
 
 
 @pytest.mark.multiproc
