@@ -44,7 +44,7 @@ def _train(shards, config, env, build=None, max_steps=None):
             "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
 
-HANDSHAKE_TIMEOUT_SECONDS = 60.0
+HANDSHAKE_TIMEOUT_SECONDS = 20.0
 
 
 def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
