@@ -139,10 +139,11 @@ def test_shm_groups_from_several_threads():
     refused, side_status = r0["same_group"]
     assert refused is not None, "a second thread entered a running collective on the same group"
     msg, seconds = refused
-    assert "same shm transport" in msg and "'side'" in msg and seconds < 0.5, msg
+    # refused at once, far below the 10 s transport timeout (slack for a loaded 2-core machine)
+    assert "same shm transport" in msg and "'side'" in msg and seconds < 3.0, msg
     assert side_status == "ok", "the refused call disturbed the running collective"
     err, msg, seconds = r0["close_during"]
     assert err == "CommError" and "closed by another thread" in msg, (err, msg)
-    assert seconds < 0.5 + 2.0  # noticed within about liveness_check_seconds
+    assert seconds < 5.0  # noticed within about liveness_check_seconds, not the 10 s timeout
     err, seconds = r1["after_close"]
-    assert err == "PeerExitedError" and seconds < 1.0, r1["after_close"]
+    assert err == "PeerExitedError" and seconds < 5.0, r1["after_close"]  # not the 10 s timeout
