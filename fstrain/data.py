@@ -380,24 +380,33 @@ _DONE = object()
 
 
 def _prefetch(it: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """Run ``it`` on a daemon thread, ``depth`` items ahead; re-raises its errors in the caller."""
+    """Run ``it`` on a background thread, ``depth`` items ahead; re-raises its errors in the caller.
+
+    The thread never outlives the generator: closing it (end of data, ``break``, an error, or
+    garbage collection) stops the thread and joins it. A reader thread left running inside
+    Arrow's C++ code at interpreter exit aborts the process ("terminate called without an active
+    exception") when it takes the GIL back during finalization.
+    """
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def work() -> None:
         try:
             for x in it:
-                while not stop.is_set():
-                    try:
-                        q.put(x, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(x):
                     return
-            q.put(_DONE)
+            put(_DONE)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put(e)
+            put(e)
 
     th = threading.Thread(target=work, name="fstrain-shard-reader", daemon=True)
     th.start()
@@ -411,6 +420,7 @@ def _prefetch(it: Iterator[Batch], depth: int) -> Iterator[Batch]:
             yield x
     finally:
         stop.set()
+        th.join()  # returns after at most one more item: every put gives up once stop is set
 
 
 def infer_num_items(manifest: Manifest) -> int:

@@ -112,6 +112,23 @@ def test_step_count_disagreeing_with_step_stats(tmp_path):
         list(ShardReader(out, 0, 2, num_prefetch_batches=2))  # raised through the prefetch thread
 
 
+def test_prefetch_thread_never_outlives_the_reader(tmp_path):
+    """Stopping early (``break``, ``max_steps``) or an error joins the reader thread: a reader
+    thread still inside Arrow at interpreter exit aborts the process."""
+    import threading
+
+    def readers():
+        return [t for t in threading.enumerate() if t.name == "fstrain-shard-reader"]
+
+    out = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=8, batch_size_per_rank=2)
+    it = iter(ShardReader(out, 0, 1, num_prefetch_batches=2))
+    assert next(it).step == 0 and len(readers()) == 1  # running, a queue's worth ahead
+    it.close()  # what a `for` loop's break does
+    assert readers() == []
+    assert [b.step for b in ShardReader(out, 0, 1, max_steps=3, num_prefetch_batches=2)] == [0, 1, 2]
+    assert readers() == []
+
+
 @pytest.mark.parametrize("policy", ["fixed", "cost-budget"])
 def test_reads_fsdata_balance_output(tmp_path, policy):
     if policy == "cost-budget":
