@@ -154,7 +154,8 @@ class ShardDataset(IterableDataset):
             the rank file except ``step`` (the ids too, so a model can ignore the Batch).
         start_step: first step to yield (resume after ``start_step`` completed steps).
         max_steps: yield at most this many steps (``None``: to the end).
-        num_prefetch_batches: steps decoded ahead on a background thread (0: synchronous).
+        num_prefetch_batches: steps decoded and converted ahead on a background thread
+            (0: synchronous), in the worker process when ``num_workers=1``.
 
     Raises:
         ShardError, ShardMismatchError: as :class:`~fstrain.data.ShardReader`, and a requested
@@ -178,21 +179,30 @@ class ShardDataset(IterableDataset):
         self.columns: list[str] = list(columns)
         self._len = len(reader)
 
-    def _reader(self):
+    def _reader(self, num_prefetch_batches: int | None = None):
         from fstrain.data import ShardReader  # here: fstrain.data re-exports this module
         k = self._kwargs
+        depth = k["num_prefetch_batches"] if num_prefetch_batches is None else num_prefetch_batches
         return ShardReader(k["shards_dir"], k["rank"], k["world_size"], start_step=k["start_step"],
-                           max_steps=k["max_steps"], num_prefetch_batches=k["num_prefetch_batches"])
+                           max_steps=k["max_steps"], num_prefetch_batches=depth)
 
     def __len__(self) -> int:
         """Number of steps this dataset yields."""
         return self._len
+
+    def _steps(self) -> Iterator[ShardStep]:
+        with closing(self._reader(num_prefetch_batches=0).iter_steps(self.columns)) as steps:
+            for batch, table in steps:
+                yield ShardStep(batch, {name: column_value(table.column(name)) for name in self.columns})
 
     def __iter__(self) -> Iterator[ShardStep]:
         info = get_worker_info()
         if info is not None and info.num_workers > 1:
             raise ConfigError(f"ShardDataset runs in one DataLoader worker, got num_workers={info.num_workers}; "
                               "use num_workers=0 or 1 (each worker would yield the whole shard)")
-        with closing(self._reader().iter_steps(self.columns)) as steps:
-            for batch, table in steps:
-                yield ShardStep(batch, {name: column_value(table.column(name)) for name in self.columns})
+        depth = self._kwargs["num_prefetch_batches"]
+        if depth <= 0:
+            yield from self._steps()
+            return
+        from fstrain.data import _prefetch  # decoding and column conversion both run on its thread
+        yield from _prefetch(self._steps(), depth)

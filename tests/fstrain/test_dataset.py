@@ -155,3 +155,17 @@ def test_movielens_shards_every_column(tmp_path):
     assert len(steps) == len(ds) > 10
     for name in ds.columns:
         assert [x for s in steps for x in _value_rows(s.columns[name])] == rows.column(name).to_pylist(), name
+
+
+def test_stopping_early_joins_the_reader_thread(tmp_path):
+    """A `break` (or an abandoned DataLoader) stops the prefetch thread: none is left running."""
+    import threading
+    out = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=8, batch_size_per_rank=2)
+    it = iter(ShardDataset(out, 0, 1, num_prefetch_batches=2))
+    assert next(it).step == 0
+    assert [t.name for t in threading.enumerate()].count("fstrain-shard-reader") == 1
+    it.close()
+    assert "fstrain-shard-reader" not in [t.name for t in threading.enumerate()]
+    loader = iter(DataLoader(ShardDataset(out, 0, 1), batch_size=None, num_workers=1))
+    assert [next(loader).step for _ in range(2)] == [0, 1]
+    del loader  # shuts the worker down while its reader is mid-shard
