@@ -2,18 +2,21 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v1
-TORCHREC := torchrec==1.9.2
+STAMP := $(VENV)/.installed-v2
+# Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
+CONSTRAINTS := constraints.txt
 
 .PHONY: demo test test-fast bench venv clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# torchrec goes in with --no-deps: it declares the CUDA fbgemm-gpu and torchmetrics==1.0.3; its real
+# runtime needs come with the [train] extra (docs/api.md).
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps $(TORCHREC)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train-cpu,test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-deps torchrec
 	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools"
 	touch $(STAMP)
 

@@ -18,7 +18,8 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -321,12 +322,13 @@ class ShardReader:
     def __len__(self) -> int:
         return self.end_step - self.start_step
 
-    def _decode(self) -> Iterator[Batch]:
+    def _decode(self, columns: Sequence[str] = ()) -> Iterator[tuple[Batch, pa.Table | None]]:
         expect = self.start_step
+        read = _READ_COLUMNS + [c for c in columns if c not in _READ_COLUMNS]
         for i in self._row_groups:
             with record_function("## read_row_group ##"):
                 try:
-                    t = self._file.read_row_group(i, columns=_READ_COLUMNS)
+                    t = self._file.read_row_group(i, columns=read)
                 except (OSError, pa.ArrowException) as e:
                     raise ShardError(f"rank {self.rank}: {self.path} row group {i} is corrupt ({e}); "
                                      "re-run fsdata balance") from None
@@ -355,18 +357,43 @@ class ShardReader:
                     raise ShardError(f"rank {self.rank}: step {s} has {b - a} rows but step_stats says "
                                      f"{int(self.local_counts[s])}; re-run fsdata balance")
                 with record_function("## make_batch ##"):
-                    yield make_batch(values[offsets[a]:offsets[b]], lengths[a:b], targets[a:b], sids[a:b],
-                                     s, int(self.global_counts[s]))
+                    batch = make_batch(values[offsets[a]:offsets[b]], lengths[a:b], targets[a:b], sids[a:b],
+                                       s, int(self.global_counts[s]))
+                yield batch, (t.slice(a, b - a).select(list(columns)) if columns else None)
                 expect = s + 1
         if expect != self.end_step:
             raise ShardError(f"rank {self.rank}: {self.path} ends at step {expect - 1}, expected "
                              f"{self.end_step - 1}; re-run fsdata balance")
 
     def __iter__(self) -> Iterator[Batch]:
+        with closing(self.iter_steps()) as steps:  # closing joins the prefetch thread on `break`
+            for batch, _ in steps:
+                yield batch
+
+    def iter_steps(self, columns: Sequence[str] = ()) -> Iterator[tuple[Batch, pa.Table | None]]:
+        """Like iterating the reader, but also yields each step's rows of ``columns``.
+
+        Args:
+            columns: names of columns of the rank file to carry (any column, e.g. ``user_id``,
+                ``timestamps`` or a user's own feature columns); empty: none.
+
+        Yields:
+            ``(batch, table)``: the step's :class:`Batch` and a ``pyarrow.Table`` with ``B`` rows,
+            the requested columns in the given order, rows in the batch's order (``None`` when
+            ``columns`` is empty). Zero-copy slices of the row group.
+
+        Raises:
+            ShardError: a requested column is not in the rank file, or the errors of iteration.
+        """
+        columns = list(columns)
+        names = self._file.schema_arrow.names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ShardError(f"rank {self.rank}: {self.path} has no columns {missing}; it has {names}")
         if self.num_prefetch_batches <= 0:
-            yield from self._decode()
+            yield from self._decode(columns)
             return
-        yield from _prefetch(self._decode(), self.num_prefetch_batches)
+        yield from _prefetch(self._decode(columns), self.num_prefetch_batches)
 
 
 def _leaf_index(pf: pq.ParquetFile, name: str) -> int:
@@ -453,3 +480,6 @@ def infer_num_items(manifest: Manifest) -> int:
                                      "pass --num-items explicitly")
                 hi = max(hi, int(st.max))
     return hi + 1
+
+
+from fstrain.dataset import JaggedColumn, ShardDataset, ShardStep  # noqa: E402,F401  (re-export)
