@@ -246,13 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     Piping into ``head`` exits 141 quietly; a full disk, read-only location or denied permission
     is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.cliutil.run_main`).
     """
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    a.no_progress = not resolve_progress(a.progress)
-    return run_main("fsdata", lambda: _run(a), lambda: getattr(a, "output", None) or getattr(a, "input", None))
+    parsed: list[argparse.Namespace] = []
+
+    def body() -> int:
+        parsed.append(build_parser().parse_args(argv))
+        return _run(parsed[0])
+
+    def location() -> str | None:
+        return (getattr(parsed[0], "output", None) or getattr(parsed[0], "input", None)) if parsed else None
+
+    return run_main("fsdata", body, location)
 
 
 def _run(a: argparse.Namespace) -> int:
+    a.no_progress = not resolve_progress(a.progress)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[a.command](a)

@@ -68,7 +68,8 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
 
     Args:
         prog: program name for the error line (``fsdata``, ``fstrain train``, ``nightly``).
-        body: the command; returns the exit status.
+        body: the command (argument parsing included, so ``--help | head`` is covered too); returns
+            the exit status.
         location: the path the command writes (or reads), named when an environment failure's
             exception carries no file name of its own.
 
@@ -79,6 +80,9 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
     try:
         try:
             rc = body()
+        except SystemExit:  # argparse's --help / usage errors: flush here, where a broken pipe is caught
+            sys.stdout.flush()
+            raise
         except Exception as e:  # noqa: BLE001 - anything that is not an environment failure re-raises
             env = environment_error(e, location())
             if env is None:
