@@ -17,7 +17,6 @@ import errno
 import glob
 import os
 import re
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -188,15 +187,6 @@ def public_path(path: str | os.PathLike) -> str:
     return str(path)
 
 
-def _free_bytes(path: str) -> int | None:
-    for cand, _ in _ancestors_stat(os.path.abspath(path)):
-        try:
-            return shutil.disk_usage(cand).free
-        except OSError:
-            return None
-    return None
-
-
 _WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
@@ -226,13 +216,8 @@ def environment_error(exc: BaseException, location: str | os.PathLike | None = N
     cause, fix = _CAUSES[code]
     if action is None:
         action = "write" if code in _WRITE_ONLY else "access"
-    extra = ""
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        free = _free_bytes(str(where))
-        if free is not None:
-            extra = f", {free / 2**20:.1f} MiB free"
     left = "; nothing was written" if action == "write" else ""
-    return EnvironmentFailure(f"cannot {action} {where}: {cause} ({errno.errorcode.get(code, code)}{extra}); "
+    return EnvironmentFailure(f"cannot {action} {where}: {cause} ({errno.errorcode.get(code, code)}); "
                               f"{fix}{left}")
 
 

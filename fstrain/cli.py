@@ -192,6 +192,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
     from fstrain.calibrate import calibrate, shard_batches
     from fstrain.metrics import write_json
 
@@ -201,7 +202,6 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     num_items = kw.pop("num_items", 4000)
     if a.shard_steps < 1:
         parser.error(f"--shard-steps must be >= 1, got {a.shard_steps}")
-    check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
     extra = shard_batches(a.from_shards, a.shard_steps) if a.from_shards else None
     res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
                     extra_batches=extra,
