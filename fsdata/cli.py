@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    a.no_progress = not resolve_progress(a.progress)
+    a.no_progress = not resolve_progress(getattr(a, "progress", None))
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[a.command](a)

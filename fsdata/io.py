@@ -204,8 +204,10 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
         :class:`SampleSource`.
 
     Raises:
-        InputError: missing path, no Parquet, corrupt file, missing or mistyped columns, no rows,
-            files with different schemas.
+        InputError: missing path, no Parquet (a text log is named as such), corrupt file, missing or
+            mistyped columns, uint64 ids above the int64 maximum, no rows, files with different schemas.
+        ConfigError: a ``--columns`` entry names a column the input lacks or collides with another.
+        EnvironmentFailure: a file cannot be read for permission or I/O reasons (:mod:`fsdata.guards`).
     """
     rename = parse_column_map(column_map) if not isinstance(column_map, dict) else column_map
     files = list_parquet_files(path)
