@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fsdata.cli import main
-from fsdata.guards import overlap, public_path
+from fsdata.guards import environment_errno, environment_error, overlap, public_path
 from tests.conftest import REPO_ROOT
 from tests.fsdata.helpers import write_samples
 
@@ -97,6 +97,28 @@ def test_overlap_cases(tmp_path):
     assert public_path(tmp_path / ".out.tmp-123-abcdef01" / ".buckets" / "00000.arrow") == str(tmp_path / "out")
 
 
+def test_environment_errors_recognised_in_every_wrapping():
+    import errno
+
+    import polars as pl
+    import pyarrow as pa
+
+    assert environment_errno(OSError(errno.ENOSPC, "No space left on device")) == errno.ENOSPC
+    # PyArrow: an OSError whose errno is set and whose text carries "Detail: [errno N]"
+    assert environment_errno(OSError(28, "Error writing bytes to file. Detail: [errno 28] No space left")) == 28
+    assert environment_errno(pa.ArrowIOError("Failed to open local file '/x/y'. Detail: [errno 30] "
+                                             "Read-only file system")) == errno.EROFS
+    # Polars keeps only the text
+    assert environment_errno(pl.exceptions.ComputeError(
+        "parquet: File out of specification: underlying IO error: No space left on device (os error 28)")) == 28
+    assert environment_errno(ValueError("Permission denied")) == errno.EACCES
+    assert environment_errno(pa.ArrowInvalid("Integer value 18446744073709551615 not in range")) is None
+    assert environment_errno(FileNotFoundError(errno.ENOENT, "No such file")) is None
+    e = environment_error(pa.ArrowIOError("Failed to open local file '/data/.out.tmp-12-ab12cd34/x.arrow'. "
+                                          "Detail: [errno 13] Permission denied"), "/elsewhere")
+    assert str(e).startswith("cannot access /data/out: permission denied (EACCES)")
+
+
 def test_fstrain_outputs_apart_from_shards(tmp_path, capsys):
     from fstrain.cli import main as fstrain_main
 
@@ -137,10 +159,11 @@ def test_disk_full_during_bucketing_names_the_disk_not_the_input(tmp_path, capsy
     inp = write_samples(tmp_path / "in.parquet", n=40_000)
     before = _digest(inp)
     with _tmpfs(tmp_path / "small", "size=1m") as small:
-        rc = main(["balance", str(inp), str(small / "out"), *BAL])
+        out = small / "new" / "nested" / "out"  # folders this run creates are removed too
+        rc = main(["balance", str(inp), str(out), *BAL])
         line = _one_error_line(capsys.readouterr().err)
         assert rc == 2
-        assert "no space left on device" in line and str(small / "out") in line, line
+        assert "no space left on device" in line and str(out) in line, line
         assert "corrupt" not in line and "regenerate" not in line
         assert _leftovers(small) == []
     assert _digest(inp) == before
