@@ -66,23 +66,39 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
     final = Path(final)
     if final.exists() and not overwrite:
         raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_tmp(final)
+    created = [p for p in [final.parent, *final.parent.parents] if not p.exists()]
     tmp = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    if is_dir:
-        tmp.mkdir()
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(final)
+        if is_dir:
+            tmp.mkdir()
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        for p in created:  # innermost first; only the folders this call made, and only if empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
         raise
     if final.exists():
         if not overwrite:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
             raise ConfigError(f"output {final} appeared while this run was writing; pass --overwrite to replace it")
         old = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
-        os.replace(final, old)
-        os.replace(tmp, final)
+        try:
+            os.replace(final, old)
+            try:
+                os.replace(tmp, final)
+            except BaseException:
+                os.replace(old, final)  # put the previous output back
+                raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            raise
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     else:
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            raise

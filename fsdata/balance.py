@@ -32,6 +32,7 @@ from fsdata import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.cost import CostModel
 from fsdata.errors import InputError
+from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.io import SampleSource
 from fsdata.plan import Plan
 
@@ -133,11 +134,21 @@ def _bucket(src: SampleSource, plan: Plan, schema: pa.Schema, bucket_dir: Path, 
                         w.write_batch(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
+                # a full disk or read-only bucket folder is the machine's fault, not the input's
+                raise_if_environment(e, bucket_dir)
                 raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
                                  "the file is corrupt or truncated: regenerate it") from None
-    finally:
+    except BaseException:
+        for w in writers.values():
+            try:
+                w.close()  # may fail again (disk full); the first error is the one to report
+            except (pa.ArrowException, OSError):
+                pass
+        raise
+    else:
         for w in writers.values():
             w.close()
+    finally:
         bar.close()
     if len(writers) != R:
         raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
@@ -198,9 +209,13 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
         The manifest (dict).
 
     Raises:
-        ConfigError: OUTPUT exists and ``overwrite`` is False.
+        ConfigError: OUTPUT exists and ``overwrite`` is False, or it equals, contains or lies inside
+            the input.
         InputError: an input file fails to read midway.
+        EnvironmentFailure: the disk filled up, or the location is read-only or not permitted
+            (:mod:`fsdata.guards`); nothing is left behind.
     """
+    check_output_apart(output, [src.path, *src.files], output_name="OUTPUT", input_name="INPUT")
     schema = _output_schema(src)
     with atomic_output(output, overwrite=overwrite) as tmp:
         bucket_dir = tmp / ".buckets"

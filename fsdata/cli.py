@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from fsdata.cliutil import add_progress_flag, resolve_progress, run_main
 from fsdata.errors import FsdataError
+from fsdata.guards import check_output_apart
 
 log = logging.getLogger("fsdata")
 
@@ -41,7 +43,7 @@ COST_MODEL_HELP = ("per-sample cost: tokens | quadratic | verl | hstu[:d_model=2
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -171,6 +173,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
+    check_output_apart(a.output, [a.input], output_name="OUTPUT", input_name="INPUT")
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
     t0 = time.perf_counter()
@@ -208,6 +211,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 def _cmd_synth(a: argparse.Namespace) -> int:
     from fsdata.synth import read_lengths, write_synth_samples
 
+    check_output_apart(a.output, [a.lengths_from], output_name="output", input_name="--lengths-from")
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
     if not Path(a.lengths_from).exists():
@@ -237,9 +241,25 @@ COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fsdata`` console script; returns the exit status."""
-    parser = build_parser()
-    a = parser.parse_args(argv)
+    """Entry point of the ``fsdata`` console script; returns the exit status.
+
+    Piping into ``head`` exits 141 quietly; a full disk, read-only location or denied permission
+    is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.cliutil.run_main`).
+    """
+    parsed: list[argparse.Namespace] = []
+
+    def body() -> int:
+        parsed.append(build_parser().parse_args(argv))
+        return _run(parsed[0])
+
+    def location() -> str | None:
+        return (getattr(parsed[0], "output", None) or getattr(parsed[0], "input", None)) if parsed else None
+
+    return run_main("fsdata", body, location)
+
+
+def _run(a: argparse.Namespace) -> int:
+    a.no_progress = not resolve_progress(getattr(a, "progress", None))
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[a.command](a)

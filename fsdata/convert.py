@@ -23,7 +23,9 @@ fewer than 2 items yield no sample; they are counted in the summary and in the f
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +38,9 @@ from tqdm import tqdm
 from fsdata import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError
+from fsdata.guards import check_output_apart, raise_if_environment
+
+log = logging.getLogger("fsdata.convert")
 
 FORMATS = ("sequences", "events")
 SAMPLE_MODES = ("per-user", "per-event")
@@ -84,12 +89,66 @@ def read_sequences(path: Path) -> pl.DataFrame:
         df = (tokens.select(parts=pl.col("line").str.split(" ").list.eval(
             pl.element().filter(pl.element() != "").cast(pl.Int64, strict=True))).collect())
     except pl.exceptions.PolarsError as e:
-        raise InputError(f"input {path}: every token of a sequences line must be an integer "
-                         f"('user item1 item2 ...'); {str(e).splitlines()[0]}") from None
+        raise_if_environment(e, path, action="read")
+        where = _first_bad_token(path)
+        raise InputError(f"input {path}{where} every token of a sequences line must be an integer "
+                         f"('user item1 item2 ...'); check --format, or map ids to integers first") from None
     if df.height == 0:
         raise InputError(f"input {path} has no non-blank lines; expected 'user item1 item2 ...' per line")
     df = df.select(user_id=pl.col("parts").list.first(), item_ids=pl.col("parts").list.slice(1))
     return df
+
+
+def _first_bad_token(path: Path) -> str:
+    """`` line N: token 'x' is not an integer;`` for the first such token of a sequences file, else ``:``."""
+    try:
+        rows = (pl.scan_lines(str(path)).with_row_index("_line", offset=1)
+                .select("_line", tok=pl.col("line").str.strip_chars().str.split(" "))
+                .explode("tok").filter(pl.col("tok") != "")
+                .filter(pl.col("tok").cast(pl.Int64, strict=False).is_null())
+                .head(1).collect())
+    except pl.exceptions.PolarsError:
+        return ":"
+    if rows.height == 0:
+        return ":"
+    tok = rows["tok"][0]
+    tok = tok if len(tok) <= 40 else tok[:37] + "..."
+    return f" line {rows['_line'][0]}: token '{tok}' is not an integer;"
+
+
+
+#: Column names that look like an event time (case-insensitive), for the missing --time-col warning.
+_TIME_LIKE = re.compile(r"^(time|ts|date|datetime|timestamp.*|.*_?timestamp|.*_time|.*_ts|.*_at|event_?time|"
+                        r"unix_?time|epoch)$", re.IGNORECASE)
+
+
+def _warn_time_col(path: Path, names: list[str], used: list[str]) -> None:
+    """Warn (one line) when the input has a time-like column but ``--time-col`` was not given."""
+    cands = [n for n in names if n not in used and _TIME_LIKE.match(n)]
+    if cands:
+        log.warning("input %s has a column '%s' that looks like event time, but --time-col was not given: each "
+                    "user's events keep file order; pass --time-col %s to sort them by time", path, cands[0],
+                    cands[0])
+
+
+def _locate_bad_rows(ev: pl.DataFrame, names: dict[str, str], header_lines: int, text: bool) -> str:
+    """Name the first row whose value is null or not an integer: ``line N, column 'c': 'x'``."""
+    for c in [c for c in ev.columns if c != "_row"]:
+        col = ev[c]
+        bad = col.is_null()
+        if col.dtype == pl.String:
+            bad = bad | (col.cast(pl.Int64, strict=False).is_null())
+        elif not col.dtype.is_integer():
+            bad = bad | (col.cast(pl.Int64, strict=False).is_null())
+        idx = bad.arg_true()
+        if len(idx):
+            i = int(idx[0])
+            row = int(ev["_row"][i])
+            where = f"line {row + 1 + header_lines}" if text else f"row {row}"
+            value = col[i]
+            shown = "empty (blank line or missing field)" if value is None else f"'{value}'"
+            return f"{where}, column '{names.get(c, c)}': {shown}"
+    return ""
 
 
 def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | None,
@@ -123,6 +182,7 @@ def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | Non
             lf = pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000)
         names = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
+        raise_if_environment(e, path, action="read")
         raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
                          "check --format, --sep and header settings") from None
 
@@ -137,20 +197,32 @@ def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | Non
                          f"pass {flag} NAME (or a 0-based position)")
 
     u, i, t = resolve(user_col, "--user-col"), resolve(item_col, "--item-col"), resolve(time_col, "--time-col")
+    if t is None:
+        _warn_time_col(path, names, [u, i])
     cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
     if t:
         cols.append(pl.col(t).alias("ts"))
+    text = suffix != ".parquet"
+    given = {"user_id": u, "item_id": i, "ts": t}
+    header_lines = 1 if text and has_header else 0
     try:
-        ev = lf.select(cols).with_row_index("_row").collect()
-        ev = ev.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in ev.columns if c != "_row"])
-    except pl.exceptions.PolarsError as e:
-        raise InputError(f"input {path}: user, item and time columns must be integers "
-                         f"({str(e).splitlines()[0]}); map ids to integers first") from None
+        raw = lf.select(cols).with_row_index("_row").collect()
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise_if_environment(e, path, action="read")
+        raise InputError(f"input {path}: cannot parse ({str(e).splitlines()[0]}); "
+                         "check --format, --sep and header settings") from None
+    try:
+        ev = raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in raw.columns if c != "_row"])
+    except pl.exceptions.PolarsError:
+        where = _locate_bad_rows(raw, given, header_lines, text)
+        raise InputError(f"input {path} {where}: user, item and time columns must be integers; "
+                         "map ids to integers first") from None
     if ev.height == 0:
         raise InputError(f"input {path} has no events")
     nulls = {c: n for c, n in zip(ev.columns, ev.null_count().row(0)) if n}
     if nulls:
-        raise InputError(f"input {path}: null values in {nulls}; drop or fill those rows first")
+        where = _locate_bad_rows(raw, given, header_lines, text)
+        raise InputError(f"input {path}: null values in {nulls}, first at {where}; drop or fill those rows first")
     order = ["user_id", "ts", "_row"] if t else ["user_id", "_row"]
     first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
     ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
@@ -219,8 +291,11 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         :class:`ConvertSummary`.
 
     Raises:
-        ConfigError: unknown format/mode or ``max_seq_len < 1``.
-        InputError: unreadable or invalid input, or no user with at least 2 items.
+        ConfigError: unknown format/mode, ``max_seq_len < 1``, or an output that is (or lies in)
+            the input.
+        InputError: unreadable or invalid input (the message names the line), or no user with at
+            least 2 items.
+        EnvironmentFailure: disk full, read-only or permission denied (:mod:`fsdata.guards`).
     """
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
@@ -228,6 +303,7 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         raise ConfigError(f"unknown --samples '{samples}'; use one of {', '.join(SAMPLE_MODES)}")
     if max_seq_len < 1:
         raise ConfigError(f"--max-seq-len must be >= 1, got {max_seq_len}")
+    check_output_apart(output_path, [input_path], output_name="output", input_name="input")
     src = Path(input_path)
     users = read_sequences(src) if fmt == "sequences" else read_events(
         src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header)

@@ -19,7 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fsdata import schema as S
+from fsdata.diagnose import check_column_map, check_id_range, text_log_hint
 from fsdata.errors import ConfigError, InputError
+from fsdata.guards import raise_if_environment
 
 
 def sorted_unique(ids: np.ndarray) -> tuple[np.ndarray, int]:
@@ -163,6 +165,7 @@ class SampleSource:
             df = lf.select(exprs).collect(engine="streaming")
             nulls = self._null_counts()
         except (pl.exceptions.PolarsError, OSError) as e:
+            raise_if_environment(e, self.path, action="read")
             raise InputError(f"input {self.path}: cannot read ({str(e).splitlines()[0]}); "
                              "the file is corrupt or not Parquet: regenerate it") from None
         bad = {k: v for k, v in nulls.items() if v}
@@ -201,8 +204,10 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
         :class:`SampleSource`.
 
     Raises:
-        InputError: missing path, no Parquet, corrupt file, missing or mistyped columns, no rows,
-            files with different schemas.
+        InputError: missing path, no Parquet (a text log is named as such), corrupt file, missing or
+            mistyped columns, uint64 ids above the int64 maximum, no rows, files with different schemas.
+        ConfigError: a ``--columns`` entry names a column the input lacks or collides with another.
+        EnvironmentFailure: a file cannot be read for permission or I/O reasons (:mod:`fsdata.guards`).
     """
     rename = parse_column_map(column_map) if not isinstance(column_map, dict) else column_map
     files = list_parquet_files(path)
@@ -213,6 +218,10 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
             meta = pq.read_metadata(f)
             sch = pq.read_schema(f)
         except (pa.ArrowException, OSError) as e:
+            raise_if_environment(e, f, action="read")
+            hint = text_log_hint(f)
+            if hint:
+                raise InputError(f"input file {f} is not readable Parquet: {hint}") from None
             raise InputError(f"input file {f} is not readable Parquet ({str(e).splitlines()[0]}); "
                              "it is corrupt or truncated: regenerate it") from None
         if first_schema is None:
@@ -220,6 +229,7 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
         elif not sch.equals(first_schema):
             raise InputError(f"input file {f} has a different schema from {files[0]}; all files must match")
         num_rows += meta.num_rows
+    check_column_map(rename, first_schema.names, path)
     names = [rename.get(n, n) for n in first_schema.names]
     types = dict(zip(names, first_schema.types))
     missing = [c for c in S.REQUIRED_COLUMNS if c not in types]
@@ -237,5 +247,6 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
             raise InputError(f"input {path}: column {c} has type {t}, expected list<int64>; store it as a list of integers")
     if num_rows == 0:
         raise InputError(f"input {path} has no rows; it must hold at least one step of samples")
+    check_id_range(files, first_schema, rename, [S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)
     return SampleSource(path=str(path), files=files, rename=rename, columns=names, num_rows=num_rows,
                         has_timestamps=S.TIMESTAMPS in types, has_seq_len=S.SEQ_LEN in types)

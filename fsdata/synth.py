@@ -28,6 +28,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError
 from fsdata.schema import sample_schema
 
@@ -168,8 +169,9 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
     """Write synthetic samples in the sample schema, one row group at a time (flat memory).
 
     Lengths are resampled from ``source_lengths``; item ids, target ids and user ids are uniform
-    random; ``sample_id = 0 .. num_samples-1``. The file is written to ``path + ".tmp"`` and renamed
-    on success, so it appears whole or not at all.
+    random; ``sample_id = 0 .. num_samples-1``. The file is written to a hidden temporary sibling
+    and renamed on success (:func:`fsdata.atomic.atomic_output`, replacing an existing file), so it
+    appears whole or not at all, also when the disk fills up midway.
 
     Args:
         path: output Parquet file.
@@ -195,10 +197,10 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
     rng = np.random.default_rng(seed)
     schema = sample_schema(with_seq_len=True)
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     total_items = 0
     groups = 0
-    with pq.ParquetWriter(tmp, schema, compression=compression) as writer:
+    with atomic_output(path, overwrite=True, is_dir=False) as tmp, \
+            pq.ParquetWriter(tmp, schema, compression=compression) as writer:
         for start in range(0, num_samples, rows_per_group):
             n = min(rows_per_group, num_samples - start)
             lengths = synth_lengths(n, src, seed=int(rng.integers(1 << 62)))
@@ -219,6 +221,5 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
             writer.write_table(table, row_group_size=n)
             total_items += int(offsets[-1])
             groups += 1
-    os.replace(tmp, path)
     return {"path": str(path), "num_samples": int(num_samples), "num_row_groups": groups,
             "num_items_total": total_items, "num_bytes": path.stat().st_size}

@@ -11,7 +11,9 @@ import logging
 import os
 import sys
 
+from fsdata.cliutil import run_main
 from fsdata.errors import FsdataError
+from fsdata.guards import check_output_apart
 from fstrain.errors import FstrainError
 
 _TRAIN_EPILOG = """examples:
@@ -131,6 +133,9 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
     if a.resume and not a.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
+    for flag, path in (("--checkpoint-dir", a.checkpoint_dir), ("--metrics-dir", a.metrics_dir)):
+        if path:
+            check_output_apart(path, [a.shards], output_name=flag, input_name="SHARDS")
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger("fstrain").setLevel(logging.WARNING)
     cfg = TrainConfig(shards=a.shards, model=_model_kwargs(a), max_steps=a.max_steps, seed=a.seed,
@@ -159,6 +164,8 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
+    if a.out:
+        check_output_apart(a.out, [a.shards, a.baseline], output_name="--out", input_name="shards")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
               device=a.device, num_threads=a.threads, clock=a.clock, statistic=a.statistic)
     res = replay(a.shards, **kw)
@@ -185,6 +192,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
     from fstrain.calibrate import calibrate, shard_batches
     from fstrain.metrics import write_json
 
@@ -212,9 +220,23 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fstrain`` console script."""
+    """Entry point of the ``fstrain`` console script (piping into ``head`` exits quietly, 141)."""
     parser = build_parser()
-    a = parser.parse_args(argv)
+    parsed: list[argparse.Namespace] = []
+
+    def body() -> int:
+        parsed.append(parser.parse_args(argv))
+        return _main(parsed[0], parser)
+
+    def location() -> str | None:
+        a = parsed[0] if parsed else None
+        return a and next((getattr(a, k) for k in ("output", "out", "metrics_dir", "checkpoint_dir")
+                           if getattr(a, k, None)), None)
+
+    return run_main("fstrain", body, location)
+
+
+def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("fstrain").setLevel(logging.INFO)

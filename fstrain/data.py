@@ -467,6 +467,9 @@ def infer_num_items(manifest: Manifest) -> int:
         path = manifest.rank_file(r)
         try:
             pf = pq.ParquetFile(path)
+        except FileNotFoundError:
+            raise ShardError(f"rank {r}: {path} is missing; the OUTPUT is incomplete: copy the whole OUTPUT "
+                             "or re-run fsdata balance") from None
         except (OSError, pa.ArrowException) as e:
             raise ShardError(f"rank {r}: {path} is truncated or corrupt ({e}); re-run fsdata balance") from None
         md = pf.metadata

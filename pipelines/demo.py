@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fsdata.cliutil import add_progress_flag, resolve_progress
 from pipelines.nightly import NightlyConfig, run_nightly
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size-per-rank", type=int, default=32)
     p.add_argument("--cost-model", default="quadratic")
     p.add_argument("--train-steps", type=int, default=30, help="steps of the closing training run (0: skip)")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_flag(p)
     a = p.parse_args(argv)
+    progress = resolve_progress(a.progress)  # bars only on a terminal: `make demo > log` stays clean
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: {DATASETS} is absent; using generated heavy-tailed samples")
         cfg = NightlyConfig(input=str(synthetic_input(out)), format="samples", num_ranks=a.ranks,
                             batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model)
-    r = run_nightly(cfg, out / "nightly", progress=not a.no_progress)
+    r = run_nightly(cfg, out / "nightly", progress=progress)
     v = r["verify"]
     shards = Path(r["run_dir"]) / "shards"
     print()
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.train_steps > 0:
         converted = Path(r["run_dir"]) / "samples.parquet"
         samples = converted if converted.exists() else Path(cfg.input)
-        train_demo(samples, out, a.train_steps, progress=not a.no_progress)
+        train_demo(samples, out, a.train_steps, progress=progress)
     return 0
 
 

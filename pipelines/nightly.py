@@ -2,46 +2,79 @@
 
 Composition only (the logic lives in :mod:`fsdata`). Layout under ``--work-dir``::
 
+    .nightly.lock                    # held while a run works (filelock); one run at a time
+    .nightly.lock.holder             # JSON: pid, host, start time and command of the holder
+    history.jsonl                    # one line per publish or rollback
+    runs/<run_key>/run.json          # run key, creation time, settings, fsdata version
     runs/<run_key>/samples.parquet   # convert output (absent when --format samples)
     runs/<run_key>/profile.json
     runs/<run_key>/shards/           # fsdata balance OUTPUT (docs/format.md)
     runs/<run_key>/verify.json
-    runs/<run_key>/_SUCCESS          # completion marker, written last
+    runs/<run_key>/_SUCCESS          # written last: summary and the SHA-256 of every file of the run
+    runs/.<run_key>.tmp-<pid>-<id>/  # a run being built; renamed to runs/<run_key> when complete
     latest -> runs/<run_key>         # switched atomically (symlink + rename) after verify passes
 
-``run_key`` hashes the input files' bytes and every setting, so a rerun with the same inputs is a
-no-op, and a rerun after a failure resumes from the last completed stage. A failure never touches
-``latest``: trainers keep reading the previous verified output.
+``run_key`` hashes the input files' bytes and every setting that changes the output, so a rerun
+with the same inputs is a no-op -- after the published run's files are checked against their
+recorded SHA-256 (a changed or truncated file is detected and the run rebuilt). A run is built in
+a hidden folder; a failed or killed run is removed (at once, or by the next run) and redone from
+the start. ``latest`` only moves forward, to a run created no earlier than the published one and
+after the last rollback; ``--rollback RUN`` publishes an older complete run on purpose. After a
+publish, ``--keep-runs N`` keeps the N newest runs (never the published run or the last rollback
+target). A failure never touches ``latest``: trainers keep reading the previous verified output.
 
 Usage::
 
     python -m pipelines.nightly --input ../shared/datasets/ml-1m_ensfm/sequences.txt --format sequences \\
         --samples per-event --max-seq-len 512 --work-dir nightly/ --ranks 256 --batch-size-per-rank 32
+    python -m pipelines.nightly --work-dir nightly/ --rollback 3f2a9c0d1e2b4a5f
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import hashlib
 import json
 import logging
 import os
+import shutil
+import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
 from fsdata.balance import BalanceSettings, sha256_file, write_balanced
+from fsdata.cliutil import add_progress_flag, resolve_progress, run_main
 from fsdata.convert import convert
 from fsdata.cost import load_cost_model
-from fsdata.errors import FsdataError
+from fsdata.errors import ConfigError, FsdataError
+from fsdata.guards import check_output_apart
 from fsdata.io import list_parquet_files, open_samples
 from fsdata.plan import DEFAULT_PARTITIONER, make_plan
 from fsdata.profile import profile
 from fsdata.verify import verify
 
 log = logging.getLogger("pipelines.nightly")
+
+LOCK_NAME = ".nightly.lock"
+HOLDER_NAME = ".nightly.lock.holder"
+HISTORY_NAME = "history.jsonl"
+RUN_INFO_NAME = "run.json"
+SUCCESS_NAME = "_SUCCESS"
+#: Manifest names of the balance OUTPUT, newest format first (v2 ``_manifest.json``, v1 ``manifest.json``).
+MANIFEST_NAMES = ("_manifest.json", "manifest.json")
+
+
+class LockHeldError(FsdataError):
+    """Another nightly run holds the work folder's lock."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,14 +89,20 @@ class NightlyConfig:
     user_col: str = "0"
     item_col: str = "1"
     time_col: str | None = None
+    sep: str | None = None
+    has_header: bool | None = None
+    columns: str | None = None
+    """``--columns`` mapping of a ``--format samples`` input onto the sample schema."""
     num_ranks: int = 256
     batch_size_per_rank: int = 32
     cost_model: str = "hstu"
     seed: int = 0
     strategy: str = "balanced"
     batch_policy: str = "fixed"
+    budget: float | None = None
     partitioner: str = DEFAULT_PARTITIONER
-    extra: dict = field(default_factory=dict)
+    remainder: str = "drop"
+    extra: dict | None = None
     """Anything else a caller wants in the key (e.g. a dataset version tag)."""
 
 
@@ -96,105 +135,513 @@ def publish(work_dir: Path, run_dir: Path) -> None:
     os.replace(tmp, work_dir / "latest")
 
 
-def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True) -> dict:
-    """Run (or skip) the nightly job.
+# ---------------------------------------------------------------------------------------------
+# lock
+
+
+@contextlib.contextmanager
+def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iterator[None]:
+    """Hold the work folder's lock (``filelock``); the holder is written next to it.
 
     Args:
-        cfg: the job's settings.
-        work_dir: folder holding ``runs/`` and the ``latest`` pointer.
-        progress: show progress bars.
-
-    Returns:
-        Dict with ``run_dir``, ``skipped`` (True when the run was already complete), ``profile``,
-        ``verify`` and ``seconds``.
+        work_dir: the ``--work-dir``; created if missing.
+        timeout_seconds: how long to wait for another run to finish (0: fail at once).
 
     Raises:
-        FsdataError: any stage's user error; ``latest`` is left as it was.
+        LockHeldError: another process holds the lock; the message names its pid, host and start.
     """
-    t0 = time.perf_counter()
     work = Path(work_dir)
-    key = run_key(cfg)
-    run_dir = work / "runs" / key
-    shards = run_dir / "shards"
-    done = run_dir / "_SUCCESS"
-    if done.exists():
-        publish(work, run_dir)
-        log.info("run %s is complete; nothing to do", key)
-        return {"run_dir": str(run_dir), "skipped": True, **json.loads(done.read_text()),
-                "seconds": time.perf_counter() - t0}
-    run_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(work / LOCK_NAME), timeout=timeout_seconds)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise LockHeldError(f"another nightly run holds {work / LOCK_NAME} ({_describe_holder(work)}); wait for it "
+                            "to finish, or pass --lock-timeout SECONDS to wait for it") from None
+    holder = work / HOLDER_NAME
+    try:
+        tmp = work / f".{HOLDER_NAME}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                   "command": " ".join(sys.argv)}) + "\n")
+        os.replace(tmp, holder)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            holder.unlink()
+        lock.release()
+
+
+def _describe_holder(work: Path) -> str:
+    try:
+        h = json.loads((work / HOLDER_NAME).read_text())
+        return f"pid {h['pid']} on {h['host']}, started {h['started_at']}: {h.get('command', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"holder unknown: {work / HOLDER_NAME} is missing or unreadable"
+
+
+# ---------------------------------------------------------------------------------------------
+# runs: creation time, integrity, history
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _history(work: Path) -> list[dict]:
+    out = []
+    try:
+        lines = (work / HISTORY_NAME).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict) and "run_key" in rec:
+                out.append(rec)
+    return out
+
+
+def _append_history(work: Path, rec: dict) -> None:
+    with open(work / HISTORY_NAME, "a") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _created_ns(run_dir: Path) -> int | None:
+    info = _read_json(run_dir / RUN_INFO_NAME)
+    return int(info["created_unix_ns"]) if info and "created_unix_ns" in info else None
+
+
+def _published_run(work: Path) -> Path | None:
+    link = work / "latest"
+    if not link.is_symlink():
+        return None
+    target = Path(os.path.realpath(link))
+    return target if target.is_dir() else None
+
+
+def _manifest(shards: Path) -> dict | None:
+    for name in MANIFEST_NAMES:
+        m = _read_json(shards / name)
+        if m is not None:
+            return m
+    return None
+
+
+def check_run(run_dir: str | os.PathLike) -> str | None:
+    """Re-check a complete run's files against their recorded SHA-256.
+
+    Checks every file listed in the shard manifest's ``files`` (path and ``sha256``; manifest read
+    as ``_manifest.json``, then ``manifest.json``) and every file whose digest ``_SUCCESS`` records
+    (the manifest, step stats, samples, reports).
+
+    Returns:
+        None when everything matches, else one line naming the first problem.
+    """
+    run = Path(run_dir)
+    done = _read_json(run / SUCCESS_NAME)
+    if done is None:
+        return f"{run / SUCCESS_NAME} is missing or unreadable"
+    m = _manifest(run / "shards")
+    if m is None or not isinstance(m.get("files"), list):
+        return f"{run / 'shards'} has no readable manifest with a files list"
+    expected: dict[Path, str] = {}
+    for f in m["files"]:
+        if not isinstance(f, dict) or not f.get("path") or not f.get("sha256"):
+            return f"{run / 'shards'}: a manifest files entry lacks path or sha256"
+        expected[run / "shards" / f["path"]] = f["sha256"]
+    recorded = done.get("files") if isinstance(done.get("files"), dict) else {}
+    for rel, digest in recorded.items():
+        expected.setdefault(run / rel, digest)
+    for path, digest in expected.items():
+        if not path.is_file():
+            return f"{path} is missing"
+        if sha256_file(path) != digest:
+            return f"{path} changed since it was verified (SHA-256 differs; size {path.stat().st_size} bytes)"
+    return None
+
+
+def _file_digests(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file of a run except ``_SUCCESS`` and the rank files (whose digests the
+    shard manifest already holds), keyed by path relative to the run."""
+    m = _manifest(run_dir / "shards") or {}
+    in_manifest = {run_dir / "shards" / f["path"] for f in m.get("files", []) if isinstance(f, dict) and "path" in f}
+    out = {}
+    for p in sorted(run_dir.rglob("*")):
+        if p.is_file() and p.name != SUCCESS_NAME and p not in in_manifest:
+            out[str(p.relative_to(run_dir))] = sha256_file(p)
+    return out
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+
+
+def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
+    """Remove runs being built by a dead process (we hold the lock: every one is stale) and run
+    folders without ``_SUCCESS``; never ``protect`` (the published run)."""
+    removed = []
+    if not runs.is_dir():
+        return removed
+    for p in sorted(runs.iterdir()):
+        stale = p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
+        unfinished = not p.name.startswith(".") and p.is_dir() and not (p / SUCCESS_NAME).exists()
+        if (stale or unfinished) and (protect is None or p.resolve() != protect.resolve()):
+            log.warning("removing unfinished run %s (a failed or killed earlier run); it is redone from the start", p)
+            _remove(p)
+            removed.append(str(p))
+    return removed
+
+
+def keep_newest_runs(work_dir: str | os.PathLike, keep_runs: int) -> list[str]:
+    """Remove complete runs beyond the ``keep_runs`` newest (by recorded creation time).
+
+    Never removes the published run or the target of the last rollback.
+
+    Returns:
+        The removed run folders.
+    """
+    work = Path(work_dir)
+    runs = work / "runs"
+    if keep_runs < 1 or not runs.is_dir():
+        return []
+    published = _published_run(work)
+    protect = {published.resolve()} if published else set()
+    rollbacks = [h for h in _history(work) if h.get("rollback")]
+    if rollbacks:
+        protect.add((runs / rollbacks[-1]["run_key"]).resolve())
+    complete = [p for p in runs.iterdir() if not p.name.startswith(".") and (p / SUCCESS_NAME).exists()]
+    complete.sort(key=lambda p: (_created_ns(p) or 0, p.name), reverse=True)
+    removed = []
+    for p in complete[keep_runs:]:
+        if p.resolve() in protect:
+            continue
+        log.info("--keep-runs %d: removing old run %s", keep_runs, p)
+        _remove(p)
+        removed.append(str(p))
+    return removed
+
+
+def _forward_floor(work: Path) -> tuple[int, str]:
+    """Creation time a run needs to move ``latest`` forward, and why (for the message)."""
+    floor, why = 0, ""
+    published = _published_run(work)
+    if published is not None:
+        created = _created_ns(published)
+        if created is not None:
+            floor, why = created, f"the published run {published.name} was created {_iso(created)}"
+    rollbacks = [h for h in _history(work) if h.get("rollback")]
+    if rollbacks and rollbacks[-1].get("published_unix_ns", 0) > floor:
+        floor = rollbacks[-1]["published_unix_ns"]
+        why = f"latest was rolled back to {rollbacks[-1]['run_key']} at {_iso(floor)}"
+    return floor, why
+
+
+# ---------------------------------------------------------------------------------------------
+# the job
+
+
+def _validate(cfg: NightlyConfig) -> None:
+    if cfg.format not in ("sequences", "events", "samples"):
+        raise ConfigError(f"unknown --format '{cfg.format}'; use sequences, events or samples")
+    if cfg.columns and cfg.format != "samples":
+        raise ConfigError("--columns maps the columns of a sample Parquet input; it needs --format samples "
+                          "(convert already writes the sample schema)")
+
+
+def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_workers: int,
+           bucket_compression: str | None) -> dict:
+    """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last."""
+    info = {"run_key": key, "created_unix_ns": created_ns, "created_at": _iso(created_ns),
+            "built_at": _iso(_now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
+            "input": os.path.abspath(cfg.input), "config": asdict(cfg)}
+    (stage / RUN_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
     samples = cfg.input
     if cfg.format != "samples":
-        samples = str(run_dir / "samples.parquet")
-        if not Path(samples).exists():
-            log.info("convert %s -> %s", cfg.input, samples)
-            convert(cfg.input, samples, fmt=cfg.format, samples=cfg.samples, max_seq_len=cfg.max_seq_len,
-                    user_col=cfg.user_col, item_col=cfg.item_col, time_col=cfg.time_col, progress=progress)
+        samples = str(stage / "samples.parquet")
+        log.info("convert %s -> %s", cfg.input, samples)
+        convert(cfg.input, samples, fmt=cfg.format, samples=cfg.samples, max_seq_len=cfg.max_seq_len,
+                user_col=cfg.user_col, item_col=cfg.item_col, time_col=cfg.time_col, sep=cfg.sep,
+                has_header=cfg.has_header, progress=progress)
+    columns = cfg.columns if cfg.format == "samples" else None
     cost_model = load_cost_model(cfg.cost_model)
-    src = open_samples(samples)
+    src = open_samples(samples, columns)
     lengths, ids = src.lengths_and_ids()
     report = profile(lengths, cost_model, num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
                      seed=cfg.seed)
-    (run_dir / "profile.json").write_text(json.dumps(report, indent=2))
-    if not shards.exists():
-        plan = make_plan(cost_model.cost(lengths), num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
-                         seed=cfg.seed, strategy=cfg.strategy, batch_policy=cfg.batch_policy,
-                         partitioner=cfg.partitioner)
-        settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank, seed=cfg.seed,
-                                   strategy=cfg.strategy, batch_policy=cfg.batch_policy, partitioner=cfg.partitioner,
-                                   progress=progress)
-        write_balanced(src, shards, plan, ids, cost_model, settings)
-    checked = verify(shards, samples, progress=progress)
-    (run_dir / "verify.json").write_text(json.dumps(checked, indent=2))
+    (stage / "profile.json").write_text(json.dumps(report, indent=2))
+    plan = make_plan(cost_model.cost(lengths), num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
+                     seed=cfg.seed, strategy=cfg.strategy, batch_policy=cfg.batch_policy, remainder=cfg.remainder,
+                     partitioner=cfg.partitioner, budget=cfg.budget)
+    settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank, seed=cfg.seed,
+                               strategy=cfg.strategy, batch_policy=cfg.batch_policy, remainder=cfg.remainder,
+                               partitioner=cfg.partitioner, budget=cfg.budget, num_workers=num_workers,
+                               bucket_compression=bucket_compression, progress=progress)
+    write_balanced(src, stage / "shards", plan, ids, cost_model, settings)
+    checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
+    (stage / "verify.json").write_text(json.dumps(checked, indent=2))
     summary = {"profile": report, "verify": checked}
-    tmp_done = run_dir / "._SUCCESS.tmp"
-    tmp_done.write_text(json.dumps(summary))
-    os.replace(tmp_done, done)
-    publish(work, run_dir)
-    return {"run_dir": str(run_dir), "skipped": False, **summary, "seconds": time.perf_counter() - t0}
+    tmp_done = stage / f".{SUCCESS_NAME}.tmp"
+    tmp_done.write_text(json.dumps({**summary, "files": _file_digests(stage)}))
+    os.replace(tmp_done, stage / SUCCESS_NAME)
+    return summary
+
+
+def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
+                num_workers: int = 2, bucket_compression: str | None = None,
+                lock_timeout_seconds: float = 0.0) -> dict:
+    """Run (or skip) the nightly job under the work folder's lock.
+
+    Args:
+        cfg: the job's settings.
+        work_dir: folder holding ``runs/``, ``latest`` and the lock.
+        progress: show progress bars.
+        keep_runs: after a publish keep this many newest runs (>= 1; the published run and the last
+            rollback target are always kept).
+        num_workers: threads writing rank files (does not change the output).
+        bucket_compression: codec of balance's temporary buckets (does not change the output).
+        lock_timeout_seconds: wait this long for a concurrent run (0: fail at once).
+
+    Returns:
+        Dict with ``run_dir``, ``run_key``, ``skipped`` (already complete and intact), ``rebuilt``
+        (a complete run whose files changed was built again), ``published`` (``latest`` points at
+        this run), ``not_published_reason`` (when an older run stays unpublished), ``profile``,
+        ``verify``, ``removed_runs`` and ``seconds``.
+
+    Raises:
+        LockHeldError: another run holds the lock.
+        ConfigError: impossible settings, ``keep_runs < 1``, or a ``--work-dir`` overlapping the input.
+        FsdataError: any stage's user error; ``latest`` is left as it was and the failed run removed.
+    """
+    t0 = time.perf_counter()
+    _validate(cfg)
+    if keep_runs < 1:
+        raise ConfigError(f"--keep-runs must be >= 1, got {keep_runs}")
+    check_output_apart(work_dir, [cfg.input], output_name="--work-dir", input_name="--input")
+    work = Path(work_dir)
+    with work_lock(work, lock_timeout_seconds):
+        key = run_key(cfg)
+        runs = work / "runs"
+        run_dir = runs / key
+        published = _published_run(work)
+        removed = _clean_unfinished(runs, published)
+        skipped = rebuilt = False
+        problem = check_run(run_dir) if (run_dir / SUCCESS_NAME).exists() else "absent"
+        if problem is None:
+            skipped = True
+            log.info("run %s is complete and its files match their checksums; nothing to build", key)
+        else:
+            if problem != "absent":
+                rebuilt = True
+                log.warning("run %s was complete but %s; building it again", key, problem)
+            known = [h["created_unix_ns"] for h in _history(work) if h["run_key"] == key and "created_unix_ns" in h]
+            created = _created_ns(run_dir) or (min(known) if known else _now_ns())
+            runs.mkdir(parents=True, exist_ok=True)
+            stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            stage.mkdir()
+            try:
+                _build(cfg, stage, key, created, progress=progress, num_workers=num_workers,
+                       bucket_compression=bucket_compression)
+                if run_dir.exists():
+                    old = runs / f".{key}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                    os.replace(run_dir, old)  # latest may dangle until the next rename (microseconds)
+                    os.replace(stage, run_dir)
+                    _remove(old)
+                else:
+                    os.replace(stage, run_dir)
+            except BaseException:
+                _remove(stage)
+                raise
+        done = json.loads((run_dir / SUCCESS_NAME).read_text())
+        created = _created_ns(run_dir) or 0
+        floor, why = _forward_floor(work)
+        is_published = published is not None and published.resolve() == run_dir.resolve()
+        reason = None
+        if is_published or created >= floor:
+            publish(work, run_dir)
+            if not is_published:
+                _append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": _now_ns(),
+                                       "rollback": False})
+            is_published = True
+            removed += keep_newest_runs(work, keep_runs)
+        else:
+            reason = (f"run {key} (created {_iso(created)}) is older than the output trainers read: {why}; "
+                      f"latest stays; pass --rollback {key} to publish it")
+            log.warning("%s", reason)
+    return {"run_dir": str(run_dir), "run_key": key, "skipped": skipped, "rebuilt": rebuilt,
+            "published": is_published, "not_published_reason": reason,
+            "profile": done.get("profile"), "verify": done.get("verify"), "removed_runs": removed,
+            "seconds": time.perf_counter() - t0}
+
+
+def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: float = 0.0) -> dict:
+    """Publish an existing complete run on purpose, even if it is older than ``latest``.
+
+    Args:
+        work_dir: the ``--work-dir``.
+        run: a run key, or the path of a run folder under ``work_dir/runs``.
+        lock_timeout_seconds: wait this long for a concurrent run.
+
+    Returns:
+        Dict with ``run_dir``, ``run_key``, ``published`` (True), ``verify`` and ``previous``
+        (the run ``latest`` pointed at before, or None).
+
+    Raises:
+        ConfigError: no such complete run, or its files no longer match their checksums.
+        LockHeldError: another run holds the lock.
+    """
+    work = Path(work_dir)
+    if not work.is_dir():
+        raise ConfigError(f"--work-dir {work} does not exist; pass the folder of the nightly runs")
+    with work_lock(work, lock_timeout_seconds):
+        key = Path(run).name
+        run_dir = work / "runs" / key
+        if not (run_dir / SUCCESS_NAME).exists():
+            have = sorted(p.name for p in (work / "runs").glob("*") if (p / SUCCESS_NAME).exists())
+            raise ConfigError(f"--rollback {run}: no complete run {run_dir}; complete runs are {have}")
+        problem = check_run(run_dir)
+        if problem is not None:
+            raise ConfigError(f"--rollback {run}: {problem}; rerun its command to rebuild it instead")
+        previous = _published_run(work)
+        publish(work, run_dir)
+        _append_history(work, {"run_key": key, "created_unix_ns": _created_ns(run_dir) or 0,
+                               "published_unix_ns": _now_ns(), "rollback": True})
+        done = json.loads((run_dir / SUCCESS_NAME).read_text())
+    return {"run_dir": str(run_dir), "run_key": key, "published": True, "verify": done.get("verify"),
+            "previous": str(previous) if previous else None}
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.nightly", description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True)
-    p.add_argument("--format", default="sequences", choices=["sequences", "events", "samples"])
-    p.add_argument("--samples", default="per-event", choices=["per-user", "per-event"])
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--user-col", default="0")
-    p.add_argument("--item-col", default="1")
-    p.add_argument("--time-col", default=None)
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--ranks", type=int, default=256)
-    p.add_argument("--batch-size-per-rank", type=int, default=32)
-    p.add_argument("--cost-model", default="hstu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"])
-    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"])
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true")
+    """The nightly job's flags; those it shares with ``fsdata balance`` mean the same there."""
+    from fsdata.cli import COST_MODEL_HELP
+
+    p = argparse.ArgumentParser(prog="python -m pipelines.nightly", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__[__doc__.index("Usage::"):].replace("Usage::", "examples:"),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("input")
+    g.add_argument("--input", default=None,
+                   help="the nightly log (--format sequences|events) or sample Parquet file/folder/glob (--format "
+                        "samples); required unless --rollback")
+    g.add_argument("--format", default="sequences", choices=["sequences", "events", "samples"],
+                   help="sequences: 'user item1 item2 ...' lines; events: one interaction per row; samples: "
+                        "Parquet already in the sample schema (default sequences)")
+    g.add_argument("--samples", default="per-event", choices=["per-user", "per-event"],
+                   help="convert: one sample per user or per interaction (default per-event)")
+    g.add_argument("--max-seq-len", type=int, default=512, help="convert: most recent history items kept (default 512)")
+    g.add_argument("--user-col", default="0", help="events: user column name or 0-based position (default 0)")
+    g.add_argument("--item-col", default="1", help="events: item column name or position (default 1)")
+    g.add_argument("--time-col", default=None, help="events: timestamp column (sorts each user's events)")
+    g.add_argument("--sep", default=None, help="events text separator (default: ',' for .csv, tab for .tsv, else space)")
+    hdr = g.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="has_header", action="store_true", default=None, help="events text has a header line")
+    hdr.add_argument("--no-header", dest="has_header", action="store_false", help="events text has no header line")
+    g.add_argument("--columns", default=None, metavar="MAP",
+                   help="--format samples: map your column names to the sample schema: sample_id=id,item_ids=history,...")
+    b = p.add_argument_group("balance (same meaning as in fsdata balance)")
+    b.add_argument("--ranks", type=int, default=256, help="number of ranks R (world size) (default 256)")
+    b.add_argument("--batch-size-per-rank", type=int, default=32, help="samples per rank per step B (default 32)")
+    b.add_argument("--cost-model", default="hstu", help=COST_MODEL_HELP)
+    b.add_argument("--seed", type=int, default=0, help="seed of the global-batch shuffle (default 0)")
+    b.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
+                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
+    b.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
+                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
+    b.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
+    b.add_argument("--partitioner", default=DEFAULT_PARTITIONER,
+                   help="per-step assignment: auto (default), lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
+    b.add_argument("--remainder", default="drop", choices=["drop", "error"],
+                   help="samples that do not fill a last step: drop (recorded in the OUTPUT) or error")
+    b.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
+    j = p.add_argument_group("job")
+    j.add_argument("--work-dir", required=True, help="folder of runs/, latest and the lock (must not hold the input)")
+    j.add_argument("--keep-runs", type=int, default=3,
+                   help="after a publish, keep this many newest runs; the published run and the last rollback "
+                        "target are always kept (default 3)")
+    j.add_argument("--rollback", default=None, metavar="RUN",
+                   help="publish the complete run RUN (a key under runs/) even though it is older than latest, "
+                        "then stop; no other flag is needed")
+    j.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for a concurrent run holding the lock (default 0: fail at once)")
+    j.add_argument("--json", action="store_true", help="print the result as JSON")
+    j.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_progress_flag(j)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s")
+    if a.rollback:
+        r = rollback(a.work_dir, a.rollback, lock_timeout_seconds=a.lock_timeout)
+        if a.json:
+            print(json.dumps({k: r[k] for k in ("run_dir", "run_key", "published", "previous")}, indent=2))
+        else:
+            print(f"rolled back: {Path(a.work_dir) / 'latest'} -> {r['run_dir']} (was {r['previous']})")
+        return 0
+    if not a.input:
+        parser.error("--input is required (unless --rollback RUN)")
     cfg = NightlyConfig(input=a.input, format=a.format, samples=a.samples, max_seq_len=a.max_seq_len,
-                        user_col=a.user_col, item_col=a.item_col, time_col=a.time_col, num_ranks=a.ranks,
+                        user_col=a.user_col, item_col=a.item_col, time_col=a.time_col, sep=a.sep,
+                        has_header=a.has_header, columns=a.columns, num_ranks=a.ranks,
                         batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model, seed=a.seed,
-                        strategy=a.strategy, batch_policy=a.batch_policy)
-    try:
-        r = run_nightly(cfg, a.work_dir, progress=not a.no_progress)
-    except FsdataError as e:
-        print(f"nightly: error: {e}", file=sys.stderr)
-        return 2
+                        strategy=a.strategy, batch_policy=a.batch_policy, budget=a.budget,
+                        partitioner=a.partitioner, remainder=a.remainder)
+    r = run_nightly(cfg, a.work_dir, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
+                    num_workers=a.num_workers,
+                    bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
+                    lock_timeout_seconds=a.lock_timeout)
     if a.json:
-        print(json.dumps({k: r[k] for k in ("run_dir", "skipped", "seconds")} | {"verify": r["verify"]}, indent=2))
+        print(json.dumps({k: r[k] for k in ("run_dir", "run_key", "skipped", "rebuilt", "published",
+                                            "not_published_reason", "removed_runs", "seconds")}
+                         | {"verify": r["verify"]}, indent=2))
+        return 0
+    v = r["verify"]
+    if not r["published"]:
+        print(f"complete, not published: {r['not_published_reason']}")
     else:
-        v = r["verify"]
-        print(f"{'up to date' if r['skipped'] else 'published'}: {Path(a.work_dir) / 'latest'} -> {r['run_dir']}")
-        print(f"  bubble before (equal counts) {v['baseline_predicted_bubble']:.2%}  after {v['predicted_bubble']:.4%}"
-              f"  ({v['num_ranks']} ranks x {v['num_steps']} steps, {v['num_samples_written']:,} samples)")
+        state = "rebuilt and published" if r["rebuilt"] else "up to date" if r["skipped"] else "published"
+        print(f"{state}: {Path(a.work_dir) / 'latest'} -> {r['run_dir']}")
+    print(f"  bubble before (equal counts) {v['baseline_predicted_bubble']:.2%}  after {v['predicted_bubble']:.4%}"
+          f"  ({v['num_ranks']} ranks x {v['num_steps']} steps, {v['num_samples_written']:,} samples)")
+    if r["removed_runs"]:
+        print(f"  removed {len(r['removed_runs'])} old or unfinished runs")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; errors are one ``nightly: error:`` line and exit 2, piping into ``head`` exits 141."""
+    parser = build_parser()
+    parsed: list[argparse.Namespace] = []
+
+    def body() -> int:
+        parsed.append(parser.parse_args(argv))
+        try:
+            return _main(parsed[0], parser)
+        except FsdataError as e:
+            print(f"nightly: error: {e}", file=sys.stderr)
+            return 2
+
+    return run_main("nightly", body, lambda: parsed[0].work_dir if parsed else None)
 
 
 if __name__ == "__main__":

@@ -22,17 +22,23 @@ def _seq(tmp_path, users=300):
     return p
 
 
+def _manifest_path(shards):
+    """Format v2 names the manifest _manifest.json, v1 manifest.json."""
+    return next((shards / n for n in ("_manifest.json", "manifest.json") if (shards / n).exists()),
+                shards / "_manifest.json")
+
+
 def test_publish_and_noop_rerun(tmp_path):
     cfg = NightlyConfig(input=str(_seq(tmp_path)), num_ranks=4, batch_size_per_rank=8)
     work = tmp_path / "work"
     r1 = run_nightly(cfg, work, progress=False)
     assert not r1["skipped"] and (work / "latest").is_symlink()
     assert os.path.realpath(work / "latest") == os.path.realpath(r1["run_dir"])
-    assert (work / "latest" / "shards" / "manifest.json").exists()
-    mtime = (work / "latest" / "shards" / "manifest.json").stat().st_mtime_ns
+    manifest = _manifest_path(work / "latest" / "shards")
+    mtime = manifest.stat().st_mtime_ns
     r2 = run_nightly(cfg, work, progress=False)
     assert r2["skipped"] and r2["run_dir"] == r1["run_dir"]
-    assert (work / "latest" / "shards" / "manifest.json").stat().st_mtime_ns == mtime
+    assert manifest.stat().st_mtime_ns == mtime
     assert r2["verify"]["predicted_bubble"] < r2["verify"]["baseline_predicted_bubble"]
 
 
@@ -101,5 +107,184 @@ def test_killed_run_leaves_latest_intact(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
-    assert (work / "latest" / "shards" / "manifest.json").exists()
+    assert _manifest_path(work / "latest" / "shards").exists()
     assert not (work / ".latest.tmp").exists()
+    # the killed run's half-built folder is removed by the next run, which then completes
+    r = run_nightly(NightlyConfig(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=4), work,
+                    progress=False)
+    assert r["published"] and not [p for p in (work / "runs").iterdir() if p.name.startswith(".")]
+
+
+# ---------------------------------------------------------------------------------------------
+# lock, forward-only latest, checksum recheck, cleanup of failed runs, --keep-runs, flags
+
+FAST = dict(num_ranks=4, batch_size_per_rank=8, partitioner="lpt-swap")
+
+
+def _latest_key(work):
+    return os.path.basename(os.path.realpath(work / "latest"))
+
+
+def test_concurrent_run_blocked_with_holder_named(tmp_path, capsys):
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    work = tmp_path / "work"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pipelines.nightly import work_lock\n"
+         f"with work_lock({str(work)!r}):\n    print('held', flush=True); time.sleep(60)"],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        rc = nightly.main(["--input", str(_seq(tmp_path)), "--work-dir", str(work), "--ranks", "4",
+                           "--batch-size-per-rank", "8", "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert "another nightly run holds" in err and f"pid {holder.pid}" in err and socket.gethostname() in err
+        assert not (work / "runs").exists() and not (work / "latest").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the lock dies with its holder: the next run goes through
+    r = run_nightly(NightlyConfig(input=str(_seq(tmp_path)), **FAST), work, progress=False)
+    assert r["published"]
+
+
+def test_older_runs_command_does_not_move_latest_back(tmp_path, capsys):
+    seq = str(_seq(tmp_path))
+    work = tmp_path / "work"
+    a = run_nightly(NightlyConfig(input=seq, seed=0, **FAST), work, progress=False)
+    b = run_nightly(NightlyConfig(input=seq, seed=1, **FAST), work, progress=False)
+    assert _latest_key(work) == b["run_key"] != a["run_key"]
+    again = run_nightly(NightlyConfig(input=seq, seed=0, **FAST), work, progress=False)
+    assert again["skipped"] and not again["published"] and f"--rollback {a['run_key']}" in again["not_published_reason"]
+    assert _latest_key(work) == b["run_key"]
+    # the same through the command line: one line says why, exit 0
+    rc = nightly.main(["--input", seq, "--work-dir", str(work), "--ranks", "4", "--batch-size-per-rank", "8",
+                       "--partitioner", "lpt-swap", "--seed", "0", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "not published" in out and _latest_key(work) == b["run_key"]
+    # an explicit rollback moves it back, and B's command then does not move it forward again
+    assert nightly.main(["--work-dir", str(work), "--rollback", a["run_key"]]) == 0
+    assert _latest_key(work) == a["run_key"]
+    again_b = run_nightly(NightlyConfig(input=seq, seed=1, **FAST), work, progress=False)
+    assert not again_b["published"] and "rolled back" in again_b["not_published_reason"]
+    assert _latest_key(work) == a["run_key"]
+    # a new run (created after the rollback) is published
+    c = run_nightly(NightlyConfig(input=seq, seed=2, **FAST), work, progress=False)
+    assert c["published"] and _latest_key(work) == c["run_key"]
+
+
+def test_rollback_unknown_run_is_one_line(tmp_path, capsys):
+    work = tmp_path / "work"
+    run_nightly(NightlyConfig(input=str(_seq(tmp_path)), **FAST), work, progress=False)
+    assert nightly.main(["--work-dir", str(work), "--rollback", "0123456789abcdef"]) == 2
+    err = capsys.readouterr().err
+    assert "no complete run" in err and len(err.strip().splitlines()) == 1
+
+
+def test_truncated_published_shard_is_detected_and_rebuilt(tmp_path):
+    import pyarrow.parquet as pq
+
+    work = tmp_path / "work"
+    cfg = NightlyConfig(input=str(_seq(tmp_path)), **FAST)
+    r1 = run_nightly(cfg, work, progress=False)
+    m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
+    shard = work / "latest" / "shards" / m["files"][0]["path"]
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(1024)
+    assert nightly.check_run(r1["run_dir"]) is not None  # what "up to date" now re-checks
+    r2 = run_nightly(cfg, work, progress=False)
+    assert r2["rebuilt"] and not r2["skipped"] and r2["published"] and r2["run_key"] == r1["run_key"]
+    assert shard.stat().st_size == size and pq.ParquetFile(shard).metadata.num_rows == m["files"][0]["num_rows"]
+    assert nightly.check_run(r2["run_dir"]) is None
+    # an edited manifest or sample file is caught too (their digests are in _SUCCESS)
+    samples = work / "latest" / "samples.parquet"
+    samples.write_bytes(samples.read_bytes()[:-10])
+    assert "changed since it was verified" in nightly.check_run(r2["run_dir"])
+
+
+def test_failed_unpublished_run_is_cleaned_and_redone(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    cfg = NightlyConfig(input=str(_seq(tmp_path)), **FAST)
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        raise FsdataError("simulated verify failure")
+
+    monkeypatch.setattr(nightly, "verify", boom)
+    with pytest.raises(FsdataError, match="simulated"):
+        run_nightly(cfg, work, progress=False)
+    assert calls and list((work / "runs").iterdir()) == []  # nothing of the failed run is left
+    # a killed run's leftovers (a half-built folder, an old-layout folder without _SUCCESS) go too
+    (work / "runs" / ".deadbeef00000000.tmp-999999-abcdef12").mkdir()
+    (work / "runs" / "deadbeef00000000").mkdir()
+    monkeypatch.undo()
+    r = run_nightly(cfg, work, progress=False)
+    assert r["published"] and not r["skipped"]
+    assert sorted(p.name for p in (work / "runs").iterdir()) == [r["run_key"]]
+
+
+def test_keep_runs_removes_old_runs_but_never_the_published_or_rollback_target(tmp_path):
+    seq = str(_seq(tmp_path))
+    work = tmp_path / "work"
+    keys = [run_nightly(NightlyConfig(input=seq, seed=s, **FAST), work, progress=False, keep_runs=2)["run_key"]
+            for s in range(3)]
+    assert sorted(p.name for p in (work / "runs").iterdir()) == sorted(keys[1:])
+    nightly.rollback(work, keys[1])
+    r = run_nightly(NightlyConfig(input=seq, seed=3, **FAST), work, progress=False, keep_runs=1)
+    left = sorted(p.name for p in (work / "runs").iterdir())
+    assert left == sorted([r["run_key"], keys[1]])  # newest published + the last rollback target
+    with pytest.raises(FsdataError, match="--keep-runs must be >= 1"):
+        run_nightly(NightlyConfig(input=seq, **FAST), work, progress=False, keep_runs=0)
+
+
+def test_work_dir_inside_or_containing_the_input_is_refused(tmp_path, capsys):
+    from tests.fsdata.helpers import write_samples
+
+    data = write_samples(tmp_path / "data", n=256, num_files=2)
+    before = sorted((p.name, p.stat().st_size) for p in data.iterdir())
+    for work in (data, data / "nightly", tmp_path):
+        rc = nightly.main(["--input", str(data), "--format", "samples", "--work-dir", str(work), "--ranks", "4",
+                           "--batch-size-per-rank", "8", "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--work-dir" in err and "outside the input" in err, err
+    assert sorted((p.name, p.stat().st_size) for p in data.iterdir()) == before
+
+
+def test_every_flag_has_help_and_shared_flags_match_fsdata_balance():
+    from fsdata.cli import build_parser as fsdata_parser
+
+    ours = {s: a for a in nightly.build_parser()._actions for s in a.option_strings}
+    for a in set(ours.values()):
+        assert a.help, f"{a.option_strings} has no help text"
+    sub = next(a for a in fsdata_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    balance = {s: a for a in sub.choices["balance"]._actions for s in a.option_strings}
+    for flag in ("--columns", "--partitioner", "--remainder", "--num-workers", "--ranks", "--batch-size-per-rank",
+                 "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget", "--bucket-compression",
+                 "--json", "--progress", "--no-progress"):
+        assert flag in ours and flag in balance, flag
+        assert ours[flag].type == balance[flag].type and ours[flag].choices == balance[flag].choices, flag
+
+
+def test_columns_and_balance_flags_reach_the_output(tmp_path):
+    import pyarrow.parquet as pq
+
+    from tests.fsdata.helpers import write_samples
+
+    src = write_samples(tmp_path / "s.parquet", n=300)
+    t = pq.read_table(src).rename_columns(["id", "user_id", "history", "target_item_id"])
+    pq.write_table(t, tmp_path / "mine.parquet")
+    work = tmp_path / "work"
+    rc = nightly.main(["--input", str(tmp_path / "mine.parquet"), "--format", "samples", "--columns",
+                       "sample_id=id,item_ids=history", "--work-dir", str(work), "--ranks", "4",
+                       "--batch-size-per-rank", "8", "--partitioner", "lpt-swap", "--remainder", "drop",
+                       "--num-workers", "1", "--no-progress"])
+    assert rc == 0
+    m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
+    assert m["num_samples_input"] == 300 and m["num_samples_dropped"] == 300 % 32
