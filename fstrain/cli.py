@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every-steps", type=int, default=0, help="0: only at the end")
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--metrics-dir", default=None, help="write step_times.parquet and summary.json here")
+    t.add_argument("--tensorboard-dir", default=None,
+                   help="write TensorBoard event files here (loss, samples/s, per-rank compute, straggler wait, "
+                        "exposed communication per step); view with: tensorboard --logdir DIR")
     t.add_argument("--pipeline", choices=("auto", "prioritized", "pec", "sparse-dist", "plain", "none"),
                    default="auto", help="train pipeline (docs/pipeline.md): auto = torchrec TrainPipelinePEC where it "
                    "runs (CUDA), else our prioritized pipeline; none: the --step-mode loop (default auto)")
@@ -148,7 +151,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = TrainConfig(shards=a.shards, model=_model_kwargs(a), max_steps=a.max_steps, seed=a.seed,
                       log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
                       checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
-                      metrics_dir=a.metrics_dir, backend=a.backend,
+                      metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
                                         sparse_optimizer=a.sparse_optimizer))
