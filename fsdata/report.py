@@ -48,7 +48,8 @@ STEP_STATS_NAMES = ("_step_stats.parquet", "step_stats.parquet")
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend (no display needed), imported on first use."""
     import matplotlib  # noqa: PLC0415 (plotting only when a report is made)
 
     matplotlib.use("Agg", force=True)
@@ -232,12 +233,12 @@ def figure_png(fig) -> bytes:
     """Render a matplotlib figure to PNG bytes (100 dpi) and close it."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    _plt().close(fig)
+    pyplot().close(fig)
     return buf.getvalue()
 
 
 def _fig_lengths(lengths: np.ndarray) -> bytes:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     L = np.maximum(lengths, 1)
     bins = np.unique(np.geomspace(1, L.max() + 1, 60).astype(np.int64))
@@ -254,7 +255,7 @@ def _fig_lengths(lengths: np.ndarray) -> bytes:
 
 
 def _fig_cost(lengths: np.ndarray, cost_model) -> bytes:
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     grid = np.unique(np.geomspace(1, max(2, lengths.max()), 200).astype(np.int64))
     a.plot(grid, cost_model.cost(grid), color="#4c72b0")
@@ -278,7 +279,7 @@ def _fig_cost(lengths: np.ndarray, cost_model) -> bytes:
 def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
     from matplotlib.colors import TwoSlopeNorm  # noqa: PLC0415
 
-    plt = _plt()
+    plt = pyplot()
 
     def rel(x):
         mean = x.mean(axis=1, keepdims=True)
@@ -298,7 +299,7 @@ def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
 
 
 def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray) -> bytes:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6))
     sb, sa = bubble.step_bubbles(before) * 100, bubble.step_bubbles(after) * 100
     mean_b = before.mean(axis=1)

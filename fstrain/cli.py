@@ -1,4 +1,4 @@
-"""``fstrain``: train on fsdata shards, replay their bubble on one device, calibrate the cost model.
+"""``fstrain``: train on fsdata shards, replay their bubble on one device, calibrate the cost model, report.
 
 Errors a user can cause print one line on stderr and exit with status 2 (like ``parser.error``).
 """
@@ -21,6 +21,10 @@ _TRAIN_EPILOG = """examples:
 _REPLAY_EPILOG = """examples:
   fstrain replay balanced/ --baseline shuffled/          # 4 steps, 3 repeats, small model: < 1 min
   fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min --out replay.json
+"""
+_REPORT_EPILOG = """examples:
+  fstrain report shards/ --metrics-dir run/                  # writes run/report.html (+ PNGs)
+  fstrain report shards/ --metrics-dir run/ --html review/run.html
 """
 _CALIBRATE_EPILOG = """examples:
   fstrain calibrate --output calibrated.json --embedding-dim 32 --num-layers 1
@@ -111,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     prog.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_timing_flags(r, repeats=3)
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
+
+    rp = sub.add_parser("report", help="HTML page: the shards' report plus measured per-rank compute, wait, loss",
+                        epilog=_REPORT_EPILOG, formatter_class=fmt)
+    rp.add_argument("shards", help="the fsdata balance OUTPUT that was trained on")
+    rp.add_argument("--metrics-dir", required=True, help="the fstrain train --metrics-dir folder of that run")
+    rp.add_argument("--html", default=None, metavar="PATH",
+                    help="page to write (default: METRICS_DIR/report.html); PNGs go beside it")
+    rp.add_argument("--input", default=None, help="the balance INPUT, when sample_ids are not its row numbers")
+    rp.add_argument("--json", action="store_true", help="print the written paths and figures as JSON")
 
     c = sub.add_parser("calibrate", help="fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                        epilog=_CALIBRATE_EPILOG, formatter_class=fmt)
@@ -246,6 +259,18 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from fstrain.report import write_train_report
+
+    r = write_train_report(a.shards, a.metrics_dir, a.html, input_path=a.input)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"wrote {r['html']} (+ {len(r['png'])} PNG files beside it); {r['num_steps']} steps: measured bubble "
+              f"{r['measured_bubble']:.2%}, predicted {r['predicted_bubble']:.4%}")
+    return 0
+
+
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fstrain.calibrate import calibrate, shard_batches
     from fstrain.metrics import write_json
@@ -280,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("fstrain").setLevel(logging.INFO)
-    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate}[a.command]
+    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report}[a.command]
     try:
         return cmd(a, parser)
     except (FstrainError, FsdataError) as e:
