@@ -294,6 +294,9 @@ def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
     axes[0].set_ylabel("rank")
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.colorbar(im, ax=axes, label="predicted load / step mean")
     return figure_png(fig)
 

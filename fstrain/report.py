@@ -41,6 +41,9 @@ def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> b
     fig.colorbar(im, ax=a)
     im2 = b.imshow(wait.T * 1e3, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest", extent=extent)
     b.set_title("straggler wait (ms)", fontsize=10)
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    a.yaxis.set_major_locator(MaxNLocator(integer=True))
     b.set_xlabel("step")
     fig.colorbar(im2, ax=b)
     return figure_png(fig)
