@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fstrain.errors import ConfigError
 from fstrain.metrics import StepTiming
 
 #: Per-rank curves are written up to this world size (histograms over ranks always).
@@ -57,6 +58,9 @@ class StepLog:
         rank: this rank.
         world_size: R.
         tensorboard_dir: folder for the event files (rank 0 writes; ``None``: no TensorBoard).
+
+    Raises:
+        ConfigError: ``tensorboard_dir`` given but the ``tensorboard`` package is not installed.
     """
 
     def __init__(self, rank: int, world_size: int, tensorboard_dir: str | None = None) -> None:
@@ -64,10 +68,14 @@ class StepLog:
         self._tb = tensorboard_dir is not None
         self._pending: list[_Pending] = []
         self._writer = None
-        if self._tb and rank == 0:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (needs the tensorboard package)
-
-            self._writer = SummaryWriter(log_dir=tensorboard_dir)
+        if self._tb:  # every rank checks, so a missing package fails all ranks alike (no hang)
+            try:
+                from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 (needs the tensorboard package)
+            except ImportError:
+                raise ConfigError("--tensorboard-dir needs the tensorboard package: pip install tensorboard==2.21.0 "
+                                  "(pinned in pyproject.toml), or drop --tensorboard-dir") from None
+            if rank == 0:
+                self._writer = SummaryWriter(log_dir=tensorboard_dir)
 
     def add(self, step: int, loss_sum: torch.Tensor, num_samples: int, timing: StepTiming | None) -> None:
         """Record one trained step (``loss_sum``: this rank's summed per-sample loss, any device)."""
