@@ -38,6 +38,9 @@ from fstrain.metrics import StepTiming
 
 #: Per-rank curves are written up to this world size (histograms over ranks always).
 MAX_PER_RANK_CURVES = 64
+#: Pending device losses are copied to the host at least every this many steps (bounds memory
+#: when log windows are long or off).
+MAX_PENDING_STEPS = 1024
 
 
 @dataclass(slots=True)
@@ -67,6 +70,7 @@ class StepLog:
         self.rank, self.world_size = rank, world_size
         self._tb = tensorboard_dir is not None
         self._pending: list[_Pending] = []
+        self._rows: list[tuple] = []  # materialized, not yet written to TensorBoard
         self._writer = None
         if self._tb:  # every rank checks, so a missing package fails all ranks alike (no hang)
             try:
@@ -80,6 +84,8 @@ class StepLog:
     def add(self, step: int, loss_sum: torch.Tensor, num_samples: int, timing: StepTiming | None) -> None:
         """Record one trained step (``loss_sum``: this rank's summed per-sample loss, any device)."""
         self._pending.append(_Pending(step, loss_sum.detach().reshape(()), int(num_samples), timing))
+        if len(self._pending) >= MAX_PENDING_STEPS:
+            self._rows += self._take()
 
     def _take(self) -> list[tuple]:
         """Materialize the pending losses (one host copy); ``(step, rank, loss_sum, n, c, w, x)`` rows."""
@@ -98,6 +104,7 @@ class StepLog:
         return rows
 
     def _gather_and_write(self, rows: list[tuple]) -> None:
+        rows, self._rows = self._rows + rows, []
         if not self._tb:
             return
         parts: list = [None] * self.world_size
