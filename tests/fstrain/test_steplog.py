@@ -91,3 +91,18 @@ def test_train_two_ranks_writes_tensorboard_and_loss(tmp_path, pipeline):
         assert len(scalars[tag]) == 3, tag
     assert "compute_seconds_over_ranks" in hists
     assert len([f for f in os.listdir(tb) if f.startswith("events.out.tfevents")]) == 1  # rank 0 only
+
+
+def test_steplog_copies_pending_losses_in_bounded_chunks(tmp_path, monkeypatch):
+    import fstrain.steplog as sl
+
+    monkeypatch.setattr(sl, "MAX_PENDING_STEPS", 2)
+    log = StepLog(0, 1, str(tmp_path / "tb"))
+    timings = [_timing(s, 0, 2, 0.01, 0.0) for s in range(5)]
+    for s, t in enumerate(timings):
+        log.add(s, torch.tensor(float(s)), 2, t)
+        assert len(log._pending) < 2
+    log.finish()
+    assert [t.loss for t in timings] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    scalars, _ = _events(tmp_path / "tb")
+    assert [s for s, _ in scalars["train/loss"]] == [0, 1, 2, 3, 4]
