@@ -303,18 +303,21 @@ def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
 
 def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray) -> bytes:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 3.6))
+    fig, (top, zoom) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True, height_ratios=(3, 2), layout="constrained")
     sb, sa = bubble.step_bubbles(before) * 100, bubble.step_bubbles(after) * 100
     mean_b = before.mean(axis=1)
     lb = np.where(lower > 0, 1 - mean_b / np.where(lower > 0, lower, 1), 0) * 100
-    ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
-    ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
-    ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label="lower bound")
-    ax.set_xlabel("step")
-    ax.set_ylabel("bubble (%)")
-    ax.set_ylim(bottom=0)
-    ax.legend(loc="upper right")
-    ax.grid(alpha=0.3)
+    for ax in (top, zoom):
+        if ax is top:
+            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
+        ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
+        ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label="lower bound")
+        ax.set_ylabel("bubble (%)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    top.legend(loc="upper right")
+    zoom.set_title("after and lower bound, own scale", fontsize=9)
+    zoom.set_xlabel("step")
     return figure_png(fig)
 
 
