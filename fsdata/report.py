@@ -29,7 +29,7 @@ import html
 import io
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,7 +95,6 @@ class OutputData:
     before_loads: np.ndarray
     step_lower_bound: np.ndarray
     before_source: str
-    extra: dict = field(default_factory=dict)
 
 
 def find_manifest(output: str | os.PathLike) -> Path:

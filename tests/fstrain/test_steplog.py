@@ -6,7 +6,6 @@ import math
 import os
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
