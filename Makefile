@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v2
+STAMP := $(VENV)/.installed-v3
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
@@ -15,7 +15,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train-cpu,test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train-cpu,report,test]'
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-deps torchrec
 	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools"
 	touch $(STAMP)

@@ -37,6 +37,11 @@ _EPILOG_BALANCE = """examples:
 _EPILOG_VERIFY = """examples:
   fsdata verify shards/ --input ml1m.parquet
 """
+_EPILOG_REPORT = """examples:
+  fsdata report shards/                          # writes shards-report.html (+ PNGs) beside shards/
+  fsdata report shards/ --html review/shards.html
+  fsdata report shards/ --input my_samples.parquet   # when sample_ids are not the input's row numbers
+"""
 
 COST_MODEL_HELP = ("per-sample cost: tokens | quadratic | verl | hstu[:d_model=256,num_heads=4,head_dim=64,"
                    "num_layers=4,causal=1] | poly:c0=..,c1=..,c2=.. | PATH.json (default: hstu)")
@@ -128,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default=None, help="the balance INPUT: check no sample was lost or duplicated")
     p.add_argument("--columns", default=None, metavar="MAP", help="column mapping used for the input")
     p.add_argument("--json", action="store_true")
+    _add_common(p)
+
+    p = sub.add_parser("report", help="HTML page (+ PNGs) of an OUTPUT: lengths, costs, per-rank load before/after",
+                       epilog=_EPILOG_REPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output", help="an fsdata balance OUTPUT folder (read only)")
+    p.add_argument("--html", default=None, metavar="PATH",
+                   help="page to write (default: OUTPUT-report.html beside OUTPUT); PNGs go beside it")
+    p.add_argument("--input", default=None,
+                   help="the balance INPUT; needed only when sample_ids are not the input's row numbers")
+    p.add_argument("--columns", default=None, metavar="MAP", help="column mapping used for the input")
+    p.add_argument("--json", action="store_true", help="print the written paths and bubbles as JSON")
     _add_common(p)
     return parser
 
@@ -236,7 +252,19 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify,
+def _cmd_report(a: argparse.Namespace) -> int:
+    from fsdata.report import write_report
+
+    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"wrote {r['html']} (+ {len(r['png'])} PNG files beside it); predicted bubble before "
+              f"{r['predicted_bubble_before']:.2%}, after {r['predicted_bubble_after']:.4%}")
+    return 0
+
+
+COMMANDS = {"report": _cmd_report, "convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify,
             "synth": _cmd_synth}
 
 

@@ -1,4 +1,4 @@
-"""``fstrain``: train on fsdata shards, replay their bubble on one device, calibrate the cost model.
+"""``fstrain``: train on fsdata shards, replay their bubble on one device, calibrate the cost model, report.
 
 Errors a user can cause print one line on stderr and exit with status 2 (like ``parser.error``).
 """
@@ -21,8 +21,12 @@ _TRAIN_EPILOG = """examples:
   fstrain train shards/ --checkpoint-dir ckpt/ --checkpoint-every-steps 50 --resume --metrics-dir run/
 """
 _REPLAY_EPILOG = """examples:
-  fstrain replay shards/ --max-steps 20 --json
-  fstrain replay balanced/ --baseline shuffled/ --max-steps 20 --repeats 5 --out replay.json
+  fstrain replay balanced/ --baseline shuffled/          # 4 steps, 3 repeats, small model: < 1 min
+  fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min --out replay.json
+"""
+_REPORT_EPILOG = """examples:
+  fstrain report shards/ --metrics-dir run/                  # writes run/report.html (+ PNGs)
+  fstrain report shards/ --metrics-dir run/ --html review/run.html
 """
 _CALIBRATE_EPILOG = """examples:
   fstrain calibrate --output calibrated.json --embedding-dim 32 --num-layers 1
@@ -31,13 +35,20 @@ _CALIBRATE_EPILOG = """examples:
 """
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
+#: ``fstrain replay``'s default model: the small model every documented replay figure uses, so the
+#: README example finishes in under a minute on 2 CPU cores (train's default model is 3-4x slower).
+REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 64}
+
+
+def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    d = {"embedding_dim": 64, "num_layers": 2, "num_negatives": 128, **(defaults or {})}
     g = p.add_argument_group("model (fstrain.model.Config)")
     g.add_argument("--num-items", type=int, default=None, help="item table rows (default: max id + 1 from the shards)")
-    g.add_argument("--embedding-dim", type=int, default=64)
-    g.add_argument("--num-layers", type=int, default=2)
+    g.add_argument("--embedding-dim", type=int, default=d["embedding_dim"], help=f"default {d['embedding_dim']}")
+    g.add_argument("--num-layers", type=int, default=d["num_layers"], help=f"default {d['num_layers']}")
     g.add_argument("--num-heads", type=int, default=2)
-    g.add_argument("--num-negatives", type=int, default=128, help="sampled-softmax negatives shared per step")
+    g.add_argument("--num-negatives", type=int, default=d["num_negatives"],
+                   help=f"sampled-softmax negatives shared per step (default {d['num_negatives']})")
     g.add_argument("--max-seq-len", type=int, default=512)
     g.add_argument("--bucket-ratio", type=float, default=1.25, help="attention length-bucket ratio (>= 1)")
     g.add_argument("--attention", choices=("bucketed", "reference"), default="bucketed")
@@ -53,9 +64,9 @@ def _model_kwargs(a: argparse.Namespace) -> dict:
     return kw
 
 
-def _add_timing_flags(p: argparse.ArgumentParser) -> None:
+def _add_timing_flags(p: argparse.ArgumentParser, repeats: int = 5) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per batch (default 5)")
+    p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per batch (default {repeats})")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steady timings)")
     p.add_argument("--clock", choices=("auto", "thread", "wall"), default="auto",
@@ -75,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-every-steps", type=int, default=0, help="0: only at the end")
     t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
     t.add_argument("--metrics-dir", default=None, help="write step_times.parquet and summary.json here")
+    t.add_argument("--tensorboard-dir", default=None,
+                   help="write TensorBoard event files here (loss, samples/s, per-rank compute, straggler wait, "
+                        "exposed communication per step); view with: tensorboard --logdir DIR")
     t.add_argument("--pipeline", choices=("auto", "prioritized", "pec", "sparse-dist", "plain", "none"),
                    default="auto", help="train pipeline (docs/pipeline.md): auto = torchrec TrainPipelinePEC where it "
                    "runs (CUDA), else our prioritized pipeline; none: the --step-mode loop (default auto)")
@@ -92,12 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt)
     r.add_argument("shards", help="fsdata balance OUTPUT")
     r.add_argument("--baseline", default=None, help="another OUTPUT (e.g. --strategy shuffle): report the reduction")
-    r.add_argument("--max-steps", type=int, default=20, help="replay the first K steps (default 20)")
+    r.add_argument("--max-steps", type=int, default=4, help="replay the first K steps (default 4)")
     r.add_argument("--statistic", choices=("median", "min"), default="median", help="of the repeats")
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
     r.add_argument("--out", default=None, help="also write the full result (per-step times) to this JSON file")
-    _add_timing_flags(r)
-    _add_model_flags(r)
+    r.add_argument("--no-null-control", action="store_true",
+                   help="skip the null control (rank 0's batch timed as every rank; halves the timed work)")
+    prog = r.add_mutually_exclusive_group()
+    prog.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a TTY")
+    prog.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_timing_flags(r, repeats=3)
+    _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
+
+    rp = sub.add_parser("report", help="HTML page: the shards' report plus measured per-rank compute, wait, loss",
+                        epilog=_REPORT_EPILOG, formatter_class=fmt)
+    rp.add_argument("shards", help="the fsdata balance OUTPUT that was trained on")
+    rp.add_argument("--metrics-dir", required=True, help="the fstrain train --metrics-dir folder of that run")
+    rp.add_argument("--html", default=None, metavar="PATH",
+                    help="page to write (default: METRICS_DIR/report.html); PNGs go beside it")
+    rp.add_argument("--input", default=None, help="the balance INPUT, when sample_ids are not its row numbers")
+    rp.add_argument("--json", action="store_true", help="print the written paths and figures as JSON")
 
     c = sub.add_parser("calibrate", help="fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                        epilog=_CALIBRATE_EPILOG, formatter_class=fmt)
@@ -141,7 +169,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg = TrainConfig(shards=a.shards, model=_model_kwargs(a), max_steps=a.max_steps, seed=a.seed,
                       log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
                       checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
-                      metrics_dir=a.metrics_dir, backend=a.backend,
+                      metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
                                         sparse_optimizer=a.sparse_optimizer))
@@ -157,6 +185,26 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+_REPLAY_BRIEF_DROP = ("compute_seconds", "step_measured_bubble", "null_compute_seconds", "null_step_bubble")
+_REPLAY_BASELINE_KEYS = ("shards", "strategy", "measured_bubble", "predicted_bubble", "mean_step_seconds",
+                         "slowest_rank_seconds_per_step", "mean_rank_seconds_per_step", "null_bubble",
+                         "measured_bubble_minus_null", "null_slowest_rank_seconds_per_step")
+
+
+def _progress_bar(a: argparse.Namespace, total: int):
+    """tqdm on stderr: shown on a TTY, forced with --progress, hidden with --no-progress."""
+    from tqdm import tqdm
+
+    disable = True if a.no_progress else (False if a.progress else None)  # None: only on a TTY
+    return tqdm(total=total, unit="step", desc="replay", disable=disable, file=sys.stderr)
+
+
+def _replay_row(label: str, r: dict) -> str:
+    null = f"{r['null_bubble']:>12.2%}{r['measured_bubble_minus_null']:>12.2%}" if "null_bubble" in r else f"{'-':>12}{'-':>12}"
+    return (f"{label:<28}{r['measured_bubble']:>10.2%}{null}{r['predicted_bubble']:>11.2%}"
+            f"{r['slowest_rank_seconds_per_step'] * 1e3:>17.1f}")
+
+
 def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fsdata.bubble import reduction
     from fstrain.metrics import write_json
@@ -167,27 +215,66 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if a.out:
         check_output_apart(a.out, [a.shards, a.baseline], output_name="--out", input_name="shards")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
-              device=a.device, num_threads=a.threads, clock=a.clock, statistic=a.statistic)
-    res = replay(a.shards, **kw)
+              device=a.device, num_threads=a.threads, clock=a.clock, statistic=a.statistic,
+              null_control=not a.no_null_control)
+    runs = [a.shards] + ([a.baseline] if a.baseline else [])
+    bar = _progress_bar(a, total=0)
+    results = []
+    try:
+        for path in runs:
+            bar.set_description(f"replay {os.path.basename(os.path.normpath(path))}")
+
+            def tick(done: int, total: int, _bar=bar) -> None:
+                if _bar.total != total * len(runs):
+                    _bar.total = total * len(runs)
+                _bar.update(1)
+
+            results.append(replay(path, progress=tick, **kw))
+    finally:
+        bar.close()
+    res = results[0]
     if a.baseline:
-        base = replay(a.baseline, **kw)
-        res["baseline"] = {k: base[k] for k in ("shards", "strategy", "measured_bubble", "predicted_bubble",
-                                                "mean_step_seconds")}
+        base = results[1]
+        res["baseline"] = {k: base[k] for k in _REPLAY_BASELINE_KEYS if k in base}
         res["measured_reduction"] = reduction(res["measured_bubble"], base["measured_bubble"])
         res["predicted_reduction"] = reduction(res["predicted_bubble"], base["predicted_bubble"])
+        res["slowest_rank_reduction"] = reduction(res["slowest_rank_seconds_per_step"],
+                                                  base["slowest_rank_seconds_per_step"])
+        if "null_bubble" in res:
+            res["measured_reduction_minus_null"] = reduction(max(0.0, res["measured_bubble_minus_null"]),
+                                                             max(0.0, base["measured_bubble_minus_null"]))
     if a.out:
         write_json(res, a.out)
-    brief = {k: v for k, v in res.items() if k not in ("compute_seconds", "step_measured_bubble")}
+    brief = {k: v for k, v in res.items() if k not in _REPLAY_BRIEF_DROP}
     if a.json:
         print(json.dumps(brief, sort_keys=True))
     else:
-        print(f"{res['shards']}: {res['num_ranks']} ranks, {res['num_steps']} steps, strategy {res['strategy']}: "
-              f"measured bubble {res['measured_bubble']:.2%}, predicted {res['predicted_bubble']:.2%}, "
-              f"slowest rank {res['mean_step_seconds'] * 1e3:.1f} ms/step")
+        print(f"{res['num_ranks']} ranks x {res['num_steps']} steps, B = {res['batch_size_per_rank']}, "
+              f"{a.repeats} repeats ({a.statistic}, {res['clock']} clock); null control = rank 0's batch timed as "
+              "every rank (identical work: what noise alone reads as a bubble)")
+        print(f"{'shards':<28}{'measured':>10}{'null ctrl':>12}{'minus null':>12}{'predicted':>11}"
+              f"{'slowest ms/step':>17}")
+        print(_replay_row(f"{os.path.basename(os.path.normpath(a.shards))} ({res['strategy']})", res))
         if a.baseline:
-            print(f"baseline {a.baseline}: measured {res['baseline']['measured_bubble']:.2%}; "
-                  f"measured reduction {res['measured_reduction']:.1%} "
-                  f"(predicted {res['predicted_reduction']:.1%})")
+            print(_replay_row(f"{os.path.basename(os.path.normpath(a.baseline))} ({base['strategy']})", base))
+            line = (f"measured reduction {res['measured_reduction']:.1%} (predicted {res['predicted_reduction']:.1%}"
+                    + (f", above the null control {res['measured_reduction_minus_null']:.1%}" if "null_bubble" in res
+                       else "") + "); slowest rank "
+                    f"{base['slowest_rank_seconds_per_step'] * 1e3:.1f} -> {res['slowest_rank_seconds_per_step'] * 1e3:.1f}"
+                    f" ms/step ({-res['slowest_rank_reduction']:+.1%}): the figure that decides training time")
+            print(line)
+    return 0
+
+
+def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from fstrain.report import write_train_report
+
+    r = write_train_report(a.shards, a.metrics_dir, a.html, input_path=a.input)
+    if a.json:
+        print(json.dumps(r, indent=2))
+    else:
+        print(f"wrote {r['html']} (+ {len(r['png'])} PNG files beside it); {r['num_steps']} steps: measured bubble "
+              f"{r['measured_bubble']:.2%}, predicted {r['predicted_bubble']:.4%}")
     return 0
 
 
@@ -240,7 +327,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("fstrain").setLevel(logging.INFO)
-    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate}[a.command]
+    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report}[a.command]
     try:
         return cmd(a, parser)
     except (FstrainError, FsdataError) as e:

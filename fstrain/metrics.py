@@ -9,6 +9,10 @@ A training step is timed in stages (:func:`fstrain.train.measured_step`):
 * ``wait_seconds``: time in that first collective (a one-element all-reduce used as a barrier):
   the straggler's lead over this rank, i.e. this rank's share of the bubble.
 * ``sync_seconds``: sparse backward (gradient all-to-all, fused update), dense all-reduce, step.
+
+Each row also carries ``loss``: this rank's mean per-sample loss in the step (its summed
+per-sample loss / its ``num_samples``); the step's global loss is the ``num_samples``-weighted
+mean over ranks (:func:`step_losses`). Files written before ``loss`` existed read back with NaN.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class StepTiming:
     compute_seconds: float
     wait_seconds: float
     sync_seconds: float
+    loss: float = float("nan")
+    """This rank's mean per-sample loss in the step (NaN when not recorded)."""
 
 
 def timing_matrix(records: list[StepTiming], field: str = "compute_seconds") -> tuple[np.ndarray, np.ndarray]:
@@ -61,13 +67,29 @@ def timing_matrix(records: list[StepTiming], field: str = "compute_seconds") -> 
     return steps[ok], m[ok]
 
 
+def step_losses(records: list[StepTiming]) -> tuple[np.ndarray, np.ndarray]:
+    """Global mean per-sample loss of each step: ``sum_r loss_r * n_r / sum_r n_r``.
+
+    Returns:
+        ``(steps [S] int64, loss [S] float64)`` for the steps whose every record has a loss.
+    """
+    sums: dict[int, list[float]] = {}
+    for r in records:
+        acc = sums.setdefault(r.step, [0.0, 0.0])
+        acc[0] += r.loss * r.num_samples
+        acc[1] += r.num_samples
+    steps = np.array(sorted(s for s, (x, n) in sums.items() if not np.isnan(x) and n > 0), dtype=np.int64)
+    return steps, np.array([sums[s][0] / sums[s][1] for s in steps.tolist()], dtype=np.float64)
+
+
 def summarize(records: list[StepTiming], predicted_bubble: float | None = None) -> dict:
     """Measured bubble and totals of a run.
 
     Returns:
         dict with ``measured_bubble`` (run bubble of ``compute_seconds``), ``wait_fraction``
         (sum of waits / sum of compute + wait), ``num_steps``, ``num_ranks``,
-        ``compute_seconds_total``, ``wait_seconds_total`` and ``predicted_bubble`` when given.
+        ``compute_seconds_total``, ``wait_seconds_total``, ``predicted_bubble`` when given, and
+        ``loss_first_step`` / ``loss_last_step`` (global mean loss) when the records carry losses.
     """
     steps, c = timing_matrix(records)
     _, w = timing_matrix(records, "wait_seconds")
@@ -77,6 +99,9 @@ def summarize(records: list[StepTiming], predicted_bubble: float | None = None) 
            "compute_seconds_total": float(c.sum()), "wait_seconds_total": float(w.sum())}
     if predicted_bubble is not None:
         out["predicted_bubble"] = float(predicted_bubble)
+    ls, lv = step_losses(records)
+    if len(ls):
+        out.update(loss_first_step=float(lv[0]), loss_last_step=float(lv[-1]))
     return out
 
 
@@ -104,9 +129,10 @@ def write_step_times(records: list[StepTiming], path: str) -> None:
 
 
 def read_step_times(path: str) -> list[StepTiming]:
-    """Read timings written by :func:`write_step_times`."""
+    """Read timings written by :func:`write_step_times` (files without ``loss`` read as NaN)."""
+    names = {f.name for f in fields(StepTiming)}
     t = pq.read_table(path).to_pylist()
-    return [StepTiming(**row) for row in t]
+    return [StepTiming(**{k: v for k, v in row.items() if k in names}) for row in t]
 
 
 def write_json(obj: dict, path: str) -> None:
@@ -120,5 +146,5 @@ def compare(ours: dict, baseline: dict) -> dict:
             "measured_reduction": reduction(ours["measured_bubble"], baseline["measured_bubble"])}
 
 
-__all__ = ["StepTiming", "timing_matrix", "summarize", "write_step_times", "read_step_times", "write_json",
+__all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times", "write_json",
            "compare"]

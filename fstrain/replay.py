@@ -5,6 +5,13 @@ loss; no collective, no optimizer step) ``repeats`` times, the repeats interleav
 after a warm-up; the median is ``C[s, r]``. The measured bubble is ``fsdata.bubble.run_bubble(C)``; the predicted
 bubble is the same formula on ``step_stats.parquet``'s ``predicted_cost`` of the replayed steps.
 This isolates the load-imbalance part of the bubble: a real run adds communication on top.
+
+Null control (the noise floor): in the same loop, rank 0's batch of each step is also timed once
+per rank, interleaved with the real batches, so ``R`` identical pieces of work are timed exactly
+as the ``R`` real ones. Their run bubble (``null_bubble``) is what timing noise alone reads as a
+bubble on this machine; ``measured_bubble_minus_null`` subtracts it. The figure that decides
+training time is the slowest rank per step: ``slowest_rank_seconds_per_step`` (mean over steps
+of ``max_r C[s, r]``).
 """
 
 from __future__ import annotations
@@ -111,7 +118,8 @@ def predicted_costs(shards: str, num_steps: int) -> np.ndarray:
 
 def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats: int = 3,
            model: dict | None = None, seed: int = 0, device: str = "cpu", num_threads: int | None = 1,
-           clock: str = "auto", statistic: str = "median", progress: Callable[[int, int], None] | None = None) -> dict:
+           clock: str = "auto", statistic: str = "median", progress: Callable[[int, int], None] | None = None,
+           null_control: bool = True) -> dict:
     """Measure the bubble of ``shards`` by timing every rank's batch of every step on one device.
 
     Args:
@@ -127,12 +135,17 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
         statistic: ``median`` or ``min`` of the repeats (``min`` rejects the time other processes
             steal on a loaded machine; noise only ever adds time).
         progress: called with ``(steps done, steps total)``.
+        null_control: also time rank 0's batch as every rank (doubles the timed work).
 
     Returns:
         JSON-ready dict: ``measured_bubble``, ``predicted_bubble`` (same steps, from step_stats),
         ``manifest_predicted_bubble``, ``num_ranks``, ``num_steps``, ``strategy``,
         ``cost_model``, ``step_measured_bubble`` ``[S]``, ``compute_seconds`` ``[S x R]``,
-        ``mean_step_seconds`` (mean over steps of the slowest rank).
+        ``slowest_rank_seconds_per_step`` (mean over steps of the slowest rank; also as
+        ``mean_step_seconds``, its earlier name), ``mean_rank_seconds_per_step``; with
+        ``null_control``: ``null_bubble`` (run bubble of the null control), ``null_step_bubble``
+        ``[S]``, ``measured_bubble_minus_null``, ``null_compute_seconds`` ``[S x R]``,
+        ``null_slowest_rank_seconds_per_step``.
 
     Raises:
         ConfigError: ``repeats < 1``, ``warmup < 0`` or ``max_steps < 1``.
@@ -150,6 +163,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     readers = [ShardReader(shards, r, None, max_steps=S, num_prefetch_batches=0) for r in range(m.num_ranks)]
     iters = [iter(rd) for rd in readers]
     C = np.zeros((S, m.num_ranks))
+    N = np.zeros((S, m.num_ranks))
     tick = resolve_clock(clock, dev)
     for s in range(S):
         batches = [with_negatives(next(it), mdl.config.num_items, mdl.config.num_negatives, seed).to(dev)
@@ -157,20 +171,31 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
         if s == 0:
             for i in range(warmup):
                 time_forward_backward(mdl, batches[i % len(batches)], repeats=1, device=dev, clock=tick)
-        # repeats interleaved over ranks, so a slow period of the machine hits every rank of the step
-        runs = np.array([[time_forward_backward(mdl, b, repeats=1, device=dev, clock=tick) for b in batches]
+        # repeats interleaved over ranks, so a slow period of the machine hits every rank of the step;
+        # the null control (rank 0's batch as every rank) is interleaved the same way
+        timed = batches + [batches[0]] * (len(batches) if null_control else 0)
+        runs = np.array([[time_forward_backward(mdl, b, repeats=1, device=dev, clock=tick) for b in timed]
                          for _ in range(repeats)])
-        C[s] = np.median(runs, axis=0) if statistic == "median" else runs.min(axis=0)
+        stat = np.median(runs, axis=0) if statistic == "median" else runs.min(axis=0)
+        C[s] = stat[:m.num_ranks]
+        if null_control:
+            N[s] = stat[m.num_ranks:]
         if progress:
             progress(s + 1, S)
     predicted = predicted_costs(shards, S)
-    return {"measured_bubble": run_bubble(C), "predicted_bubble": run_bubble(predicted),
+    out = {"measured_bubble": run_bubble(C), "predicted_bubble": run_bubble(predicted),
             "manifest_predicted_bubble": m.predicted_bubble, "num_ranks": m.num_ranks, "num_steps": S,
             "strategy": m.strategy, "batch_size_per_rank": m.batch_size_per_rank,
             "cost_model": m.cost_model, "shards": os.path.abspath(shards), "warmup": warmup, "repeats": repeats, "statistic": statistic,
             "clock": "thread" if tick is time.thread_time else "wall",
             "mean_step_seconds": float(C.max(axis=1).mean()), "step_measured_bubble": step_bubbles(C).tolist(),
-            "compute_seconds": C.tolist()}
+            "slowest_rank_seconds_per_step": float(C.max(axis=1).mean()),
+            "mean_rank_seconds_per_step": float(C.mean()), "compute_seconds": C.tolist()}
+    if null_control:
+        out.update(null_bubble=run_bubble(N), null_step_bubble=step_bubbles(N).tolist(),
+                   measured_bubble_minus_null=run_bubble(C) - run_bubble(N),
+                   null_slowest_rank_seconds_per_step=float(N.max(axis=1).mean()), null_compute_seconds=N.tolist())
+    return out
 
 
 def replay_many(runs: Iterable[str], **kwargs) -> list[dict]:

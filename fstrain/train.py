@@ -35,6 +35,7 @@ from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.model import NEGATIVE_KEY, Config, with_negatives
 from fstrain.pipeline import PipelineConfig, make_pipeline, pipeline_steps
+from fstrain.steplog import StepLog
 
 logger = logging.getLogger(__name__)
 _CKPT_PREFIX = "step-"
@@ -71,6 +72,8 @@ class TrainConfig:
     steps with :mod:`fstrain.pipeline` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
     """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
+    tensorboard_dir: str | None = None
+    """Where rank 0 writes TensorBoard event files (:mod:`fstrain.steplog`); ``None``: none."""
 
 
 def _sync(device: torch.device) -> None:
@@ -253,6 +256,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
     timings: list[StepTiming] = []
+    steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
@@ -263,6 +267,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     else:
         source = reader
     for item in source:
+        timing = None
         if pipe:
             batch_step, loss_sum, n, num_tokens, timing = item
             timings.append(timing)
@@ -280,6 +285,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
                 timings.append(timing)
             batch_step = batch.step
         step = batch_step + 1
+        steplog.add(batch_step, loss_sum, n, timing)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_tokens += num_tokens
@@ -291,6 +297,8 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
             if env.rank == 0:
                 logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
                             stats[0].item() / max(1.0, stats[1].item()), stats[1].item() / dt, stats[2].item() / dt)
+            steplog.window(step, samples_per_second=stats[1].item() / dt, tokens_per_second=stats[2].item() / dt)
+            # evaluation hook: an evaluation run here would pass its metrics dict to steplog.log_eval(step, metrics)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_tokens, t_window = 0, 0, time.perf_counter()
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
@@ -302,6 +310,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
         if step > start:
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+    steplog.finish()  # losses of the last window into the timings; closes TensorBoard
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, timings)
     all_timings = [t for part in gathered for t in part]

@@ -7,6 +7,16 @@ samples for a world size of 2 and ends with a short training run on those shards
 (``torch.distributed.run``), the prioritized, overlapped embedding pipeline, and the shared-memory
 (SM-free on CPU) all-to-all backend, logging loss, throughput and the measured bubble.
 
+It writes what there is to look at and prints where: the shards' HTML report (``fsdata report``:
+length histogram, cost per sample, per-rank load before/after, bubble per step), the training
+run's report (``fstrain report``: measured compute and wait per rank, loss curve) and TensorBoard
+event files (``fstrain train --tensorboard-dir``).
+
+Cost model: the CLI default, ``hstu`` (FLOPs of 4 HSTU layers at d_model 256), so the demo's
+numbers are the ones ``fsdata profile``/``balance`` print for the same data. ``--cost-model
+quadratic`` (``L^2 + 64 L``, attention-dominated) reproduces the higher "before" bubbles in
+docs/fsdata.md; the demo prints which model it used.
+
 Run: ``python -m pipelines.demo [--out demo-output] [--ranks 256] [--batch-size-per-rank 32]``.
 """
 
@@ -48,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO_ROOT / "demo-output"))
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--batch-size-per-rank", type=int, default=32)
-    p.add_argument("--cost-model", default="quadratic")
+    p.add_argument("--cost-model", default="hstu", help="per-sample cost model (default hstu, the fsdata default)")
     p.add_argument("--train-steps", type=int, default=30, help="steps of the closing training run (0: skip)")
     add_progress_flag(p)
     a = p.parse_args(argv)
@@ -67,15 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     r = run_nightly(cfg, out / "nightly", progress=progress)
     v = r["verify"]
     shards = Path(r["run_dir"]) / "shards"
+    converted = Path(r["run_dir"]) / "samples.parquet"
+    samples = converted if converted.exists() else Path(cfg.input)
+    from fsdata.report import write_report
+
+    report = write_report(shards, out / "report.html", input_path=samples)
     print()
     print(f"output:            {out / 'nightly' / 'latest' / 'shards'}  (-> {shards})")
+    print(f"cost model:        {a.cost_model}" + ("  (the fsdata default; --cost-model quadratic weighs attention "
+                                                  "more and gives higher 'before' bubbles)" if a.cost_model == "hstu"
+                                                  else "  (the fsdata default is hstu)"))
     print(f"ranks x steps:     {v['num_ranks']} x {v['num_steps']}, {v['num_samples_written']:,} samples written, "
           f"{v['num_samples_dropped']:,} dropped (listed in the manifest)")
     print(f"bubble before:     {v['baseline_predicted_bubble']:.2%}  (shuffled, equal counts per rank: today)")
     print(f"bubble after:      {v['predicted_bubble']:.4%}  (fsdata balance, verified)")
+    print(f"report:            {Path(report['html']).resolve().as_uri()}  (open in a browser; PNGs beside it)")
     if a.train_steps > 0:
-        converted = Path(r["run_dir"]) / "samples.parquet"
-        samples = converted if converted.exists() else Path(cfg.input)
         train_demo(samples, out, a.train_steps, progress=progress)
     return 0
 
@@ -92,15 +109,17 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -
     from fsdata.cli import main as fsdata_main
 
     shards = out / "train-shards-2ranks"
-    if not (shards / "manifest.json").exists():
+    if not any((shards / name).exists() for name in ("_manifest.json", "manifest.json")):
         rc = fsdata_main(["balance", str(samples), str(shards), "--ranks", "2", "--batch-size-per-rank", "32",
                           "--overwrite"] + ([] if progress else ["--no-progress"]))
         if rc:
             raise RuntimeError(f"fsdata balance for the training demo failed with status {rc}")
     metrics = out / "train-metrics"
+    tensorboard = out / "tensorboard"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fstrain.cli", "train", str(shards), "--max-steps", str(steps), "--log-every-steps", "5",
            "--pipeline", "prioritized", "--backend", "shm", "--metrics-dir", str(metrics),
+           "--tensorboard-dir", str(tensorboard),
            "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64", "--json"]
     print()
     print("training: " + " ".join(cmd[2:]))
@@ -111,6 +130,11 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"trained:           {summary['num_steps']} steps on 2 ranks (prioritized pipeline, shm backend); "
           f"measured bubble {summary['measured_bubble']:.2%}; metrics in {metrics}")
+    from fstrain.report import write_train_report
+
+    report = write_train_report(shards, metrics, out / "train-report.html", input_path=samples)
+    print(f"training report:   {Path(report['html']).resolve().as_uri()}")
+    print(f"tensorboard:       tensorboard --logdir {tensorboard}  (then open http://localhost:6006)")
     return summary
 
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from fsdata.bubble import run_bubble
 from fsdata.cost import load_cost_model
 from fstrain.calibrate import calibrate, fit_batch_times, nnls
 from fstrain.cli import main
@@ -64,6 +65,20 @@ def test_replay_reports_measured_and_predicted(tmp_path):
         replay(out, statistic="mean")
 
 
+def test_replay_null_control_times_rank0_batch_as_every_rank(tmp_path):
+    out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=3, batch_size_per_rank=3)
+    res = replay(out, max_steps=2, warmup=1, repeats=2, model=TINY)
+    C, N = np.asarray(res["compute_seconds"]), np.asarray(res["null_compute_seconds"])
+    assert N.shape == C.shape == (2, 3) and (N > 0).all()
+    assert res["null_bubble"] == pytest.approx(run_bubble(N)) and 0.0 <= res["null_bubble"] < 1.0
+    assert res["measured_bubble_minus_null"] == pytest.approx(res["measured_bubble"] - res["null_bubble"])
+    assert res["slowest_rank_seconds_per_step"] == pytest.approx(C.max(axis=1).mean())
+    assert res["null_slowest_rank_seconds_per_step"] == pytest.approx(N.max(axis=1).mean())
+    assert len(res["null_step_bubble"]) == 2
+    off = replay(out, max_steps=1, warmup=0, repeats=1, model=TINY, null_control=False)
+    assert "null_bubble" not in off and "slowest_rank_seconds_per_step" in off
+
+
 def test_replay_cli_json(tmp_path, capsys):
     bal = write_shards(str(tmp_path / "b"), num_ranks=2, num_steps=3, batch_size_per_rank=4)
     shuf = write_shards(str(tmp_path / "u"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
@@ -71,8 +86,17 @@ def test_replay_cli_json(tmp_path, capsys):
                  "--json", "--out", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
                  "--num-heads", "1", "--num-negatives", "4"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("measured_bubble", "predicted_bubble", "num_ranks", "num_steps", "measured_reduction"):
+    for key in ("measured_bubble", "predicted_bubble", "num_ranks", "num_steps", "measured_reduction",
+                "null_bubble", "measured_bubble_minus_null", "slowest_rank_seconds_per_step",
+                "slowest_rank_reduction", "measured_reduction_minus_null"):
         assert key in obj
+    for key in ("null_bubble", "measured_bubble_minus_null", "slowest_rank_seconds_per_step"):
+        assert key in obj["baseline"]
+    assert "null_compute_seconds" not in obj  # per-step arrays only in --out
+    assert main(["replay", bal, "--baseline", shuf, "--max-steps", "1", "--repeats", "1", "--warmup", "0",
+                 "--embedding-dim", "8", "--num-layers", "1", "--num-heads", "1", "--num-negatives", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "null ctrl" in text and "minus null" in text and "slowest rank" in text and "ms/step" in text
     assert obj["num_ranks"] == 2 and obj["num_steps"] == 2
     assert len(json.loads((tmp_path / "r.json").read_text())["compute_seconds"]) == 2
 

@@ -1,0 +1,475 @@
+"""``fsdata report``: one self-contained HTML page (plus PNG files) about a balanced output.
+
+The page shows, for an ``fsdata balance`` OUTPUT (format v1 ``manifest.json`` or v2
+``_manifest.json``; rank files always from the manifest's ``files[].path``):
+
+* the length histogram (log-spaced bins, log counts) and the cost per sample under the
+  manifest's cost model;
+* the predicted per-rank load of every step *before* (today's practice: the same global batches
+  cut into equal contiguous per-rank batches, :func:`fsdata.partition.partition_shuffle`) and
+  *after* (the written assignment, ``step_stats``), as heat maps of load / step mean;
+* the bubble per step before and after, with the per-step lower bound
+  (:func:`fsdata.bubble.step_lower_bound`);
+* the settings and counts from the manifest.
+
+The "before" assignment needs each input row's cost in input order (the global batches are a
+seeded permutation of input rows, :func:`fsdata.plan.shuffled_steps`). It is recovered exactly
+either from ``input_path`` (the balance INPUT) or, without it, when the output's ``sample_id``s are
+the input's row numbers (as ``fsdata convert`` and ``fsdata synth`` write them); both are checked
+against the output's step membership and the manifest's ``baseline_predicted_bubble``.
+
+Images are embedded as base64 PNG, so the page needs no network at view time. Plotting uses
+matplotlib with the Agg backend and lives only here (and in :mod:`fstrain.report`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from fsdata import bubble
+from fsdata import schema as S
+from fsdata.cost import load_cost_model
+from fsdata.errors import InputError
+from fsdata.partition import partition_shuffle, per_rank_loads
+from fsdata.plan import shuffled_steps
+
+MANIFEST_NAMES = ("_manifest.json", "manifest.json")
+STEP_STATS_NAMES = ("_step_stats.parquet", "step_stats.parquet")
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend (no display needed), imported on first use."""
+    import matplotlib  # noqa: PLC0415 (plotting only when a report is made)
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+@dataclass(kw_only=True, slots=True)
+class Figure:
+    """One figure of a report: a PNG and its caption.
+
+    Attributes:
+        name: file stem of the PNG (``<html stem>-<name>.png``).
+        title: heading on the page.
+        caption: one or two sentences under the image.
+        png: the PNG bytes.
+    """
+
+    name: str
+    title: str
+    caption: str
+    png: bytes
+
+
+@dataclass(kw_only=True, slots=True)
+class OutputData:
+    """What a report needs from a balance OUTPUT.
+
+    Attributes:
+        manifest: the manifest (dict).
+        lengths: shape ``[N_written]`` int64, sequence lengths of the written samples.
+        after_loads: shape ``[S x R]`` float64, predicted per-rank cost per step (step_stats).
+        before_loads: shape ``[S' x R]`` float64, equal-count shuffled per-rank cost of the same
+            global batches (S' = S for the fixed policy).
+        step_lower_bound: shape ``[S']`` float64, least possible most-loaded rank per step.
+        before_source: how the shuffle assignment was recovered (for the page).
+    """
+
+    manifest: dict
+    lengths: np.ndarray
+    after_loads: np.ndarray
+    before_loads: np.ndarray
+    step_lower_bound: np.ndarray
+    before_source: str
+
+
+def find_manifest(output: str | os.PathLike) -> Path:
+    """``OUTPUT/_manifest.json`` (format v2) or ``OUTPUT/manifest.json`` (v1).
+
+    Raises:
+        InputError: neither exists.
+    """
+    for name in MANIFEST_NAMES:
+        p = Path(output) / name
+        if p.is_file():
+            return p
+    raise InputError(f"{output} has no {' or '.join(MANIFEST_NAMES)}; pass an 'fsdata balance' OUTPUT folder")
+
+
+def read_manifest_any(output: str | os.PathLike) -> dict:
+    """Load an OUTPUT's manifest, format v1 or v2.
+
+    Raises:
+        InputError: missing, unparsable, or an unknown ``format_version``.
+    """
+    path = find_manifest(output)
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON ({e}); rerun 'fsdata balance'") from None
+    if m.get("format_version") not in SUPPORTED_FORMAT_VERSIONS:
+        raise InputError(f"{path}: format_version {m.get('format_version')} is not one this report reads "
+                         f"({SUPPORTED_FORMAT_VERSIONS}); update freescale or rerun 'fsdata balance'")
+    return m
+
+
+def _step_stats_path(output: Path, m: dict) -> Path:
+    names = ([m["step_stats_file"]] if m.get("step_stats_file") else []) + list(STEP_STATS_NAMES)
+    for name in names:
+        if (output / name).is_file():
+            return output / name
+    raise InputError(f"{output} has no step stats file ({', '.join(names)}); rerun 'fsdata balance'")
+
+
+def _read_rank_files(output: Path, m: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sample_id, step, length)`` of every written row, each ``[N_written]`` int64."""
+    ids, steps, lengths = [], [], []
+    for f in sorted(m["files"], key=lambda f: f["rank"]):
+        path = output / f["path"]
+        if not path.is_file():
+            raise InputError(f"rank {f['rank']}: {path} is missing; rerun 'fsdata balance'")
+        names = pq.read_schema(path).names
+        cols = [S.SAMPLE_ID, S.STEP, S.SEQ_LEN if S.SEQ_LEN in names else S.ITEM_IDS]
+        t = pq.read_table(path, columns=cols)
+        ids.append(t.column(S.SAMPLE_ID).to_numpy().astype(np.int64))
+        steps.append(t.column(S.STEP).to_numpy().astype(np.int64))
+        L = t.column(cols[2])
+        L = L if cols[2] == S.SEQ_LEN else pc.list_value_length(L)
+        lengths.append(L.to_numpy(zero_copy_only=False).astype(np.int64))
+    return np.concatenate(ids), np.concatenate(steps), np.concatenate(lengths)
+
+
+def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None = None,
+                column_map: str | None = None) -> OutputData:
+    """Read an OUTPUT and recover the shuffle ("before") assignment of its global batches.
+
+    Args:
+        output: an ``fsdata balance`` OUTPUT folder (v1 or v2).
+        input_path: the balance INPUT; needed only when the output's ``sample_id``s are not the
+            input's row numbers.
+        column_map: ``--columns`` mapping used for the input.
+
+    Returns:
+        :class:`OutputData`.
+
+    Raises:
+        InputError: unreadable output, or the shuffle assignment cannot be recovered / does not
+            match the manifest (names the fix: pass ``--input``).
+    """
+    out = Path(output)
+    m = read_manifest_any(out)
+    R, B, S_ = int(m["num_ranks"]), int(m["batch_size_per_rank"]), int(m["num_steps"])
+    stats = pq.read_table(_step_stats_path(out, m), columns=["step", "rank", "predicted_cost"])
+    after = np.zeros((S_, R))
+    after[stats.column("step").to_numpy(), stats.column("rank").to_numpy()] = stats.column("predicted_cost").to_numpy()
+    ids, out_steps, lengths = _read_rank_files(out, m)
+    N = int(m["num_samples_input"])
+    cost_model = load_cost_model(m["cost_model"])
+    if input_path is not None:
+        from fsdata.io import open_samples  # noqa: PLC0415
+
+        in_lengths, in_ids = open_samples(input_path, column_map).lengths_and_ids()
+        if len(in_ids) != N:
+            raise InputError(f"--input {input_path} has {len(in_ids)} samples but the output was balanced from {N}; "
+                             "pass the same INPUT as 'fsdata balance'")
+        order = np.argsort(in_ids, kind="stable")
+        pos = np.searchsorted(in_ids[order], ids)
+        if (pos >= N).any() or (in_ids[order][np.minimum(pos, N - 1)] != ids).any():
+            raise InputError(f"--input {input_path} lacks some sample_ids of {output}; pass the same INPUT as "
+                             "'fsdata balance'")
+        row_of = order[pos]
+        row_lengths = np.asarray(in_lengths, dtype=np.int64)
+        source = f"exact: global batches recomputed from --input {input_path} (seed {m.get('seed', 0)})"
+    else:
+        if len(ids) and (ids.min() < 0 or ids.max() >= N):
+            raise InputError(f"the sample_ids of {output} are not the input's row numbers, so the shuffle assignment "
+                             "('before') cannot be recovered from the output alone; pass --input INPUT (the balance INPUT)")
+        row_of = ids
+        row_lengths = np.full(N, -1, dtype=np.int64)
+        row_lengths[ids] = lengths
+        source = (f"exact: global batches recomputed from the seed ({m.get('seed', 0)}); sample_id = input row "
+                  "(as written by fsdata convert/synth)")
+    steps, _ = shuffled_steps(N, R, B, int(m.get("seed", 0)))
+    step_lengths = row_lengths[steps]
+    fix = "pass --input INPUT (the balance INPUT)" if input_path is None else "pass the same INPUT as 'fsdata balance'"
+    if (step_lengths < 0).any():
+        raise InputError(f"some samples of the global batches of {output} were not written, so their lengths are "
+                         f"unknown; {fix}")
+    if m.get("batch_policy", "fixed") == "fixed":
+        plan_step = np.full(N, -1, dtype=np.int64)
+        plan_step[steps.ravel()] = np.repeat(np.arange(len(steps)), R * B)
+        bad = np.flatnonzero(plan_step[row_of] != out_steps)
+        if len(bad):
+            raise InputError(f"the global batches recomputed from the seed do not match {output} (e.g. sample_id "
+                             f"{int(ids[bad[0]])} is in step {int(out_steps[bad[0]])}); {fix}")
+    step_costs = cost_model.cost(step_lengths)
+    before = per_rank_loads(step_costs, np.broadcast_to(partition_shuffle(R * B, R, B), steps.shape), R)
+    recorded = m.get("baseline_predicted_bubble")
+    got = bubble.run_bubble(before)
+    if recorded is not None and abs(got - recorded) > 1e-9 + 1e-6 * abs(recorded):
+        raise InputError(f"the recomputed shuffle bubble {got:.6%} differs from the manifest's {recorded:.6%}; {fix}")
+    return OutputData(manifest=m, lengths=lengths, after_loads=after, before_loads=before,
+                      step_lower_bound=bubble.step_lower_bound(step_costs, R, B), before_source=source)
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+def figure_png(fig) -> bytes:
+    """Render a matplotlib figure to PNG bytes (100 dpi) and close it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _fig_lengths(lengths: np.ndarray) -> bytes:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    L = np.maximum(lengths, 1)
+    bins = np.unique(np.geomspace(1, L.max() + 1, 60).astype(np.int64))
+    ax.hist(L, bins=bins, color="#4c72b0")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for q, ls in ((50, "-"), (90, "--"), (99, ":")):
+        v = np.percentile(L, q)
+        ax.axvline(v, color="#c44e52", ls=ls, lw=1, label=f"p{q} = {v:.0f}")
+    ax.set_xlabel("sequence length L (items)")
+    ax.set_ylabel("samples")
+    ax.legend(loc="upper right")
+    return figure_png(fig)
+
+
+def _fig_cost(lengths: np.ndarray, cost_model) -> bytes:
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    grid = np.unique(np.geomspace(1, max(2, lengths.max()), 200).astype(np.int64))
+    a.plot(grid, cost_model.cost(grid), color="#4c72b0")
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("L")
+    a.set_ylabel("cost per sample")
+    a.set_title(f"cost model {cost_model.name}", fontsize=10)
+    c = cost_model.cost(lengths)
+    order = np.sort(c)[::-1]
+    share = np.cumsum(order) / order.sum()
+    frac = np.arange(1, len(order) + 1) / len(order)
+    b.plot(frac * 100, share * 100, color="#55a868")
+    b.set_xscale("log")
+    b.set_xlabel("most expensive samples (%)")
+    b.set_ylabel("share of total cost (%)")
+    b.grid(alpha=0.3)
+    return figure_png(fig)
+
+
+def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
+    from matplotlib.colors import TwoSlopeNorm  # noqa: PLC0415
+
+    plt = pyplot()
+
+    def rel(x):
+        mean = x.mean(axis=1, keepdims=True)
+        return np.divide(x, mean, out=np.ones_like(x), where=mean > 0)
+
+    rb, ra = rel(before), rel(after)
+    lo, hi = min(rb.min(), ra.min(), 0.99), max(rb.max(), ra.max(), 1.01)
+    norm = TwoSlopeNorm(vmin=lo, vcenter=1.0, vmax=hi)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True, layout="constrained")
+    for ax, data, title in ((axes[0], rb, "before: shuffled, equal counts"), (axes[1], ra, "after: fsdata balance")):
+        im = ax.imshow(data.T, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("rank")
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.colorbar(im, ax=axes, label="predicted load / step mean")
+    return figure_png(fig)
+
+
+def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray) -> bytes:
+    plt = pyplot()
+    fig, (top, zoom) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True, height_ratios=(3, 2), layout="constrained")
+    sb, sa = bubble.step_bubbles(before) * 100, bubble.step_bubbles(after) * 100
+    mean_b = before.mean(axis=1)
+    lb = np.where(lower > 0, 1 - mean_b / np.where(lower > 0, lower, 1), 0) * 100
+    for ax in (top, zoom):
+        if ax is top:
+            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
+        ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
+        ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label="lower bound")
+        ax.set_ylabel("bubble (%)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    top.legend(loc="upper right")
+    zoom.set_title("after and lower bound, own scale", fontsize=9)
+    zoom.set_xlabel("step")
+    return figure_png(fig)
+
+
+def output_figures(d: OutputData) -> list[Figure]:
+    """The figures of :func:`write_report` for one output."""
+    m = d.manifest
+    cm = load_cost_model(m["cost_model"])
+    R = int(m["num_ranks"])
+    return [
+        Figure(name="lengths", title="Sequence lengths",
+               caption=f"{len(d.lengths):,} written samples; log-spaced bins, log counts.",
+               png=_fig_lengths(d.lengths)),
+        Figure(name="cost", title="Cost per sample",
+               caption=f"Left: {cm.name} cost c0 + c1 L + c2 L^2 with (c0, c1, c2) = "
+                       f"{tuple(float(f'{c:.4g}') for c in cm.coefficients)}. Right: share of the total cost "
+                       "carried by the most expensive samples.",
+               png=_fig_cost(d.lengths, cm)),
+        Figure(name="load_heatmaps", title="Per-rank predicted load per step",
+               caption=f"Each rank's predicted cost divided by the step's mean over {R} ranks (1 = fair share; red: "
+                       f"straggler, blue: waits). Before: {d.before_source}.",
+               png=_fig_heatmaps(d.before_loads, d.after_loads)),
+        Figure(name="bubble_per_step", title="Bubble per step",
+               caption="1 - mean / max of the per-rank predicted load; the lower bound is the least any equal-count "
+                       "assignment of the same global batch reaches (max(sum / R, largest + B-1 smallest)).",
+               png=_fig_bubbles(d.before_loads, d.after_loads, d.step_lower_bound)),
+    ]
+
+
+def output_rows(d: OutputData) -> list[tuple[str, str]]:
+    """Settings and counts table rows ``(name, value)`` for one output."""
+    m = d.manifest
+    cm = m["cost_model"]
+    settings = m.get("settings") or {}
+    L = d.lengths
+    p50, p90, p99 = np.percentile(L, [50, 90, 99]) if len(L) else (0, 0, 0)
+    rows = [
+        ("format_version", str(m.get("format_version"))),
+        ("ranks x steps", f"{m['num_ranks']} x {m['num_steps']}"),
+        ("batch size per rank", f"{m['batch_size_per_rank']} ({m.get('batch_policy', 'fixed')} policy)"),
+        ("strategy / partitioner", f"{m.get('strategy', '?')} / {settings.get('partitioner', '?')}"),
+        ("cost model", f"{cm.get('name', '?')}: coefficients {cm.get('coefficients')}"),
+        ("seed", str(m.get("seed"))),
+        ("samples input / written / dropped",
+         f"{m['num_samples_input']:,} / {m['num_samples_written']:,} / {m['num_samples_dropped']:,}"),
+        ("length mean / p50 / p90 / p99 / max",
+         f"{L.mean():.1f} / {p50:.0f} / {p90:.0f} / {p99:.0f} / {L.max()}" if len(L) else "-"),
+        ("predicted bubble before (shuffle)", f"{bubble.run_bubble(d.before_loads):.4%}"),
+        ("predicted bubble after (written)", f"{bubble.run_bubble(d.after_loads):.4%}"),
+        ("lower bound (equal counts)", f"{m.get('lower_bound_bubble', float('nan')):.4%}"),
+        ("slowest rank, sum over steps: after / before",
+         f"{d.after_loads.max(axis=1).sum() / max(1e-300, d.before_loads.max(axis=1).sum()):.3f}"),
+    ]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- html
+
+_CSS = ("body{font-family:sans-serif;max-width:1250px;margin:24px auto;color:#222;padding:0 16px}"
+        "table{border-collapse:collapse;margin:8px 0 20px}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}"
+        "th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}figure{margin:0 0 28px}"
+        "figcaption{color:#555;font-size:90%;max-width:1100px}")
+
+
+def html_page(title: str, sections: list[tuple[str, list[tuple[str, str]], list[Figure]]]) -> str:
+    """A self-contained HTML page: per section a heading, a table and figures (base64 PNG).
+
+    Args:
+        title: page title.
+        sections: ``(heading, table rows (name, value), figures)``.
+
+    Returns:
+        The HTML text (no external resources).
+    """
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    for heading, rows, figs in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        if rows:
+            parts.append("<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                                            for k, v in rows) + "</table>")
+        for f in figs:
+            b64 = base64.b64encode(f.png).decode("ascii")
+            parts.append(f"<figure id='{f.name}'><h3>{html.escape(f.title)}</h3>"
+                         f"<img alt='{html.escape(f.title)}' src='data:image/png;base64,{b64}'>"
+                         f"<figcaption>{html.escape(f.caption)}</figcaption></figure>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_page(html_path: str | os.PathLike, title: str,
+               sections: list[tuple[str, list[tuple[str, str]], list[Figure]]]) -> dict:
+    """Write the HTML page and one PNG per figure (``<stem>-<figure name>.png`` beside it).
+
+    Every file is written to a temporary name and renamed into place; existing report files of
+    the same name are replaced (a report is a view, regenerated at will).
+
+    Returns:
+        ``{"html": path, "png": [paths]}``.
+
+    Raises:
+        InputError: the folder of ``html_path`` does not exist.
+    """
+    hp = Path(html_path)
+    if not hp.parent.is_dir():
+        raise InputError(f"folder {hp.parent} of --html {hp} does not exist; create it or choose another path")
+    pngs = []
+    for _, _, figs in sections:
+        for f in figs:
+            p = hp.with_name(f"{hp.stem}-{f.name}.png")
+            _atomic_bytes(p, f.png)
+            pngs.append(str(p))
+    _atomic_bytes(hp, html_page(title, sections).encode())
+    return {"html": str(hp), "png": pngs}
+
+
+def default_html_path(output: str | os.PathLike) -> Path:
+    """``<OUTPUT>-report.html`` beside the OUTPUT folder (the output itself is never modified)."""
+    out = Path(output).resolve()
+    return out.with_name(f"{out.name}-report.html")
+
+
+def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | None = None, *,
+                 input_path: str | os.PathLike | None = None, column_map: str | None = None) -> dict:
+    """One call: read a balance OUTPUT and write its HTML report and PNG figures.
+
+    Args:
+        output_dir: an ``fsdata balance`` OUTPUT (format v1 or v2); read only.
+        html_path: the page to write (default :func:`default_html_path`); PNGs go beside it.
+        input_path: the balance INPUT, when the output's ``sample_id``s are not input row numbers.
+        column_map: ``--columns`` mapping of the input.
+
+    Returns:
+        ``{"html": path, "png": [paths], "predicted_bubble_before": float,
+        "predicted_bubble_after": float, "lower_bound_bubble": float}``.
+
+    Raises:
+        InputError: see :func:`load_output` and :func:`write_page`.
+    """
+    d = load_output(output_dir, input_path, column_map)
+    hp = Path(html_path) if html_path is not None else default_html_path(output_dir)
+    res = write_page(hp, f"fsdata report: {output_dir}",
+                     [("Settings and counts", output_rows(d), []), ("Figures", [], output_figures(d))])
+    res.update(predicted_bubble_before=bubble.run_bubble(d.before_loads),
+               predicted_bubble_after=bubble.run_bubble(d.after_loads),
+               lower_bound_bubble=float(d.manifest.get("lower_bound_bubble", float("nan"))))
+    return res

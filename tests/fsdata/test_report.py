@@ -1,0 +1,95 @@
+"""``fsdata report``: the HTML page and PNGs of a real (tiny) balance output, v1 and v2 names."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fsdata.cli import main
+from fsdata.report import load_output
+from tests.fsdata.helpers import write_samples
+
+
+def _balance(tmp_path: Path, *, id_offset: int = 0, strategy: str = "balanced", seed: int = 0) -> tuple[Path, Path]:
+    samples = write_samples(tmp_path / f"samples-{id_offset}-{seed}.parquet", n=700, seed=seed, id_offset=id_offset)
+    out = tmp_path / f"out-{strategy}-{id_offset}-{seed}"
+    assert main(["balance", str(samples), str(out), "--ranks", "4", "--batch-size-per-rank", "8",
+                 "--cost-model", "quadratic", "--strategy", strategy, "--no-progress"]) == 0
+    return samples, out
+
+
+def _pngs_in(html: str) -> list[bytes]:
+    import base64
+
+    return [base64.b64decode(b) for b in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)]
+
+
+def test_report_page_and_pngs_from_a_balanced_output(tmp_path, capsys):
+    _, out = _balance(tmp_path)
+    capsys.readouterr()
+    page = tmp_path / "review" / "page.html"
+    page.parent.mkdir()
+    assert main(["report", str(out), "--html", str(page), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    m = json.loads((out / "manifest.json").read_text())
+    assert r["predicted_bubble_before"] == pytest.approx(m["baseline_predicted_bubble"], rel=1e-9)
+    assert r["predicted_bubble_after"] == pytest.approx(m["predicted_bubble"], rel=1e-9, abs=1e-12)
+    assert r["predicted_bubble_before"] > r["predicted_bubble_after"]
+    html = page.read_text()
+    embedded = _pngs_in(html)
+    assert len(embedded) == 4 and len(r["png"]) == 4
+    for png, path in zip(embedded, r["png"]):
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and Path(path).read_bytes() == png  # files == embedded figures
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", html)  # nothing fetched at view time
+    for text in ("Per-rank predicted load per step", "Bubble per step", "Sequence lengths", "Cost per sample",
+                 "lower bound", f"{m['num_samples_dropped']:,}", "quadratic"):
+        assert text in html
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "step_stats.parquet", "dropped.parquet"]
+                                                           + [f"rank={r:05d}" for r in range(4)])  # not modified
+
+
+def test_before_loads_equal_the_plan_baseline_and_shuffle_output(tmp_path):
+    _, bal = _balance(tmp_path)
+    _, shuf = _balance(tmp_path, strategy="shuffle")
+    d_bal, d_shuf = load_output(bal), load_output(shuf)
+    # the shuffle output's written loads ARE today's practice: the report's "before" must equal them
+    np.testing.assert_allclose(d_shuf.before_loads, d_shuf.after_loads, rtol=1e-12)
+    np.testing.assert_allclose(d_bal.before_loads, d_shuf.after_loads, rtol=1e-12)
+    assert (d_bal.step_lower_bound <= d_bal.after_loads.max(axis=1) * (1 + 1e-12)).all()
+
+
+def test_ids_that_are_not_row_numbers_need_input(tmp_path, capsys):
+    samples, out = _balance(tmp_path, id_offset=1000)
+    capsys.readouterr()
+    page = tmp_path / "p.html"
+    assert main(["report", str(out), "--html", str(page)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--input" in err and not page.exists()
+    assert main(["report", str(out), "--html", str(page), "--input", str(samples)]) == 0
+    assert page.exists()
+    other = write_samples(tmp_path / "other.parquet", n=700, seed=5, id_offset=1000)
+    assert main(["report", str(out), "--html", str(tmp_path / "q.html"), "--input", str(other)]) == 2
+    assert "same INPUT" in capsys.readouterr().err
+
+
+def test_format_v2_names_are_read(tmp_path):
+    _, out = _balance(tmp_path)
+    m = json.loads((out / "manifest.json").read_text())
+    (out / "step_stats.parquet").rename(out / "_step_stats.parquet")
+    (out / "manifest.json").unlink()
+    m.update(format_version=2, step_stats_file="_step_stats.parquet")
+    (out / "_manifest.json").write_text(json.dumps(m))
+    d = load_output(out)
+    assert d.after_loads.shape == (m["num_steps"], 4)
+    assert pq.read_table(out / "_step_stats.parquet").num_rows == m["num_steps"] * 4
+
+
+def test_not_an_output_is_one_line_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "manifest" in err
