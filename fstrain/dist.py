@@ -28,6 +28,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from fstrain.backends import BACKEND_CHOICES
 from fstrain.errors import ConfigError
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 
@@ -49,7 +50,7 @@ def sparse_optimizer(optim: "OptimConfig") -> tuple[type[torch.optim.Optimizer],
     return torch.optim.SGD, {"lr": optim.sparse_lr}
 
 
-BACKENDS = ("auto", "nccl", "gloo", "shm")
+BACKENDS = BACKEND_CHOICES  # the one table: fstrain.backends
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from fstrain.dist import DistEnv, OptimConfig, allreduce_dense_grads, build_shar
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.model import NEGATIVE_KEY, Config, with_negatives
-from fstrain.pipeline import PipelineConfig, make_pipeline, pipeline_steps
+from fstrain.pipelines import PipelineConfig, make_pipeline, pipeline_steps
 
 logger = logging.getLogger(__name__)
 _CKPT_PREFIX = "step-"
@@ -68,7 +68,7 @@ class TrainConfig:
     """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
     pipeline: str | None = None
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
-    steps with :mod:`fstrain.pipeline` instead of ``step_mode``; ``None``: ``step_mode``."""
+    steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
     """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from fstrain.backends import BACKEND_NAMES as _BACKEND_NAMES
 from fstrain.comm.base import (
     BackendUnavailableError,
     CommBackend,
@@ -57,8 +58,8 @@ __all__ = [
 # store prefix is unique per transport and agreed without communication.
 _shm_instances: dict[str, itertools.count] = {}
 
-#: config names accepted by `CommConfig.backend`.
-BACKEND_NAMES = ("gloo", "nccl", "shm", "cuda-ce")
+#: config names accepted by `CommConfig.backend` (the one table: :mod:`fstrain.backends`).
+BACKEND_NAMES = _BACKEND_NAMES
 
 
 @dataclass(kw_only=True, slots=True)
