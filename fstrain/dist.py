@@ -28,7 +28,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from fstrain.backends import BACKEND_CHOICES
+from fstrain.backends import BACKEND_CHOICES, BACKEND_DEVICES
 from fstrain.errors import ConfigError
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 
@@ -51,6 +51,19 @@ def sparse_optimizer(optim: "OptimConfig") -> tuple[type[torch.optim.Optimizer],
 
 
 BACKENDS = BACKEND_CHOICES  # the one table: fstrain.backends
+
+
+def planned_device(backend: str) -> torch.device:
+    """The device :func:`init_distributed` will pick for ``backend`` (without initialising anything).
+
+    Raises:
+        ConfigError: unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(BACKEND_DEVICES[backend])
 
 
 @dataclass(frozen=True, slots=True)

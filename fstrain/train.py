@@ -30,11 +30,12 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data import HISTORY_KEY, Batch, ShardReader, check_world_size, infer_num_items, load_manifest
-from fstrain.dist import DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed
+from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed,
+                          planned_device)
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.model import NEGATIVE_KEY, Config, with_negatives
-from fstrain.pipelines import PipelineConfig, make_pipeline, pipeline_steps
+from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
 
 logger = logging.getLogger(__name__)
 _CKPT_PREFIX = "step-"
@@ -70,7 +71,7 @@ class TrainConfig:
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
     steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
-    """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
+    """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -227,12 +228,19 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
     check_world_size(manifest, world)
+    pipe_name = None
+    if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
+        pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.backend))
+        if pipe_name == "pec" and cfg.checkpoint_dir and cfg.checkpoint_every_steps:
+            raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
+                              "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
+                              "or --pipeline prioritized")
     env = env or init_distributed(cfg.backend)
     torch.manual_seed(cfg.seed)
     model_kwargs = dict(cfg.model)
     model_kwargs.setdefault("num_items", infer_num_items(manifest))
     mcfg = Config(**model_kwargs)
-    dmp, opt = build_sharded_model(mcfg, cfg.optim, env)
+    dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
         found = latest_checkpoint(cfg.checkpoint_dir)
@@ -256,10 +264,13 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
-    pipe = make_pipeline(pcfg, dmp, opt, env.device) if pcfg else None
+    pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if pipe:
         host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
-        source = pipeline_steps(pipe, host, env.rank)
+        # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
+        # unless checkpoints are taken between steps (the state must match the item's step)
+        lag = env.device.type == "cuda" and not (cfg.checkpoint_dir and cfg.checkpoint_every_steps)
+        source = pipeline_steps(pipe, host, env.rank, lag=lag)
     else:
         source = reader
     for item in source:

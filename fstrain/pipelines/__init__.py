@@ -15,7 +15,7 @@ sparse-dist   torchrec ``TrainPipelineSparseDist``: the next batch's input dist 
 pec           torchrec >= 1.9 ``TrainPipelinePEC`` (prioritized embedding communication).
               Needs CUDA and a model whose table is a ``PECEmbeddingCollection``; see
               :class:`PECPipeline` for why it does not run on CPU/gloo.
-prioritized   :class:`fstrain.prioritized.PrioritizedPipeline`, our implementation of the
+prioritized   :class:`fstrain.pipelines.prioritized.PrioritizedPipeline`, our implementation of the
               same ordering that runs on CPU/gloo: rows of batch N+1 that batch N does not
               touch (NOL) are looked up and exchanged on a background thread while batch N
               computes; the others (OL) after batch N's update.
@@ -31,6 +31,7 @@ lookups and pipeline bookkeeping, which are nearly equal across pipelines).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -51,6 +52,62 @@ from fstrain.pipelines.prioritized import PrioritizedPipeline
 from fstrain.pipelines.torchrec_wrappers import PECPipeline, SparseDistPipeline, pec_unavailable_reason
 
 logger = logging.getLogger(__name__)
+
+
+def pec_runs_on(device: torch.device) -> bool:
+    """Whether torchrec's ``TrainPipelinePEC`` can run on ``device`` (CUDA only; see
+    :func:`pec_unavailable_reason` for what fails on CPU)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+def resolve_pipeline_name(name: str, device: torch.device, *, pec_fallback: bool = False) -> str:
+    """The pipeline that will run for ``name`` on ``device``, decided before the model is built.
+
+    ``auto`` is ``pec`` where torchrec's PEC pipeline runs (CUDA), else ``prioritized``; ``pec``
+    where it cannot run is ``prioritized`` with ``pec_fallback`` (a warning), else an error. Every
+    other name is itself.
+
+    Args:
+        name: one of :data:`PIPELINE_NAMES`.
+        device: where the model will run.
+        pec_fallback: allow ``pec`` to become ``prioritized``.
+
+    Returns:
+        A concrete name: ``plain``, ``sparse-dist``, ``pec`` or ``prioritized``.
+
+    Raises:
+        PipelineError: unknown name.
+        PipelineUnavailableError: ``pec`` without CUDA and without ``pec_fallback``.
+    """
+    if name not in PIPELINE_NAMES:
+        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+    if name == "auto":
+        return "pec" if pec_runs_on(device) else "prioritized"
+    if name == "pec" and not pec_runs_on(device):
+        reason = (f"--pipeline pec runs torchrec's TrainPipelinePEC, which needs a CUDA device (this rank has "
+                  f"{device}); use --pipeline prioritized (the same schedule on any backend) or --pipeline auto")
+        if not pec_fallback:
+            raise PipelineUnavailableError(reason)
+        logger.warning("%s; using the prioritized pipeline instead", reason)
+        return "prioritized"
+    return name
+
+
+def model_builder(name: str) -> Callable:
+    """The sharded-model builder pipeline ``name`` needs (a name from :func:`resolve_pipeline_name`).
+
+    Returns:
+        :func:`fstrain.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
+        ``PECEmbeddingCollection``, which ``TrainPipelinePEC`` requires), else
+        :func:`fstrain.dist.build_sharded_model`; both take ``(config, optim, env)``.
+    """
+    if name == "pec":
+        from fstrain.pec import build_pec_sharded_model
+
+        return build_pec_sharded_model
+    from fstrain.dist import build_sharded_model
+
+    return build_sharded_model
 
 
 def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, optimizer,
@@ -93,4 +150,5 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
            "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
-           "PrioritizedPipeline", "make_pipeline", "pec_unavailable_reason", "pipeline_steps", "run_steps"]
+           "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
+           "pipeline_steps", "resolve_pipeline_name", "run_steps"]

@@ -11,7 +11,7 @@ import abc
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -92,23 +92,35 @@ class StepStats:
     straggler_wait_seconds: float = 0.0
 
 
-@dataclass(slots=True)
 class StepOutput:
     """What :meth:`TrainPipeline.progress` returns.
 
     Attributes:
         output: the model output, ``(loss_sum, num_samples)``: detached loss sum over this
             rank's samples (scalar tensor) and its sample count (tensor).
-        stats: timings of the step.
+        stats: timings of the step. On CUDA they come from CUDA events and are read on first
+            access (which waits for the step's last kernel); ``progress`` itself never blocks the
+            host on the device, so read them one step late to keep the GPU queue full (as
+            :func:`pipeline_steps` does).
         step: ``Batch.step`` of the batch trained in this call (pipelines read ahead, so the
             caller cannot take it from the last batch it produced).
         num_tokens: history items of that batch on this rank.
     """
 
-    output: tuple[torch.Tensor, torch.Tensor]
-    stats: StepStats
-    step: int
-    num_tokens: int
+    __slots__ = ("output", "_stats", "step", "num_tokens")
+
+    def __init__(self, output: tuple[torch.Tensor, torch.Tensor], stats: StepStats | Callable[[], StepStats],
+                 step: int, num_tokens: int) -> None:
+        self.output = output
+        self._stats = stats
+        self.step = step
+        self.num_tokens = num_tokens
+
+    @property
+    def stats(self) -> StepStats:
+        if not isinstance(self._stats, StepStats):
+            self._stats = self._stats()
+        return self._stats
 
 
 class TrainPipeline(abc.ABC):
@@ -174,16 +186,31 @@ class TrainPipeline(abc.ABC):
         """
         self.timer.take()
         t0 = time.perf_counter()
+        start = self._cuda_event()
         output, ahead, after = self._progress(dataloader_iter)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        step = time.perf_counter() - t0
-        compute, wait = self.timer.take()
-        stats = StepStats(self._index, step, compute, max(0.0, step - compute - wait), ahead, after, self._phases,
-                          wait)
+        end = self._cuda_event()
+        host_seconds = time.perf_counter() - t0
+        pending = self.timer.detach()  # this step's intervals (CUDA: events, read later)
+        index, phases, trained = self._index, self._phases, self._trained
         self._phases = {}
         self._index += 1
-        return StepOutput(output, stats, *self._trained)
+
+        def resolve() -> StepStats:
+            # CUDA: step time from events on the current stream (no torch.cuda.synchronize in the
+            # step; reading waits for this step's last event only). CPU: host wall clock.
+            step = host_seconds if start is None else _elapsed(start, end)
+            compute, wait = self.timer.resolve(pending)
+            return StepStats(index, step, compute, max(0.0, step - compute - wait), ahead, after, phases, wait)
+
+        return StepOutput(output, resolve() if start is None else resolve, *trained)
+
+    def _cuda_event(self):
+        """CUDA: a timing event recorded on the current stream; CPU: ``None``."""
+        if self.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
 
     def flush(self) -> None:
         """Finish work of past steps still in flight, so the model state is complete (call it
@@ -198,7 +225,7 @@ class TrainPipeline(abc.ABC):
             self._straggler_group = None
 
 
-def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int
+def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int, *, lag: bool = False
                    ) -> Iterator[tuple[int, torch.Tensor, int, int, StepTiming]]:
     """Drive ``pipeline`` to the end of ``batches``, one item per trained batch (for ``fstrain.train``).
 
@@ -206,6 +233,9 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int
         pipeline: from :func:`make_pipeline`.
         batches: host batches with negatives (the pipeline moves them to its device).
         rank: this rank (recorded in the timings).
+        lag: yield step N after step N+1 has been queued (CUDA: its timing events are read while
+            the device runs the next step, so the host never waits for an idle GPU). The model
+            state is then one step ahead of the item: do not checkpoint between items.
 
     Yields:
         ``(step, loss_sum, num_samples, num_tokens, timing)``: ``Batch.step`` of the trained batch,
@@ -214,17 +244,29 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int
         + optimizer), ``wait_seconds`` (straggler wait), ``sync_seconds`` (exposed
         communication) and ``sparse_forward_seconds`` 0 (inside the exposed communication).
     """
-    while True:
-        try:
-            out = pipeline.progress(batches)
-        except StopIteration:
-            return
+
+    def item(out: StepOutput):
         loss_sum, n = out.output
         st = out.stats
         timing = StepTiming(step=out.step, rank=rank, num_samples=int(n), num_tokens=out.num_tokens,
                             sparse_forward_seconds=0.0, compute_seconds=st.compute_seconds,
                             wait_seconds=st.straggler_wait_seconds, sync_seconds=st.exposed_comm_seconds)
-        yield out.step, loss_sum, int(n), out.num_tokens, timing
+        return out.step, loss_sum, int(n), out.num_tokens, timing
+
+    prev: StepOutput | None = None
+    while True:  # lag: step N's stats (CUDA events) are read after step N+1 is queued
+        try:
+            out = pipeline.progress(batches)
+        except StopIteration:
+            if prev is not None:
+                yield item(prev)
+            return
+        if not lag:
+            yield item(out)
+            continue
+        if prev is not None:
+            yield item(prev)
+        prev = out
 
 
 def run_steps(pipeline: TrainPipeline, batches: Iterator[Batch], max_steps: int | None = None) -> list[StepOutput]:
@@ -236,6 +278,12 @@ def run_steps(pipeline: TrainPipeline, batches: Iterator[Batch], max_steps: int 
         except StopIteration:
             break
     return outs
+
+
+def _elapsed(start, end) -> float:
+    """Seconds between two recorded CUDA events (waits for ``end``)."""
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepOutput",

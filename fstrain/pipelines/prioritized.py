@@ -219,7 +219,17 @@ class PrioritizedPipeline(TrainPipeline):
         ready.record()
         return ready
 
+    def _to_side(self, *tensors) -> None:
+        """CUDA: mark main-stream tensors as used by the side stream, so the caching allocator does
+        not reuse their memory while a background job may still read them."""
+        if self._side_stream is None:
+            return
+        for t in tensors:
+            if isinstance(t, Batch) or (isinstance(t, torch.Tensor) and t.is_cuda):
+                t.record_stream(self._side_stream)
+
     def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
+        self._to_side(batch)  # copied to the device on the main stream, read by the background job
         if self.overlap:
             self._pending = self._pool.submit(self._prefetch, batch, prev, self._ready_event())
         else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
@@ -246,8 +256,11 @@ class PrioritizedPipeline(TrainPipeline):
         with self._phase("wait_prefetch"):
             ex = self._pending.result()
             if self._side_stream is not None:  # the job's kernels were issued, not necessarily done
-                torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
-                ex.nol_rows.record_stream(torch.cuda.current_stream(self.device))
+                main = torch.cuda.current_stream(self.device)
+                main.wait_stream(self._side_stream)
+                for t in (ex.nol_rows, ex.inverse, ex.ids):  # made on the side stream, used on the main one
+                    if t.is_cuda:
+                        t.record_stream(main)
         self._pending = None
         return ex
 
@@ -291,6 +304,7 @@ class PrioritizedPipeline(TrainPipeline):
                              _segment_counts(recv_keep, ex.recv_counts), ex.recv_local[recv_keep])
             args = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
                     _segment_counts(~recv_keep, ex.recv_counts), ex.recv_local[~recv_keep])
+        self._to_side(*args)  # gradient slices made on the main stream, sent by the background job
         if self.overlap:
             self._deferred = self._pool.submit(self._deferred_update, *args, self._ready_event())
         else:

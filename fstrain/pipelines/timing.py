@@ -80,22 +80,33 @@ class ComputeTimer:
         else:
             self.seconds += dt
 
+    def detach(self) -> tuple[float, float, list]:
+        """Hand over everything accumulated since the last call without waiting for the device:
+        ``(compute seconds, wait seconds, CUDA intervals)``; resets. Read it with :meth:`resolve`."""
+        out = (self.seconds, self.wait_seconds, self._events)
+        self.seconds = self.wait_seconds = 0.0
+        self._events = []
+        return out
+
+    @staticmethod
+    def resolve(pending: tuple[float, float, list]) -> tuple[float, float]:
+        """``(compute, straggler wait)`` seconds of a :meth:`detach` result (CUDA: waits for its last event)."""
+        compute, wait, events = pending
+        for kind, start, end in events:
+            end.synchronize()
+            dt = start.elapsed_time(end) / 1e3
+            if kind == "wait":
+                wait += dt
+            else:
+                compute += dt
+        return compute, wait
+
     def take(self) -> tuple[float, float]:
         """``(compute, straggler wait)`` seconds accumulated since the last call; resets both.
 
         On CUDA the intervals are read from their events (this waits for the last one).
         """
-        for kind, start, end in self._events:
-            end.synchronize()
-            dt = start.elapsed_time(end) / 1e3
-            if kind == "wait":
-                self.wait_seconds += dt
-            else:
-                self.seconds += dt
-        self._events.clear()
-        out = (self.seconds, self.wait_seconds)
-        self.seconds = self.wait_seconds = 0.0
-        return out
+        return self.resolve(self.detach())
 
     def remove(self) -> None:
         """Remove the hooks."""
