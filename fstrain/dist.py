@@ -92,7 +92,7 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
         backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl``, ``gloo``, or ``shm``
             (CPU: the shared-memory transport of :mod:`fstrain.comm`, registered as a
             torch.distributed backend, so torchrec's all-to-alls use it unchanged).
-        timeout_seconds: collective timeout.
+        timeout_seconds: collective timeout (process group, and the shm transport's own).
 
     Returns:
         The :class:`DistEnv`.
@@ -103,14 +103,17 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     cuda = torch.cuda.is_available()
-    if backend == "nccl" and not cuda:
-        raise ConfigError("--backend nccl needs a CUDA device and none is visible; use --backend gloo")
+    if backend in ("nccl", "cuda-ce") and not cuda:
+        raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
     backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
     pg_backend = backend
     if backend == "shm":
         from fstrain.comm import CommConfig, register_torch_backends
 
-        pg_backend = register_torch_backends(CommConfig(backend="shm"))
+        from fstrain.comm.shm import ShmBackend
+
+        pg_backend = register_torch_backends(CommConfig(backend="shm",
+                                                        shm=ShmBackend.Config(timeout_seconds=timeout_seconds)))
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))

@@ -72,6 +72,9 @@ class TrainConfig:
     steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
     """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
+    collective_timeout_seconds: float = 120.0
+    """A peer that makes no progress for this long makes every other rank exit with one line
+    naming it (:mod:`fstrain.watchdog`); also the process groups' and the shm transport's timeout."""
 
 
 def _sync(device: torch.device) -> None:
@@ -210,8 +213,35 @@ class TrainResult:
     optimizer: object
 
 
+class _PeerGuard:
+    """Holds the :class:`fstrain.watchdog.CollectiveWatchdog` of a run once the process group exists."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.watchdog = None
+
+    def start(self, env: DistEnv) -> None:
+        if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:
+            from fstrain.watchdog import CollectiveWatchdog
+
+            self.watchdog = CollectiveWatchdog(env.rank, env.world_size, self.timeout_seconds).start()
+
+    def step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.step(step)
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train on ``cfg.shards``; rank 0 logs and writes the metrics.
+
+    With more than one rank, a :class:`fstrain.watchdog.CollectiveWatchdog` guards the run: a
+    peer that stops making progress for ``cfg.collective_timeout_seconds`` makes this rank print
+    one line naming it (and the collective and step) and exit with status 3; a collective that
+    fails because a peer died raises :class:`fstrain.watchdog.PeerFailureError` with that line.
 
     Returns:
         :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.metrics.summarize`).
@@ -219,7 +249,25 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     Raises:
         ShardMismatchError: shards written for another world size (before any collective).
         ShardError / ConfigError: bad shards or settings.
+        PeerFailureError: a peer rank exited or stopped responding during a collective.
     """
+    from fstrain.comm.base import CommError
+    from fstrain.watchdog import PeerFailureError
+
+    guard = _PeerGuard(cfg.collective_timeout_seconds)
+    try:
+        return _train(cfg, env, guard)
+    except (RuntimeError, CommError, dist.DistError) as e:
+        line = guard.watchdog.peer_failure(e) if guard.watchdog is not None else None
+        if line is None:
+            raise
+        raise PeerFailureError(line) from e
+    finally:
+        guard.stop()
+
+
+def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainResult:
+    """:func:`train`'s body; ``guard`` receives the watchdog and the progress marks."""
     if cfg.step_mode not in ("measured", "plain"):
         raise ConfigError(f"step_mode must be 'measured' or 'plain', got {cfg.step_mode!r}")
     pcfg = PipelineConfig(name=cfg.pipeline) if cfg.pipeline else None  # unknown name: PipelineError
@@ -235,7 +283,10 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
             raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
                               "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
                               "or --pipeline prioritized")
-    env = env or init_distributed(cfg.backend)
+    if cfg.collective_timeout_seconds <= 0:
+        raise ConfigError(f"--collective-timeout-seconds must be > 0, got {cfg.collective_timeout_seconds}")
+    env = env or init_distributed(cfg.backend, timeout_seconds=cfg.collective_timeout_seconds)
+    guard.start(env)
     torch.manual_seed(cfg.seed)
     model_kwargs = dict(cfg.model)
     model_kwargs.setdefault("num_items", infer_num_items(manifest))
@@ -291,6 +342,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
                 timings.append(timing)
             batch_step = batch.step
         step = batch_step + 1
+        guard.step(step)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_tokens += num_tokens
