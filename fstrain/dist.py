@@ -74,8 +74,8 @@ class DistEnv:
         rank: global rank.
         world_size: number of processes.
         local_rank: rank inside the node (selects the CUDA device).
-        device: ``cuda:<local_rank>`` with NCCL, else ``cpu`` with gloo.
-        backend: ``nccl``, ``gloo`` or ``shm``.
+        device: ``cuda:<local_rank>`` with ``nccl`` / ``cuda-ce``, else ``cpu``.
+        backend: ``nccl``, ``gloo``, ``shm`` or ``cuda-ce``.
     """
 
     rank: int
@@ -89,16 +89,18 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
 
     Args:
-        backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl``, ``gloo``, or ``shm``
-            (CPU: the shared-memory transport of :mod:`fstrain.comm`, registered as a
-            torch.distributed backend, so torchrec's all-to-alls use it unchanged).
+        backend: a name of :data:`fstrain.backends.BACKEND_CHOICES`: ``auto`` (NCCL when CUDA is
+            available, else gloo), ``nccl``, ``gloo``, ``shm`` (CPU: the shared-memory
+            all-to-all of :mod:`fstrain.comm`, registered as a torch.distributed backend, so
+            torchrec's all-to-alls use it unchanged) or ``cuda-ce`` (GPU: the all-to-all on copy
+            engines, every other collective on NCCL; :class:`fstrain.comm.CopyEngineProcessGroup`).
         timeout_seconds: collective timeout (process group, and the shm transport's own).
 
     Returns:
         The :class:`DistEnv`.
 
     Raises:
-        ConfigError: ``nccl`` requested without CUDA, or an unknown backend.
+        ConfigError: ``nccl`` / ``cuda-ce`` requested without CUDA, or an unknown backend.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
@@ -109,15 +111,18 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     pg_backend = backend
     if backend == "shm":
         from fstrain.comm import CommConfig, register_torch_backends
-
         from fstrain.comm.shm import ShmBackend
 
         pg_backend = register_torch_backends(CommConfig(backend="shm",
                                                         shm=ShmBackend.Config(timeout_seconds=timeout_seconds)))
+    elif backend == "cuda-ce":
+        from fstrain.comm import CommConfig, register_torch_backends
+
+        pg_backend = register_torch_backends(CommConfig(backend="cuda-ce"))  # "fs_cuda_ce"
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
-    if backend == "nccl":
+    if BACKEND_DEVICES[backend] == "cuda":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:
