@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-v1
 TORCHREC := torchrec==1.9.2
 
-.PHONY: demo test test-fast bench venv clean
+.PHONY: demo test test-fast bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,9 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
