@@ -311,6 +311,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
+    guard.step(start)
     timings: list[StepTiming] = []
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
@@ -360,6 +361,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+            guard.step(step)  # a long save is progress, not a hang
     if pipe:
         pipe.close()  # flushes
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
