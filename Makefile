@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v3
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast bench venv clean
+.PHONY: demo test test-fast bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,9 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
+
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

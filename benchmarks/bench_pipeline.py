@@ -1,6 +1,6 @@
 """Exposed communication per training step, with and without overlap (CPU/gloo, 2 processes).
 
-Trains the fstrain model with each pipeline of :mod:`fstrain.pipeline` on the same synthetic
+Trains the fstrain model with each pipeline of :mod:`fstrain.pipelines` on the same synthetic
 batches (lognormal history lengths, Zipf-distributed item ids so consecutive batches share their
 popular rows, as real sequence data does) and reports per step: wall time, compute (dense
 forward + backward + optimizer) and exposed communication (the rest). ``pec`` is skipped where
@@ -34,7 +34,7 @@ PIPELINES = ("plain", "sparse-dist", "prioritized-no-overlap", "prioritized", "p
 
 def pipeline_config(name: str):
     """``prioritized-no-overlap`` is ``prioritized`` with its NOL exchange inline (the control)."""
-    from fstrain.pipeline import PipelineConfig
+    from fstrain.pipelines import PipelineConfig
 
     if name == "prioritized-no-overlap":
         return PipelineConfig(name="prioritized", overlap=False)
@@ -106,9 +106,9 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
     torch.set_num_threads(1)
     result: dict = {}
     try:
-        from fstrain.dist import OptimConfig, build_sharded_model, init_distributed
+        from fstrain.dist import OptimConfig, init_distributed
         from fstrain.model import Config
-        from fstrain.pipeline import PipelineUnavailableError, make_pipeline, run_steps
+        from fstrain.pipelines import PipelineUnavailableError, make_pipeline, model_builder, run_steps
 
         env = init_distributed("gloo")
         total = cfg.num_warmup_steps + cfg.num_steps
@@ -118,9 +118,10 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
         pipes, iters = {}, {}
         for name in names:
             torch.manual_seed(0)
-            dmp, opt = build_sharded_model(mcfg, OptimConfig(), env)
+            pcfg = pipeline_config(name)
+            dmp, opt = model_builder(pcfg.name)(mcfg, OptimConfig(), env)  # pec: the PEC-wrapped table
             try:
-                pipes[name] = make_pipeline(pipeline_config(name), dmp, opt, env.device)
+                pipes[name] = make_pipeline(pcfg, dmp, opt, env.device)
             except PipelineUnavailableError as e:
                 result[name] = {"skipped": str(e)}
                 continue

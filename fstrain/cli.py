@@ -14,6 +14,7 @@ import sys
 from fsdata.cliutil import run_main
 from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
+from fstrain.backends import BACKEND_CHOICES
 from fstrain.errors import FstrainError
 
 _TRAIN_EPILOG = """examples:
@@ -94,8 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs (CUDA), else our prioritized pipeline; none: the --step-mode loop (default auto)")
     t.add_argument("--step-mode", choices=("measured", "plain"), default="measured",
                    help="loop used with --pipeline none: measured (timed) or plain")
-    t.add_argument("--backend", choices=("auto", "gloo", "nccl", "shm"), default="auto",
-                   help="auto: nccl with CUDA, else gloo; shm: fstrain.comm shared-memory transport (CPU)")
+    t.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="auto: nccl with CUDA, else gloo; shm: fstrain.comm shared-memory all-to-all (CPU); "
+                   "cuda-ce: all-to-all on copy engines inside a node, the rest on NCCL (GPU; docs/comm.md)")
+    t.add_argument("--collective-timeout-seconds", type=float, default=120.0,
+                   help="a rank that makes no progress for this long makes every other rank exit with one line "
+                   "naming it, the collective and the step (default 120)")
     t.add_argument("--dense-lr", type=float, default=1e-3)
     t.add_argument("--sparse-lr", type=float, default=0.05)
     t.add_argument("--sparse-optimizer", choices=("rowwise_adagrad", "sgd"), default="rowwise_adagrad")
@@ -164,17 +169,25 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for flag, path in (("--checkpoint-dir", a.checkpoint_dir), ("--metrics-dir", a.metrics_dir)):
         if path:
             check_output_apart(path, [a.shards], output_name=flag, input_name="SHARDS")
+    if not a.collective_timeout_seconds > 0:
+        parser.error(f"--collective-timeout-seconds must be > 0, got {a.collective_timeout_seconds}")
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger("fstrain").setLevel(logging.WARNING)
     cfg = TrainConfig(shards=a.shards, model=_model_kwargs(a), max_steps=a.max_steps, seed=a.seed,
                       log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
                       checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
                       metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
+                      collective_timeout_seconds=a.collective_timeout_seconds,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
                                         sparse_optimizer=a.sparse_optimizer))
+    from fstrain.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
+
     try:
         res = train(cfg)
+    except PeerFailureError as e:  # peers are gone: no teardown collective, no interpreter shutdown wait
+        print(f"fstrain train: error: {e}", file=sys.stderr, flush=True)
+        os._exit(PEER_FAILURE_EXIT_CODE)
     finally:
         import torch.distributed as dist
 

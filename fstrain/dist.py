@@ -28,6 +28,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from fstrain.backends import BACKEND_CHOICES, BACKEND_DEVICES
 from fstrain.errors import ConfigError
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 
@@ -49,7 +50,20 @@ def sparse_optimizer(optim: "OptimConfig") -> tuple[type[torch.optim.Optimizer],
     return torch.optim.SGD, {"lr": optim.sparse_lr}
 
 
-BACKENDS = ("auto", "nccl", "gloo", "shm")
+BACKENDS = BACKEND_CHOICES  # the one table: fstrain.backends
+
+
+def planned_device(backend: str) -> torch.device:
+    """The device :func:`init_distributed` will pick for ``backend`` (without initialising anything).
+
+    Raises:
+        ConfigError: unknown backend.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(BACKEND_DEVICES[backend])
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +74,8 @@ class DistEnv:
         rank: global rank.
         world_size: number of processes.
         local_rank: rank inside the node (selects the CUDA device).
-        device: ``cuda:<local_rank>`` with NCCL, else ``cpu`` with gloo.
-        backend: ``nccl``, ``gloo`` or ``shm``.
+        device: ``cuda:<local_rank>`` with ``nccl`` / ``cuda-ce``, else ``cpu``.
+        backend: ``nccl``, ``gloo``, ``shm`` or ``cuda-ce``.
     """
 
     rank: int
@@ -75,32 +89,40 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
 
     Args:
-        backend: ``auto`` (NCCL when CUDA is available, else gloo), ``nccl``, ``gloo``, or ``shm``
-            (CPU: the shared-memory transport of :mod:`fstrain.comm`, registered as a
-            torch.distributed backend, so torchrec's all-to-alls use it unchanged).
-        timeout_seconds: collective timeout.
+        backend: a name of :data:`fstrain.backends.BACKEND_CHOICES`: ``auto`` (NCCL when CUDA is
+            available, else gloo), ``nccl``, ``gloo``, ``shm`` (CPU: the shared-memory
+            all-to-all of :mod:`fstrain.comm`, registered as a torch.distributed backend, so
+            torchrec's all-to-alls use it unchanged) or ``cuda-ce`` (GPU: the all-to-all on copy
+            engines, every other collective on NCCL; :class:`fstrain.comm.CopyEngineProcessGroup`).
+        timeout_seconds: collective timeout (process group, and the shm transport's own).
 
     Returns:
         The :class:`DistEnv`.
 
     Raises:
-        ConfigError: ``nccl`` requested without CUDA, or an unknown backend.
+        ConfigError: ``nccl`` / ``cuda-ce`` requested without CUDA, or an unknown backend.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
     cuda = torch.cuda.is_available()
-    if backend == "nccl" and not cuda:
-        raise ConfigError("--backend nccl needs a CUDA device and none is visible; use --backend gloo")
+    if backend in ("nccl", "cuda-ce") and not cuda:
+        raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
     backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
     pg_backend = backend
     if backend == "shm":
         from fstrain.comm import CommConfig, register_torch_backends
+        from fstrain.comm.shm import ShmBackend
 
-        pg_backend = register_torch_backends(CommConfig(backend="shm"))
+        pg_backend = register_torch_backends(CommConfig(backend="shm",
+                                                        shm=ShmBackend.Config(timeout_seconds=timeout_seconds)))
+    elif backend == "cuda-ce":
+        from fstrain.comm import CommConfig, register_torch_backends
+
+        pg_backend = register_torch_backends(CommConfig(backend="cuda-ce"))  # "fs_cuda_ce"
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))
-    if backend == "nccl":
+    if BACKEND_DEVICES[backend] == "cuda":
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:

@@ -38,7 +38,7 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fstrain.data import HISTORY_KEY, TARGET_KEY, Batch
+from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.errors import ConfigError
 
 NEGATIVE_KEY = "negative_item_ids"

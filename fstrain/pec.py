@@ -9,7 +9,7 @@ the wrapper changes the table's state-dict key (:data:`PEC_TABLE_PREFIX`), so ch
 two layouts are not interchangeable without :func:`to_plain_keys`.
 
 :func:`probe_torchrec_pec` constructs the pipeline and runs steps, returning the exception it
-raises; the tests use it to keep :func:`fstrain.pipeline.pec_unavailable_reason` honest.
+raises; the tests use it to keep :func:`fstrain.pipelines.pec_unavailable_reason` honest.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from fstrain.data import Batch
+from fstrain.batch import Batch
 from fstrain.dist import DistEnv, OptimConfig, SumDataParallelWrapper, init_table_rows, sparse_optimizer
 from fstrain.model import TABLE_NAME, Config, SequentialRecommender
 

@@ -30,11 +30,12 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data import HISTORY_KEY, Batch, ShardReader, check_world_size, infer_num_items, load_manifest
-from fstrain.dist import DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed
+from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed,
+                          planned_device)
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.model import NEGATIVE_KEY, Config, with_negatives
-from fstrain.pipeline import PipelineConfig, make_pipeline, pipeline_steps
+from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
 from fstrain.steplog import StepLog
 
 logger = logging.getLogger(__name__)
@@ -69,11 +70,14 @@ class TrainConfig:
     """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
     pipeline: str | None = None
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
-    steps with :mod:`fstrain.pipeline` instead of ``step_mode``; ``None``: ``step_mode``."""
+    steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
-    """``auto``, ``gloo``, ``nccl`` or ``shm`` (:func:`fstrain.dist.init_distributed`)."""
+    """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
     tensorboard_dir: str | None = None
     """Where rank 0 writes TensorBoard event files (:mod:`fstrain.steplog`); ``None``: none."""
+    collective_timeout_seconds: float = 120.0
+    """A peer that makes no progress for this long makes every other rank exit with one line
+    naming it (:mod:`fstrain.watchdog`); also the process groups' and the shm transport's timeout."""
 
 
 def _sync(device: torch.device) -> None:
@@ -212,8 +216,35 @@ class TrainResult:
     optimizer: object
 
 
+class _PeerGuard:
+    """Holds the :class:`fstrain.watchdog.CollectiveWatchdog` of a run once the process group exists."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.watchdog = None
+
+    def start(self, env: DistEnv) -> None:
+        if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:
+            from fstrain.watchdog import CollectiveWatchdog
+
+            self.watchdog = CollectiveWatchdog(env.rank, env.world_size, self.timeout_seconds).start()
+
+    def step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.step(step)
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train on ``cfg.shards``; rank 0 logs and writes the metrics.
+
+    With more than one rank, a :class:`fstrain.watchdog.CollectiveWatchdog` guards the run: a
+    peer that stops making progress for ``cfg.collective_timeout_seconds`` makes this rank print
+    one line naming it (and the collective and step) and exit with status 3; a collective that
+    fails because a peer died raises :class:`fstrain.watchdog.PeerFailureError` with that line.
 
     Returns:
         :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.metrics.summarize`).
@@ -221,7 +252,25 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     Raises:
         ShardMismatchError: shards written for another world size (before any collective).
         ShardError / ConfigError: bad shards or settings.
+        PeerFailureError: a peer rank exited or stopped responding during a collective.
     """
+    from fstrain.comm.base import CommError
+    from fstrain.watchdog import PeerFailureError
+
+    guard = _PeerGuard(cfg.collective_timeout_seconds)
+    try:
+        return _train(cfg, env, guard)
+    except (RuntimeError, CommError, dist.DistError) as e:
+        line = guard.watchdog.peer_failure(e) if guard.watchdog is not None else None
+        if line is None:
+            raise
+        raise PeerFailureError(line) from e
+    finally:
+        guard.stop()
+
+
+def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainResult:
+    """:func:`train`'s body; ``guard`` receives the watchdog and the progress marks."""
     if cfg.step_mode not in ("measured", "plain"):
         raise ConfigError(f"step_mode must be 'measured' or 'plain', got {cfg.step_mode!r}")
     pcfg = PipelineConfig(name=cfg.pipeline) if cfg.pipeline else None  # unknown name: PipelineError
@@ -230,12 +279,22 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
     check_world_size(manifest, world)
-    env = env or init_distributed(cfg.backend)
+    pipe_name = None
+    if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
+        pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.backend))
+        if pipe_name == "pec" and cfg.checkpoint_dir and cfg.checkpoint_every_steps:
+            raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
+                              "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
+                              "or --pipeline prioritized")
+    if cfg.collective_timeout_seconds <= 0:
+        raise ConfigError(f"--collective-timeout-seconds must be > 0, got {cfg.collective_timeout_seconds}")
+    env = env or init_distributed(cfg.backend, timeout_seconds=cfg.collective_timeout_seconds)
+    guard.start(env)
     torch.manual_seed(cfg.seed)
     model_kwargs = dict(cfg.model)
     model_kwargs.setdefault("num_items", infer_num_items(manifest))
     mcfg = Config(**model_kwargs)
-    dmp, opt = build_sharded_model(mcfg, cfg.optim, env)
+    dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
         found = latest_checkpoint(cfg.checkpoint_dir)
@@ -255,15 +314,19 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
+    guard.step(start)
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
-    pipe = make_pipeline(pcfg, dmp, opt, env.device) if pcfg else None
+    pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if pipe:
         host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
-        source = pipeline_steps(pipe, host, env.rank)
+        # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
+        # unless checkpoints are taken between steps (the state must match the item's step)
+        lag = env.device.type == "cuda" and not (cfg.checkpoint_dir and cfg.checkpoint_every_steps)
+        source = pipeline_steps(pipe, host, env.rank, lag=lag)
     else:
         source = reader
     for item in source:
@@ -286,6 +349,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
             batch_step = batch.step
         step = batch_step + 1
         steplog.add(batch_step, loss_sum, n, timing)
+        guard.step(step)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_tokens += num_tokens
@@ -305,6 +369,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+            guard.step(step)  # a long save is progress, not a hang
     if pipe:
         pipe.close()  # flushes
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):

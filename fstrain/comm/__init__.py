@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from fstrain.backends import BACKEND_NAMES as _BACKEND_NAMES
 from fstrain.comm.base import (
     BackendUnavailableError,
     CommBackend,
@@ -32,7 +33,14 @@ from fstrain.comm.base import (
 )
 from fstrain.comm.cuda_ce import CopyEngineBackend
 from fstrain.comm.gloo import TorchDistBackend
-from fstrain.comm.process_group import SHM_BACKEND_NAME, ShmProcessGroup, register_shm_backend
+from fstrain.comm.process_group import (
+    CUDA_CE_BACKEND_NAME,
+    SHM_BACKEND_NAME,
+    CopyEngineProcessGroup,
+    ShmProcessGroup,
+    register_cuda_ce_backend,
+    register_shm_backend,
+)
 from fstrain.comm.shm import ShmBackend
 
 __all__ = [
@@ -43,6 +51,7 @@ __all__ = [
     "CommError",
     "ConcurrentCollectiveError",
     "CopyEngineBackend",
+    "CopyEngineProcessGroup",
     "PeerExitedError",
     "PeerTimeoutError",
     "ShmBackend",
@@ -57,8 +66,8 @@ __all__ = [
 # store prefix is unique per transport and agreed without communication.
 _shm_instances: dict[str, itertools.count] = {}
 
-#: config names accepted by `CommConfig.backend`.
-BACKEND_NAMES = ("gloo", "nccl", "shm", "cuda-ce")
+#: config names accepted by `CommConfig.backend` (the one table: :mod:`fstrain.backends`).
+BACKEND_NAMES = _BACKEND_NAMES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -89,13 +98,14 @@ def register_torch_backends(config: CommConfig) -> str:
 
     Returns:
         the name to pass to ``dist.init_process_group`` / ``dist.new_group``: ``"gloo"``,
-        ``"nccl"``, ``"fs_shm"``, or for ``"cuda-ce"`` ``"nccl"`` (the copy-engine path is not a
-        process group; build it with `build_backend` on top of the NCCL group).
+        ``"nccl"``, ``"fs_shm"`` (all-to-all on shared memory, the rest on gloo) or
+        ``"fs_cuda_ce"`` (all-to-all on copy engines inside a node, the rest on NCCL; see
+        `CopyEngineProcessGroup`).
     """
     if config.backend == "shm":
         return register_shm_backend(config.shm)
     if config.backend == "cuda-ce":
-        return "nccl"
+        return register_cuda_ce_backend(config.cuda_ce)
     return config.backend
 
 

@@ -1,15 +1,22 @@
-"""Copy-engine all-to-all-v between the GPUs of one node (SM-free data movement). UNTESTED.
+"""Copy-engine all-to-all-v between the GPUs of one node (SM-free data movement). NOT RUN ON A GPU YET.
 
 This module has never run: the machines it was written on have no GPU. It is guarded (nothing
-touches CUDA until a `CopyEngineBackend` is built) and its tests are marked ``gpu``.
+touches CUDA until a `CopyEngineBackend` is built) and its tests are marked ``gpu``. The parts
+that do not need a GPU (split-matrix check, capability agreement, topology by UUID with a
+fake device table) are tested on CPU (``tests/fstrain/test_comm_cuda_ce_cpu.py``).
 
 How it works, per call (all on one dedicated side stream, joined back to the caller's stream):
 
-1. **Metadata.** Each rank writes the bytes it sends to every peer (``W`` int64) into the head of
-   its symmetric-memory buffer (``torch.distributed._symmetric_memory``: one buffer per rank,
-   mapped into every peer GPU's address space), ``barrier()``, reads the ``W x W`` byte matrix
-   from all peers and copies it to the host (one small sync). Every rank now knows every pair's
-   size, checks its own receive sizes, and computes the same number of rounds.
+1. **Metadata.** The split sizes are on the host (torchrec passes them as lists). Each rank copies
+   the bytes it sends to and expects from every peer (``2W`` int64, from pinned host memory,
+   non-blocking) into the head of its symmetric-memory buffer (``torch.distributed._symmetric_memory``:
+   one buffer per rank, mapped into every peer GPU's address space; two slots used alternately),
+   ``barrier()`` on channel 1, reads every peer's row and copies the ``W x 2W`` matrix to pinned
+   host memory. All of this runs on a high-priority *metadata stream that never waits for the
+   caller's stream*, so the one host wait per call (an event on that stream) waits for the
+   peers to reach the same call, not for the compute kernels queued before it. Every rank then
+   checks the whole matrix (:func:`split_mismatch_message`): a mismatch raises the same
+   `SplitMismatchError` on every rank, before any data moves and before any data barrier.
 2. **Rounds.** The staging area is cut into ``W`` regions of ``region_bytes``. Per round, each
    rank copies the next ``region_bytes`` of its message for peer ``q`` into region ``q`` of its
    own buffer, ``barrier()``, then *pulls* its part from every peer's region ``rank`` with
@@ -22,17 +29,21 @@ How it works, per call (all on one dedicated side stream, joined back to the cal
 
 SM use that remains: ``barrier()`` is a one-block kernel, the staging copy of the input into the
 symmetric buffer is a device-to-device copy (avoidable if the caller allocates its input in
-symmetric memory; not done yet), and the metadata read is a tiny copy plus a host sync.
+symmetric memory; not done yet), and the metadata read is a tiny copy.
 
-Fallback: when the ranks span several nodes, peer access is missing, or symmetric memory cannot
-be set up, every call goes to NCCL's ``all_to_all_single`` (SM kernels) with a warning at build.
+Fallback, agreed by all ranks: each rank decides locally whether it can use copy engines
+(:func:`copy_engine_reason`: every peer's GPU, identified by its UUID, is visible here and
+reachable by peer access; symmetric memory can be allocated), then one all-reduce (MIN) of that
+flag (:func:`agree`) decides for everyone, so no rank falls back to NCCL while its peers wait
+in a copy-engine barrier. A second flag after the symmetric-memory rendezvous covers a
+rendezvous that fails on one rank. Across nodes every call goes to NCCL (hierarchical
+copy-engine-inside / NCCL-across is not built yet).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import socket
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,9 +62,79 @@ from fstrain.comm.base import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CopyEngineBackend", "plan_rounds"]
+__all__ = ["CopyEngineBackend", "agree", "copy_engine_reason", "plan_rounds", "split_mismatch_message"]
 
-_META_BYTES = 4096  # head of the buffer: W int64 byte counts (W <= 512)
+_META_BYTES = 4096  # head of the buffer: 2 slots x 2W int64 byte counts (W <= 128)
+_MAX_RANKS = _META_BYTES // (2 * 2 * 8)
+_DATA_CHANNEL, _META_CHANNEL = 0, 1
+
+
+def split_mismatch_message(send_bytes: Sequence[Sequence[int]], recv_bytes: Sequence[Sequence[int]]) -> str | None:
+    """The error every rank raises when the ranks disagree on an all-to-all's sizes, or ``None``.
+
+    Computed from the whole matrix, which every rank holds after the metadata exchange, so every
+    rank produces the same message.
+
+    Args:
+        send_bytes: ``W x W``; ``[p][q]`` bytes rank ``p`` sends to rank ``q``.
+        recv_bytes: ``W x W``; ``[q][p]`` bytes rank ``q`` expects from rank ``p``.
+
+    Returns:
+        One line naming every disagreeing pair, or ``None`` when all agree.
+    """
+    w = len(send_bytes)
+    bad = [(p, q, send_bytes[p][q], recv_bytes[q][p]) for p in range(w) for q in range(w)
+           if send_bytes[p][q] != recv_bytes[q][p]]
+    if not bad:
+        return None
+    pairs = "; ".join(f"rank {p} sends {s} bytes to rank {q}, which expects {r}" for p, q, s, r in bad[:8])
+    more = f" (and {len(bad) - 8} more pairs)" if len(bad) > 8 else ""
+    return (f"all-to-all split sizes disagree across ranks: {pairs}{more}; the ranks disagree on split sizes "
+            "or on the row shape/dtype")
+
+
+def agree(ok: bool, group: dist.ProcessGroup | None, device: torch.device) -> bool:
+    """One all-reduce (MIN) of a capability flag: ``True`` only if every rank of ``group`` is ``ok``.
+
+    Args:
+        ok: this rank's flag.
+        group: the process group (any backend; the flag tensor lives on ``device``).
+        device: where the flag tensor lives (``cuda`` for NCCL, ``cpu`` for gloo).
+    """
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(int(flag.item()))
+
+
+def copy_engine_reason(my_index: int, peer_uuids: Sequence[str], visible_uuids: Sequence[str],
+                       can_access_peer=None) -> str | None:
+    """Why this rank cannot reach every peer's GPU over copy engines (``None``: it can).
+
+    Topology by device UUID, not hostname + index: a peer's GPU counts as local when its UUID is
+    among this process's visible devices (so per-process ``CUDA_VISIBLE_DEVICES`` and
+    containers are handled), and it must be reachable by peer access. Two ranks on the same GPU
+    (same UUID) need no peer access.
+
+    Args:
+        my_index: this rank's device index (in this process's numbering).
+        peer_uuids: the UUID of every rank's GPU (``[r]`` for rank ``r``).
+        visible_uuids: UUIDs of this process's visible devices (``[i]`` for ``cuda:i``).
+        can_access_peer: ``(i, j) -> bool``; default ``torch.cuda.can_device_access_peer``.
+    """
+    can_access_peer = can_access_peer or torch.cuda.can_device_access_peer
+    index_of = {u: i for i, u in enumerate(visible_uuids)}
+    for r, u in enumerate(peer_uuids):
+        j = index_of.get(u)
+        if j is None:
+            return (f"rank {r}'s GPU {u} is not visible to this process (another node, or CUDA_VISIBLE_DEVICES "
+                    "hides it)")
+        if j != my_index and not can_access_peer(my_index, j):
+            return f"no peer access from cuda:{my_index} to rank {r}'s GPU (cuda:{j})"
+    return None
+
+
+def _device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def plan_rounds(bytes_matrix: Sequence[Sequence[int]], region_bytes: int) -> int:
@@ -75,8 +156,12 @@ class CopyEngineBackend(CommBackend):
     """All-to-all-v over copy engines inside one NVLink/PCIe node, NCCL otherwise.
 
     Args:
-        group: an NCCL process group whose ranks each drive one GPU (the current device).
+        group: an NCCL process group (or the ``fs_cuda_ce`` group of
+            :class:`fstrain.comm.process_group.CopyEngineProcessGroup`) whose ranks each drive
+            one GPU (the current device).
         config: transport settings.
+        peer_uuids: the UUID of every rank's GPU, when the caller already has them (the process
+            group exchanges them through its store); default: gathered over ``group``.
 
     Raises:
         BackendUnavailableError: CUDA is not available, or the group is not usable at all.
@@ -103,47 +188,59 @@ class CopyEngineBackend(CommBackend):
         """Skip the copy-engine path and use NCCL kernels (for A/B comparisons)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, *,
-                 config: CopyEngineBackend.Config | None = None):
+                 config: CopyEngineBackend.Config | None = None, peer_uuids: Sequence[str] | None = None):
         if not torch.cuda.is_available():
             raise BackendUnavailableError("backend 'cuda-ce' needs CUDA; use 'shm' or 'gloo' on CPU")
         self.group = group or dist.group.WORLD
         super().__init__(rank=dist.get_rank(self.group), world_size=dist.get_world_size(self.group))
         self.config = cfg = config or CopyEngineBackend.Config()
-        if self.world_size * 8 > _META_BYTES:
-            raise ValueError(f"cuda-ce supports at most {_META_BYTES // 8} ranks per group")
+        if self.world_size > _MAX_RANKS:
+            raise ValueError(f"cuda-ce supports at most {_MAX_RANKS} ranks per group")
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(device=self.device, priority=cfg.stream_priority)
+        # metadata: its own high-priority stream that never waits for the caller's stream
+        self.meta_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        w = self.world_size
+        self._meta_in = torch.empty(2 * w, dtype=torch.int64, pin_memory=True)
+        self._meta_out = torch.empty(w, 2 * w, dtype=torch.int64, pin_memory=True)
+        self._meta_dev = torch.empty(w, 2 * w, dtype=torch.int64, device=self.device)
+        self._calls = 0
         self.region_bytes = (cfg.buffer_bytes // self.world_size) // 256 * 256
         self._hdl = None
-        reason = "force_nccl is set" if cfg.force_nccl else self._copy_engine_blocker()
-        if reason is None:
+        self._buf = None
+        reason = "force_nccl is set" if cfg.force_nccl else self._local_blocker(peer_uuids)
+        if reason is None:  # local part that can fail: the allocation
             try:
                 from torch.distributed import _symmetric_memory as symm_mem
 
                 self._buf = symm_mem.empty(_META_BYTES + self.world_size * self.region_bytes,
                                            dtype=torch.uint8, device=self.device)
+            except Exception as e:  # noqa: BLE001 - missing driver support, old torch, ...
+                reason = f"symmetric memory allocation failed: {e}"
+        if not agree(reason is None, self.group, self.device):  # every rank takes the same path
+            reason = reason or "another rank cannot use copy engines (see its warning)"
+        elif reason is None:
+            try:
+                from torch.distributed import _symmetric_memory as symm_mem
+
                 self._hdl = symm_mem.rendezvous(self._buf, self.group)
-            except Exception as e:  # missing driver support, old torch, ...
+            except Exception as e:  # noqa: BLE001
                 reason = f"symmetric memory rendezvous failed: {e}"
+            if not agree(reason is None, self.group, self.device):
+                reason = reason or "symmetric memory rendezvous failed on another rank"
         self.uses_copy_engines = reason is None
+        self.fallback_reason = reason
         if reason is not None:
+            self._hdl = self._buf = None
             warnings.warn(f"cuda-ce falls back to NCCL kernels: {reason}", stacklevel=2)
 
-    def _copy_engine_blocker(self) -> str | None:
-        """Why the copy-engine path cannot run (collective over the group), or None."""
-        mine = (socket.gethostname(), self.device.index)
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.group)
-        hosts = {h for h, _ in everyone}
-        if len(hosts) > 1:
-            return f"ranks span {len(hosts)} nodes"
-        me = self.device.index
-        no_p2p = [d for _, d in everyone if d != me and not torch.cuda.can_device_access_peer(me, d)]
-        local_ok = torch.tensor([0 if no_p2p else 1], device=self.device)
-        dist.all_reduce(local_ok, op=dist.ReduceOp.MIN, group=self.group)
-        if not int(local_ok.item()):
-            return "some GPU pairs have no peer access"
-        return None
+    def _local_blocker(self, peer_uuids: Sequence[str] | None) -> str | None:
+        """Why this rank cannot use copy engines (local decision; :func:`agree` makes it global)."""
+        if peer_uuids is None:
+            peer_uuids = [None] * self.world_size
+            dist.all_gather_object(peer_uuids, _device_uuid(self.device.index), group=self.group)
+        visible = [_device_uuid(i) for i in range(torch.cuda.device_count())]
+        return copy_engine_reason(self.device.index, list(peer_uuids), visible)
 
     def all_to_all_v(
         self,
@@ -155,11 +252,12 @@ class CopyEngineBackend(CommBackend):
     ) -> torch.Tensor:
         """See `CommBackend.all_to_all_v`. CUDA tensors on the current device.
 
-        The result is ready on the caller's current stream (it waits on the side stream).
+        The result is ready on the caller's current stream (it waits on the side stream). The
+        host waits once per call, for the peers' split metadata only (module doc, step 1).
 
         Raises:
             ValueError: bad local splits or a tensor on another device.
-            SplitMismatchError: a peer sends a different byte count than ``output_splits`` says.
+            SplitMismatchError: the ranks disagree on sizes; raised on every rank, same message.
         """
         check_splits(input, output_splits, input_splits, self.world_size, out, self.rank)
         if input.device != self.device:
@@ -171,43 +269,52 @@ class CopyEngineBackend(CommBackend):
                 dist.all_to_all_single(output, input, list(output_splits), list(input_splits),
                                        group=self.group)
             return output
+        row_bytes = math.prod(input.shape[1:]) * input.element_size()
+        send_bytes = [int(s) * row_bytes for s in input_splits]
+        recv_bytes = [int(s) * row_bytes for s in output_splits]
+        with record_function("## cuda_ce_meta ##"):
+            matrix = self._exchange_meta(send_bytes, recv_bytes)
+        w = self.world_size
+        message = split_mismatch_message([row[:w] for row in matrix], [row[w:] for row in matrix])
+        if message is not None:
+            raise SplitMismatchError(message)
         caller = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(caller)
         with torch.cuda.stream(self.stream), record_function("## cuda_ce_all_to_all_v ##"):
-            self._exchange(input, output, output_splits, input_splits)
+            self._exchange(input, output, send_bytes, recv_bytes, [row[:w] for row in matrix])
         caller.wait_stream(self.stream)
         input.record_stream(self.stream)
         output.record_stream(self.stream)
         return output
 
-    def _exchange(self, input: torch.Tensor, output: torch.Tensor,
-                  output_splits: Sequence[int], input_splits: Sequence[int]) -> None:
+    def _exchange_meta(self, send_bytes: list[int], recv_bytes: list[int]) -> list[list[int]]:
+        """Every rank's ``send_bytes + recv_bytes`` row (``W x 2W``), via symmetric memory on the
+        metadata stream (never ordered after the caller's stream)."""
+        hdl, w = self._hdl, self.world_size
+        slot = (self._calls % 2) * 2 * w  # alternate slots: a slow peer may still read the last call's
+        self._calls += 1
+        self._meta_in.copy_(torch.tensor(send_bytes + recv_bytes, dtype=torch.int64))
+        with torch.cuda.stream(self.meta_stream):
+            hdl.get_buffer(self.rank, (2 * w,), torch.int64, slot).copy_(self._meta_in, non_blocking=True)
+            hdl.barrier(channel=_META_CHANNEL, timeout_ms=self.config.barrier_timeout_ms)
+            for p in range(w):
+                self._meta_dev[p].copy_(hdl.get_buffer(p, (2 * w,), torch.int64, slot))
+            self._meta_out.copy_(self._meta_dev, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.meta_stream)
+        done.synchronize()  # the one host wait: peers' metadata, not the compute queue
+        return self._meta_out.tolist()
+
+    def _exchange(self, input: torch.Tensor, output: torch.Tensor, send_bytes: list[int], recv_bytes: list[int],
+                  matrix: list[list[int]]) -> None:
         hdl, rank, w, cfg = self._hdl, self.rank, self.world_size, self.config
-        row_bytes = math.prod(input.shape[1:]) * input.element_size()
-        send_bytes = [int(s) * row_bytes for s in input_splits]
-        recv_bytes = [int(s) * row_bytes for s in output_splits]
         send_off = [0, *torch.tensor(send_bytes).cumsum(0).tolist()]
         recv_off = [0, *torch.tensor(recv_bytes).cumsum(0).tolist()]
         src = input.reshape(-1).view(torch.uint8)
         dst = output.reshape(-1).view(torch.uint8)
-        with record_function("## cuda_ce_meta ##"):
-            hdl.get_buffer(rank, (w,), torch.int64).copy_(
-                torch.tensor(send_bytes, dtype=torch.int64), non_blocking=False)
-            hdl.barrier(channel=0, timeout_ms=cfg.barrier_timeout_ms)
-            meta = torch.empty((w, w), dtype=torch.int64, device=self.device)
-            for p in range(w):
-                meta[p].copy_(hdl.get_buffer(p, (w,), torch.int64))
-            matrix = meta.cpu().tolist()  # syncs the side stream only
-        got = [matrix[p][rank] for p in range(w)]
-        if got != recv_bytes:
-            raise SplitMismatchError(
-                f"rank {rank} expects {recv_bytes} bytes from ranks 0..{w - 1} but they send {got};"
-                " the ranks disagree on split sizes or row shape/dtype")
         dst[recv_off[rank]:recv_off[rank + 1]].copy_(src[send_off[rank]:send_off[rank + 1]])
         region = self.region_bytes
-        num_rounds = plan_rounds(matrix, region)
-        if num_rounds == 0:  # no later barrier: keep peers from overwriting unread metadata
-            hdl.barrier(channel=0, timeout_ms=cfg.barrier_timeout_ms)
+        num_rounds = plan_rounds(matrix, region)  # the same on every rank: the same matrix
         for rnd in range(num_rounds):
             base = rnd * region
             with record_function("## cuda_ce_stage ##"):
@@ -216,7 +323,7 @@ class CopyEngineBackend(CommBackend):
                     if q != rank and n:
                         lo = _META_BYTES + q * region
                         self._buf[lo:lo + n].copy_(src[send_off[q] + base:send_off[q] + base + n])
-                hdl.barrier(channel=0, timeout_ms=cfg.barrier_timeout_ms)
+                hdl.barrier(channel=_DATA_CHANNEL, timeout_ms=cfg.barrier_timeout_ms)
             with record_function("## cuda_ce_pull ##"):
                 # (peer, offset inside this round, bytes) pieces, interleaved over peers.
                 pieces = []
@@ -233,4 +340,4 @@ class CopyEngineBackend(CommBackend):
                                                     _META_BYTES + rank * region + o)
                             at = recv_off[p] + base + o
                             dst[at:at + n].copy_(remote)
-                hdl.barrier(channel=0, timeout_ms=cfg.barrier_timeout_ms)
+                hdl.barrier(channel=_DATA_CHANNEL, timeout_ms=cfg.barrier_timeout_ms)

@@ -49,10 +49,13 @@ from fstrain.comm.shm import ShmBackend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SHM_BACKEND_NAME", "ShmProcessGroup", "completed_work", "register_shm_backend"]
+__all__ = ["CUDA_CE_BACKEND_NAME", "CopyEngineProcessGroup", "SHM_BACKEND_NAME", "ShmProcessGroup", "completed_work",
+           "register_cuda_ce_backend", "register_shm_backend"]
 
 #: name to pass to ``dist.init_process_group`` / ``dist.new_group`` after registration.
 SHM_BACKEND_NAME = "fs_shm"
+#: the copy-engine group's name (``fstrain train --backend cuda-ce``).
+CUDA_CE_BACKEND_NAME = "fs_cuda_ce"
 
 
 def completed_work(result: list[torch.Tensor]) -> dist.Work:
@@ -191,3 +194,141 @@ def register_shm_backend(config: ShmBackend.Config | None = None) -> str:
                                                                         config=config),
                                   devices=["cpu"])
     return SHM_BACKEND_NAME
+
+
+class CopyEngineProcessGroup(dist.ProcessGroup):
+    """Process group: all-to-all on copy engines (:class:`fstrain.comm.CopyEngineBackend`), the rest on NCCL.
+
+    NOT RUN ON A GPU YET (no GPU where it was written; ``tests/fstrain/test_comm_cuda_ce.py`` is
+    CUDA-marked). Built at ``dist.init_process_group("fs_cuda_ce")`` after
+    :func:`register_cuda_ce_backend`:
+
+    1. an NCCL backend over the same store (every collective but the all-to-all, and the
+       all-to-all itself where copy engines cannot be used);
+    2. every rank publishes its GPU's UUID in the store, decides locally whether it reaches every
+       peer's GPU over peer access (:func:`fstrain.comm.cuda_ce.copy_engine_reason`), and one NCCL
+       all-reduce (MIN) of that flag decides for all ranks before any user collective;
+    3. at the first all-to-all (the group is registered by then, which the symmetric-memory
+       rendezvous needs) the transport allocates its symmetric buffer and rendezvous, agreeing
+       again on the outcome; from then on every CUDA ``all_to_all_single`` (torchrec's input
+       dist, embedding and gradient all-to-alls) runs on copy engines.
+
+    Args:
+        store: the group's store.
+        rank: this rank in the group.
+        world_size: ranks in the group.
+        timeout: collective timeout (NCCL's).
+        config: copy-engine transport settings.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+                 config=None):
+        from fstrain.comm.cuda_ce import CopyEngineBackend, _device_uuid, copy_engine_reason
+
+        super().__init__(rank, world_size)
+        self._rank, self._world_size = rank, world_size
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        self._nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, world_size, opts)
+        self._register_backend(torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL, self._nccl)
+        self._set_default_backend(dist.ProcessGroup.BackendType.NCCL)
+        self.config = config or CopyEngineBackend.Config()
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        ce_store = dist.PrefixStore("cuda_ce/", store)
+        ce_store.set(f"uuid/{rank}", _device_uuid(self.device.index))
+        self.peer_uuids = [ce_store.get(f"uuid/{r}").decode() for r in range(world_size)]
+        visible = [_device_uuid(i) for i in range(torch.cuda.device_count())]
+        reason = None if not self.config.force_nccl else "force_nccl is set"
+        reason = reason or copy_engine_reason(self.device.index, self.peer_uuids, visible)
+        flag = torch.tensor([0 if reason else 1], dtype=torch.int32, device=self.device)
+        ar = dist.AllreduceOptions()
+        ar.reduceOp = dist.ReduceOp.MIN
+        self._nccl.allreduce([flag], ar).wait()
+        #: whether all ranks agreed to try copy engines (the transport may still fall back, agreed)
+        self.copy_engines_agreed = bool(int(flag.item()))
+        self.fallback_reason = reason or (None if self.copy_engines_agreed else
+                                          "another rank cannot reach every peer GPU (see its warning)")
+        if self.fallback_reason:
+            logger.warning("cuda-ce: all-to-all on NCCL kernels: %s", self.fallback_reason)
+        self._transport = None
+        #: all-to-all calls served by copy engines (for tests and stats).
+        self.num_copy_engine_all_to_all = 0
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return CUDA_CE_BACKEND_NAME
+
+    def _copy_engines(self):
+        """The transport, built at the first all-to-all (collective: every rank is in that call)."""
+        if self._transport is None and self.copy_engines_agreed:
+            from fstrain.comm.cuda_ce import CopyEngineBackend
+
+            self._transport = CopyEngineBackend(self, config=self.config, peer_uuids=self.peer_uuids)
+            if not self._transport.uses_copy_engines:
+                self.fallback_reason = self._transport.fallback_reason
+                self.copy_engines_agreed = False
+        return self._transport if self.copy_engines_agreed else None
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: object = None) -> dist.Work:
+        """``dist.all_to_all_single`` on copy engines (CUDA tensors, agreed path), else NCCL.
+
+        Errors of the transport (`SplitMismatchError`, raised on every rank) propagate.
+        """
+        transport = self._copy_engines() if input.is_cuda else None
+        if transport is None:
+            return self._nccl.alltoall_base(output, input, output_split_sizes, input_split_sizes,
+                                            opts or dist.AllToAllOptions())
+        out_splits = list(output_split_sizes) or even_splits(output.shape[0], self._world_size)
+        in_splits = list(input_split_sizes) or even_splits(input.shape[0], self._world_size)
+        if output.is_contiguous():
+            transport.all_to_all_v(input, out_splits, in_splits, out=output)
+        else:
+            output.copy_(transport.all_to_all_v(input, out_splits, in_splits))
+        self.num_copy_engine_all_to_all += 1
+        return completed_work([output])
+
+    alltoall_base = all_to_all_single
+
+    def shutdown(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def _delegate_to_nccl(name: str):
+    def method(self, *args, **kwargs) -> dist.Work:
+        return getattr(self._nccl, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``{name}`` on NCCL."
+    return method
+
+
+for _name in ("allreduce", "allreduce_coalesced", "allgather", "broadcast", "barrier", "reduce_scatter", "send",
+              "recv", "reduce", "_allgather_base", "_reduce_scatter_base", "allgather_into_tensor_coalesced",
+              "reduce_scatter_tensor_coalesced"):
+    setattr(CopyEngineProcessGroup, _name, _delegate_to_nccl(_name))
+
+
+def _create_cuda_ce_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta,
+                          config=None) -> CopyEngineProcessGroup:
+    return CopyEngineProcessGroup(store, rank, world_size, timeout, config)
+
+
+def register_cuda_ce_backend(config=None) -> str:
+    """Register `CopyEngineProcessGroup` with torch.distributed as backend ``"fs_cuda_ce"`` (CUDA).
+
+    Registering needs no GPU; creating a group does. Registering again replaces the config.
+
+    Args:
+        config: :class:`fstrain.comm.CopyEngineBackend.Config` for every group created afterwards.
+
+    Returns:
+        the backend name, ``"fs_cuda_ce"``.
+    """
+    dist.Backend.register_backend(CUDA_CE_BACKEND_NAME, functools.partial(_create_cuda_ce_group, config=config),
+                                  devices=["cuda"])
+    return CUDA_CE_BACKEND_NAME

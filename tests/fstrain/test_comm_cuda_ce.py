@@ -44,3 +44,67 @@ def test_copy_engine_all_to_all_v_equals_nccl():
     out = _spawn(world_size, _ce_equals_nccl)
     _assert_all_ok(out, world_size)
     assert all(value for _, value in out.values()), "copy-engine path fell back to NCCL"
+
+
+def _process_group_equals_nccl(rank, world_size, init_file):
+    """The fs_cuda_ce process group: dist.all_to_all_single on it equals NCCL's, and a split
+    mismatch is raised on every rank with the same message."""
+    from fstrain.comm import CommConfig, SplitMismatchError, register_torch_backends
+
+    torch.cuda.set_device(rank)
+    name = register_torch_backends(CommConfig(backend="cuda-ce"))
+    dist.init_process_group(name, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    nccl = dist.new_group(backend="nccl")
+    g = torch.Generator().manual_seed(3)
+    m = torch.randint(0, 300, (world_size, world_size), generator=g)
+    in_splits, out_splits = m[rank].tolist(), m[:, rank].tolist()
+    x = torch.randn(sum(in_splits), 16, device="cuda") + rank
+    ref = torch.empty(sum(out_splits), 16, device="cuda")
+    dist.all_to_all_single(ref, x, out_splits, in_splits, group=nccl)
+    got = torch.empty_like(ref)
+    dist.all_to_all_single(got, x, out_splits, in_splits)
+    torch.cuda.synchronize()
+    assert torch.equal(got, ref)
+    pg = dist.group.WORLD
+    bad = list(out_splits)
+    if rank == 1:
+        bad[0] += 1
+    try:
+        dist.all_to_all_single(torch.empty(sum(bad), 16, device="cuda"), x, bad, in_splits)
+        message = None
+    except SplitMismatchError as e:
+        message = str(e)
+    return pg.copy_engines_agreed, pg.num_copy_engine_all_to_all, message
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_cuda_ce_process_group_equals_nccl_and_agrees_on_split_errors():
+    world_size = min(4, torch.cuda.device_count())
+    out = _spawn(world_size, _process_group_equals_nccl)
+    _assert_all_ok(out, world_size)
+    values = [v for _, v in out.values()]
+    assert all(agreed and n >= 1 for agreed, n, _ in values), values
+    messages = {msg for _, _, msg in values}
+    assert len(messages) == 1 and None not in messages, messages  # every rank, the same message
+
+
+def _train_worker(shards, backend):
+    from fstrain.dist import local_state
+    from fstrain.train import TrainConfig, train
+
+    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+                            max_steps=4, pipeline="prioritized", backend=backend, log_every_steps=0))
+    return local_state(res.model)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_train_backend_cuda_ce_equals_nccl(tmp_path):
+    from tests.fstrain.multiproc import run_ranks
+    from tests.fstrain.shards import write_shards
+
+    shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=4, batch_size_per_rank=4, seed=5)
+    ce = run_ranks(_train_worker, 2, shards, "cuda-ce")
+    ref = run_ranks(_train_worker, 2, shards, "nccl")
+    for a, b in zip(ce, ref):
+        for k in b:
+            torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5)

@@ -28,7 +28,7 @@ def _batches(shards, rank, world_size=2):
 def _train(shards, config, env, build=None, max_steps=None):
     from fstrain.dist import OptimConfig, build_sharded_model, local_state
     from fstrain.model import Config
-    from fstrain.pipeline import PipelineConfig, make_pipeline, run_steps
+    from fstrain.pipelines import PipelineConfig, make_pipeline, run_steps
 
     if config == "prioritized-no-overlap":
         config = PipelineConfig(name="prioritized", overlap=False)
@@ -60,7 +60,7 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
 
     from fstrain.dist import OptimConfig, build_sharded_model
     from fstrain.model import Config
-    from fstrain.pipeline import PipelineConfig, make_pipeline, run_steps
+    from fstrain.pipelines import PipelineConfig, make_pipeline, run_steps
 
     dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(), env)
     pipe = make_pipeline(PipelineConfig(name="prioritized", overlap=overlap), dmp, opt, env.device)
@@ -98,7 +98,7 @@ def _pipeline_steps(shards, env) -> list:
     """What ``fstrain.train`` would consume: ``pipeline_steps`` items (timings as plain tuples)."""
     from fstrain.dist import OptimConfig, build_sharded_model
     from fstrain.model import Config
-    from fstrain.pipeline import make_pipeline, pipeline_steps
+    from fstrain.pipelines import make_pipeline, pipeline_steps
 
     torch.manual_seed(0)
     dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(dense_lr=1e-2, sparse_lr=0.1), env)
@@ -113,7 +113,7 @@ def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
     from fstrain.dist import OptimConfig, init_distributed
     from fstrain.model import Config
     from fstrain.pec import build_pec_sharded_model, probe_torchrec_pec, to_plain_keys
-    from fstrain.pipeline import PipelineConfig, PipelineUnavailableError, make_pipeline
+    from fstrain.pipelines import PipelineConfig, PipelineUnavailableError, make_pipeline
 
     env = init_distributed(backend)
     out = {name: _train(shards, name, env) for name in names}
@@ -251,14 +251,14 @@ def test_torchrec_pec_does_not_run_on_cpu(results):
 
 def test_unknown_pipeline_name_is_a_config_error():
     from fstrain.errors import ConfigError
-    from fstrain.pipeline import PipelineConfig
+    from fstrain.pipelines import PipelineConfig
 
     with pytest.raises(ConfigError, match="unknown pipeline 'pecc'; use one of plain, sparse-dist, pec"):
         PipelineConfig(name="pecc")
 
 
 def test_segment_counts():
-    from fstrain.prioritized import _segment_counts
+    from fstrain.pipelines.prioritized import _segment_counts
 
     flags = torch.tensor([True, False, True, True, False])
     assert _segment_counts(flags, [2, 0, 3]) == [1, 0, 2]

@@ -1,0 +1,154 @@
+"""Training pipelines: one interface, one verb (``progress``), four schedules selectable by name.
+
+Every pipeline trains the same sharded model (:func:`fstrain.dist.build_sharded_model`) on the
+same batches and must end with the same parameters as the plain, non-pipelined step (proved by
+``tests/fstrain/test_pipeline.py``); they differ only in *when* the embedding communication runs:
+
+============  ===========================================================================
+name          schedule
+============  ===========================================================================
+plain         input dist, lookup, embedding all-to-all, dense forward/backward, gradient
+              all-to-all, optimizer: in order, nothing overlapped (the reference).
+sparse-dist   torchrec ``TrainPipelineSparseDist``: the next batch's input dist (id
+              all-to-all) overlaps the current batch (a side CUDA stream on GPU; on CPU it
+              only reorders the calls).
+pec           torchrec >= 1.9 ``TrainPipelinePEC`` (prioritized embedding communication).
+              Needs CUDA and a model whose table is a ``PECEmbeddingCollection``; see
+              :class:`PECPipeline` for why it does not run on CPU/gloo.
+prioritized   :class:`fstrain.pipelines.prioritized.PrioritizedPipeline`, our implementation of the
+              same ordering that runs on CPU/gloo: rows of batch N+1 that batch N does not
+              touch (NOL) are looked up and exchanged on a background thread while batch N
+              computes; the others (OL) after batch N's update.
+============  ===========================================================================
+
+Per step, :meth:`TrainPipeline.progress` returns a :class:`StepOutput`: the model output and a
+:class:`StepStats` with ``compute_seconds`` (dense forward + backward + optimizer step, timed by
+module hooks, the same way in every pipeline) and ``exposed_comm_seconds`` (the rest of the step's
+wall time: what compute waited for, mostly communication; it also holds the local embedding
+lookups and pipeline bookkeeping, which are nearly equal across pipelines).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from torchrec.distributed.model_parallel import DistributedModelParallel
+
+from fstrain.pipelines.base import (
+    PIPELINE_NAMES,
+    PipelineConfig,
+    PipelineError,
+    PipelineUnavailableError,
+    StepOutput,
+    StepStats,
+    TrainPipeline,
+    pipeline_steps,
+    run_steps,
+)
+from fstrain.pipelines.plain import PlainPipeline
+from fstrain.pipelines.prioritized import PrioritizedPipeline
+from fstrain.pipelines.torchrec_wrappers import PECPipeline, SparseDistPipeline, pec_unavailable_reason
+
+logger = logging.getLogger(__name__)
+
+
+def pec_runs_on(device: torch.device) -> bool:
+    """Whether torchrec's ``TrainPipelinePEC`` can run on ``device`` (CUDA only; see
+    :func:`pec_unavailable_reason` for what fails on CPU)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+def resolve_pipeline_name(name: str, device: torch.device, *, pec_fallback: bool = False) -> str:
+    """The pipeline that will run for ``name`` on ``device``, decided before the model is built.
+
+    ``auto`` is ``pec`` where torchrec's PEC pipeline runs (CUDA), else ``prioritized``; ``pec``
+    where it cannot run is ``prioritized`` with ``pec_fallback`` (a warning), else an error. Every
+    other name is itself.
+
+    Args:
+        name: one of :data:`PIPELINE_NAMES`.
+        device: where the model will run.
+        pec_fallback: allow ``pec`` to become ``prioritized``.
+
+    Returns:
+        A concrete name: ``plain``, ``sparse-dist``, ``pec`` or ``prioritized``.
+
+    Raises:
+        PipelineError: unknown name.
+        PipelineUnavailableError: ``pec`` without CUDA and without ``pec_fallback``.
+    """
+    if name not in PIPELINE_NAMES:
+        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+    if name == "auto":
+        return "pec" if pec_runs_on(device) else "prioritized"
+    if name == "pec" and not pec_runs_on(device):
+        reason = (f"--pipeline pec runs torchrec's TrainPipelinePEC, which needs a CUDA device (this rank has "
+                  f"{device}); use --pipeline prioritized (the same schedule on any backend) or --pipeline auto")
+        if not pec_fallback:
+            raise PipelineUnavailableError(reason)
+        logger.warning("%s; using the prioritized pipeline instead", reason)
+        return "prioritized"
+    return name
+
+
+def model_builder(name: str) -> Callable:
+    """The sharded-model builder pipeline ``name`` needs (a name from :func:`resolve_pipeline_name`).
+
+    Returns:
+        :func:`fstrain.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
+        ``PECEmbeddingCollection``, which ``TrainPipelinePEC`` requires), else
+        :func:`fstrain.dist.build_sharded_model`; both take ``(config, optim, env)``.
+    """
+    if name == "pec":
+        from fstrain.pec import build_pec_sharded_model
+
+        return build_pec_sharded_model
+    from fstrain.dist import build_sharded_model
+
+    return build_sharded_model
+
+
+def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, optimizer,
+                  device: torch.device) -> TrainPipeline:
+    """Build the pipeline named by ``config`` (collective: call it on every rank).
+
+    Args:
+        config: a :class:`PipelineConfig` or just its ``name``.
+        dmp: the sharded model.
+        optimizer: its optimizer.
+        device: where the model runs.
+
+    Returns:
+        The pipeline; drive it with ``pipeline.progress(iterator)`` until ``StopIteration``.
+
+    Raises:
+        PipelineError: unknown name.
+        PipelineUnavailableError: ``pec`` where it cannot run and ``pec_fallback`` is off.
+    """
+    if isinstance(config, str):
+        config = PipelineConfig(name=config)
+    name = config.name
+    kw = {"measure_straggler_wait": config.measure_straggler_wait}
+    if name in ("pec", "auto"):
+        reason = pec_unavailable_reason(dmp, device)
+        if reason is None:
+            return PECPipeline(dmp, optimizer, device, **kw)
+        if name == "pec" and not config.pec_fallback:
+            raise PipelineUnavailableError(reason)
+        logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
+        name = "prioritized"
+    if not config.overlap and name != "prioritized":
+        logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
+    if name == "plain":
+        return PlainPipeline(dmp, optimizer, device, **kw)
+    if name == "sparse-dist":
+        return SparseDistPipeline(dmp, optimizer, device, **kw)
+    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap, **kw)
+
+
+__all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
+           "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
+           "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
+           "pipeline_steps", "resolve_pipeline_name", "run_steps"]

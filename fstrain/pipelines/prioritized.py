@@ -1,0 +1,387 @@
+"""Prioritized embedding communication on any backend (CPU/gloo included): our own PEC schedule.
+
+The idea (FreeScale, MLSys 2026; torchrec's ``TrainPipelinePEC``): of the item-table rows batch
+N+1 needs, those that batch N does not touch (NOL, "non-overlapping") already hold their final
+values for step N+1 once step N-1's update is applied, so their lookup and all-to-all can run
+one step early, hidden behind batch N's dense compute. Only the rows both batches touch (OL) must
+wait for step N's update. Each row's gradient is applied exactly once per step, as in plain
+training, so the parameters equal the non-pipelined run (``tests/fstrain/test_pipeline.py``).
+
+Mechanism (implemented here, not torchrec's code): a rank deduplicates the ids of its batch
+(``torch.unique``; sorted ids are already grouped by owner under row-wise sharding), sends them
+to the owning ranks, and the owner classifies each requested row against the set of rows
+requested from it by *all* ranks in the previous batch (a boolean row mask). Everything on the
+way (id all-to-all, classification, NOL lookup, mask and NOL row all-to-alls) runs on one
+background thread over a second gloo/NCCL process group, so its collectives never interleave
+with the main thread's. After the update of batch N the main thread fetches the OL rows of
+batch N+1 (one all-to-all) and runs the dense step. Gradients are re-split: rows that batch N+2
+also touches are sent to their owners at once and applied through the table's fused optimizer (a
+re-lookup whose backward runs fbgemm's fused update); the others on the background thread, before
+its next prefetch, the first job that can read them again. Then the dense all-reduce and step.
+
+Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` world size,
+``M`` ids requested from this rank by all ranks (with repeats across ranks).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.autograd.profiler import record_function
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
+from fstrain.dist import dense_parameters
+from fstrain.model import NEGATIVE_KEY
+from fstrain.pipelines.base import PipelineError, TrainPipeline
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """One batch's row exchange, as prepared by the background thread.
+
+    Requester side (this rank's batch): ``ids [U]`` sorted unique ids, ``inverse [n]`` position
+    of each KJT value in ``ids``, ``send_counts [R]`` ids sent to each owner, ``ol_mask [U]``
+    rows to fetch after the update, ``nol_rows [U - sum(ol_mask) x d]`` rows fetched ahead.
+    Owner side (requests of all ranks to this rank): ``recv_counts [R]``, ``recv_local [M]``
+    local row indices, ``recv_ol [M]`` the OL flags.
+    About the *previous* batch (``None`` for a batch without one): ``prev_keep [U_prev]`` its
+    rows that this batch also touches (their gradient is applied in the previous step, before
+    this batch's OL fetch; the others are deferred), ``prev_recv_keep [M_prev]`` the owner's view.
+    """
+
+    batch: Batch
+    ids: torch.Tensor
+    inverse: torch.Tensor
+    send_counts: list[int]
+    ol_mask: torch.Tensor
+    nol_rows: torch.Tensor
+    recv_counts: list[int]
+    recv_local: torch.Tensor
+    recv_ol: torch.Tensor
+    prev_keep: torch.Tensor | None
+    prev_recv_keep: torch.Tensor | None
+    seconds: float
+
+
+def _segment_counts(flags: torch.Tensor, counts: list[int]) -> list[int]:
+    """Number of True ``flags`` in each consecutive segment of sizes ``counts``."""
+    return [int(s.sum()) for s in torch.split(flags, counts)] if flags.numel() else [0] * len(counts)
+
+
+class PrioritizedPipeline(TrainPipeline):
+    """Prioritized embedding communication with exact synchronous semantics.
+
+    Threads and process groups:
+
+    * background thread, second process group, one job at a time in submission order:
+      ``## prefetch_nol ##`` for batch N+1 while batch N computes (id all-to-all, OL/NOL split
+      on the owner, NOL lookup, mask and NOL row all-to-alls, and the mask of batch N's rows
+      that N+1 touches), then ``## deferred_sparse_update ##`` of batch N (gradient all-to-all
+      and fused update of the rows N+1 does not touch), which runs before the prefetch of N+2.
+    * main thread, default process group: ``## fetch_ol ##`` (OL lookup + all-to-all, after
+      N-1's update), ``## dense_forward_backward ##`` (with the straggler barrier on a third
+      group), ``## dense_allreduce ##`` (started asynchronously), ``## wait_prefetch ##`` (the
+      job of N+1 must be done before the table is written), ``## sparse_update ##`` (rows N+1
+      touches), ``## optimizer ##``.
+
+    CUDA: the background jobs run on a side stream that waits for an event recorded on the main
+    stream at submission; the main stream waits for the side stream before it uses their
+    results. Written for GPUs but not run on one (no figures).
+
+    Args:
+        dmp: the sharded model (one row-wise table shared by history, target and negatives).
+        optimizer: its optimizer (fused sparse + dense Adam).
+        device: where the model runs.
+        overlap: run the NOL exchange on the background thread (``False``: inline on the main
+            thread, same work and results; the benchmark's no-overlap control).
+
+    Raises:
+        PipelineError: the table is not row-wise sharded in a single group.
+    """
+
+    name = "prioritized"
+
+    def __init__(self, dmp, optimizer, device, *, overlap: bool = True, **kwargs) -> None:
+        super().__init__(dmp, optimizer, device, **kwargs)
+        self.overlap = overlap
+        ec = dmp.module.ec
+        ec = getattr(ec, "_embedding_collection", ec)  # a PEC-wrapped table: use the inner collection
+        shardings = getattr(ec, "_sharding_type_to_sharding", {})
+        if list(shardings) != ["row_wise"] or len(ec._lookups) != 1:
+            raise PipelineError(f"the prioritized pipeline needs one row-wise sharded table group; this model has "
+                                f"sharding types {list(shardings)}; build it with fstrain.dist.build_sharded_model")
+        self._lookup = ec._lookups[0]  # GroupedEmbeddingsLookup over this rank's rows (fused TBE)
+        self._feature_names = list(shardings["row_wise"].feature_names())
+        (table_name, weight), = [(k, v) for k, v in ec.state_dict().items() if k.endswith(".weight")]
+        metas = sorted(weight.metadata().shards_metadata, key=lambda m: m.shard_offsets[0])
+        self.row_offsets = [m.shard_offsets[0] for m in metas] + [metas[-1].shard_offsets[0] + metas[-1].shard_sizes[0]]
+        self.embedding_dim = int(weight.size(1))
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        owners = [m.placement.rank() for m in metas]
+        if owners != list(range(self.world_size)):
+            raise PipelineError(f"{table_name}: row shards are placed on ranks {owners}; the prioritized pipeline "
+                                f"expects shard r on rank r (ROW_WISE over all {self.world_size} ranks)")
+        self._boundaries = torch.tensor(self.row_offsets[1:-1], dtype=torch.int64)
+        self._my_offset = self.row_offsets[self.rank]
+        self._touched = torch.zeros(self.row_offsets[self.rank + 1] - self._my_offset, dtype=torch.bool)
+        self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
+        self._pending: concurrent.futures.Future | None = None
+        self._deferred: concurrent.futures.Future | None = None
+        # table accesses from the two threads touch disjoint rows; the lock keeps the fused
+        # kernels themselves from running concurrently (never held across a collective)
+        self._tbe_lock = threading.Lock()
+        # CUDA: the background job's kernels go to a side stream (its collectives to the second
+        # process group's own NCCL stream), ordered after the main stream at submission.
+        self._side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    # ------------------------------------------------------------------ helpers
+    def _rows(self, local: torch.Tensor) -> KeyedJaggedTensor:
+        """KJT for the lookup: ``local`` row ids under the first feature, the others empty."""
+        n = len(self._feature_names)
+        lengths = torch.zeros(n, dtype=torch.int64)
+        lengths[0] = local.numel()
+        return KeyedJaggedTensor(keys=self._feature_names, values=local.to(self.device),
+                                 lengths=lengths.to(self.device), stride=1)
+
+    def _lookup_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient)."""
+        if local.numel() == 0:
+            return torch.zeros(0, self.embedding_dim, device=self.device)
+        with self._tbe_lock, torch.no_grad():
+            return self._lookup(self._rows(local)).view(-1, self.embedding_dim)
+
+    def _all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int], group=None) -> torch.Tensor:
+        """Uneven all-to-all of the rows of ``x`` (``send[r]`` rows to rank r, ``recv[r]`` from r)."""
+        out = torch.empty((sum(recv),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        return out
+
+    # ------------------------------------------------------------- background job
+    def _prefetch(self, batch: Batch, prev: _Exchange | None, ready: torch.cuda.Event | None) -> _Exchange:
+        """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc).
+
+        ``ready`` (CUDA): recorded on the main stream at submission; the side stream waits on it
+        so the lookup reads the table after the previous update.
+        """
+        t0 = time.perf_counter()
+        with self._on_side_stream(ready):
+            return self._prefetch_on_stream(batch, prev, t0)
+
+    def _on_side_stream(self, ready: torch.cuda.Event | None):
+        """CUDA: run on the side stream after ``ready``; CPU: nothing."""
+        if self._side_stream is None:
+            return contextlib.nullcontext()
+        self._side_stream.wait_event(ready)
+        return torch.cuda.stream(self._side_stream)
+
+    def _prefetch_on_stream(self, batch: Batch, prev: _Exchange | None, t0: float) -> _Exchange:
+        with torch.no_grad(), record_function("## prefetch_nol ##"):
+            g = self._group
+            ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
+            owner = torch.bucketize(ids.cpu(), self._boundaries, right=True)
+            send_counts = torch.bincount(owner, minlength=self.world_size)
+            recv_counts_t = self._all_to_all(send_counts.to(self.device), [1] * self.world_size,
+                                             [1] * self.world_size, g).cpu()
+            send, recv = send_counts.tolist(), recv_counts_t.tolist()
+            recv_ids = self._all_to_all(ids, send, recv, g)
+            recv_local = recv_ids.cpu() - self._my_offset
+            if prev is None:
+                recv_ol = torch.zeros(recv_local.numel(), dtype=torch.bool)
+            else:
+                recv_ol = self._touched[recv_local]  # rows the previous batch (any rank) updates
+            self._touched.zero_()
+            self._touched[recv_local] = True
+            nol_rows = self._lookup_rows(recv_local[~recv_ol])
+            ol_mask = self._all_to_all(recv_ol.to(torch.uint8).to(self.device), recv, send, g).cpu().bool()
+            nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
+            prev_keep = prev_recv_keep = None
+            if prev is not None:  # which rows of the previous batch this one touches (backward split)
+                prev_recv_keep = self._touched[prev.recv_local]
+                prev_keep = self._all_to_all(prev_recv_keep.to(torch.uint8).to(self.device), prev.recv_counts,
+                                             prev.send_counts, g).cpu().bool()
+        return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol,
+                         prev_keep, prev_recv_keep, time.perf_counter() - t0)
+
+    def _ready_event(self) -> torch.cuda.Event | None:
+        """CUDA: an event on the main stream after everything issued so far; CPU: ``None``."""
+        if self._side_stream is None:
+            return None
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
+
+    def _to_side(self, *tensors) -> None:
+        """CUDA: mark main-stream tensors as used by the side stream, so the caching allocator does
+        not reuse their memory while a background job may still read them."""
+        if self._side_stream is None:
+            return
+        for t in tensors:
+            if isinstance(t, Batch) or (isinstance(t, torch.Tensor) and t.is_cuda):
+                t.record_stream(self._side_stream)
+
+    def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
+        self._to_side(batch)  # copied to the device on the main stream, read by the background job
+        if self.overlap:
+            self._pending = self._pool.submit(self._prefetch, batch, prev, self._ready_event())
+        else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
+            with self._phase("prefetch_inline"):
+                self._pending = _done(self._prefetch(batch, prev, self._ready_event()))
+
+    def _deferred_update(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
+                         ready: torch.cuda.Event | None) -> float:
+        """Background thread: gradient all-to-all + fused update of rows the next batch does not touch."""
+        t0 = time.perf_counter()
+        with self._on_side_stream(ready), record_function("## deferred_sparse_update ##"):
+            self._apply_grad(grad, send, recv, local, self._group)
+        return time.perf_counter() - t0
+
+    def flush(self) -> None:
+        """Wait until the deferred gradient of the last step is applied (call before a checkpoint)."""
+        if self._deferred is not None:
+            self._phases["background_deferred_update"] = self._deferred.result()
+            if self._side_stream is not None:
+                torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+            self._deferred = None
+
+    def _wait(self) -> _Exchange:
+        with self._phase("wait_prefetch"):
+            ex = self._pending.result()
+            if self._side_stream is not None:  # the job's kernels were issued, not necessarily done
+                main = torch.cuda.current_stream(self.device)
+                main.wait_stream(self._side_stream)
+                for t in (ex.nol_rows, ex.inverse, ex.ids):  # made on the side stream, used on the main one
+                    if t.is_cuda:
+                        t.record_stream(main)
+        self._pending = None
+        return ex
+
+    # --------------------------------------------------------------- main thread
+    def _fetch_ol(self, ex: _Exchange) -> torch.Tensor:
+        """OL rows (after the previous update) merged with the NOL rows: ``[U x d]``."""
+        with self._phase("fetch_ol"):
+            ol_rows_out = self._lookup_rows(ex.recv_local[ex.recv_ol])
+            ol_rows = self._all_to_all(ol_rows_out, _segment_counts(ex.recv_ol, ex.recv_counts),
+                                       _segment_counts(ex.ol_mask, ex.send_counts))
+            emb = torch.empty(ex.ids.numel(), self.embedding_dim, device=self.device)
+            mask = ex.ol_mask.to(self.device)
+            emb[mask] = ol_rows
+            emb[~mask] = ex.nol_rows
+        return emb
+
+    def _apply_grad(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
+                    group=None) -> None:
+        """Send row gradients ``grad [sum(send) x d]`` to their owners; the owner applies the received
+        ``[sum(recv) x d]`` to its rows ``local`` in one fused update (a re-lookup whose backward runs
+        the table's fused optimizer; fbgemm sums repeated rows first)."""
+        recv_grad = self._all_to_all(grad, send, recv, group)
+        if local.numel():
+            with self._tbe_lock, torch.enable_grad():
+                out = self._lookup(self._rows(local)).view(-1, self.embedding_dim)
+                out.backward(recv_grad)
+
+    def _sparse_update(self, ex: _Exchange, grad: torch.Tensor, nxt: _Exchange | None) -> None:
+        """Apply now the gradient of rows the next batch touches; defer the rest to the background thread.
+
+        Every row still gets its whole step gradient in one update, before anything reads it again:
+        rows the next batch touches before its OL fetch, the others before the background thread's
+        next job (the prefetch of the batch after next), which is queued behind it.
+        """
+        with self._phase("sparse_update"):
+            if nxt is None:  # last batch: nothing to defer
+                self._apply_grad(grad, ex.send_counts, ex.recv_counts, ex.recv_local)
+                return
+            keep, recv_keep = nxt.prev_keep, nxt.prev_recv_keep
+            self._apply_grad(grad[keep.to(grad.device)], _segment_counts(keep, ex.send_counts),
+                             _segment_counts(recv_keep, ex.recv_counts), ex.recv_local[recv_keep])
+            args = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
+                    _segment_counts(~recv_keep, ex.recv_counts), ex.recv_local[~recv_keep])
+        self._to_side(*args)  # gradient slices made on the main stream, sent by the background job
+        if self.overlap:
+            self._deferred = self._pool.submit(self._deferred_update, *args, self._ready_event())
+        else:
+            with self._phase("deferred_update_inline"):
+                self._deferred = _done(self._deferred_update(*args, self._ready_event()))
+
+    def _start_dense_allreduce(self):
+        """Start the SUM all-reduce of the dense gradients (one flat buffer, asynchronous)."""
+        params = [p for p in dense_parameters(self.dmp) if p.grad is not None]
+        if self.world_size == 1 or not params:
+            return None
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        return dist.all_reduce(flat, async_op=True), flat, params
+
+    @staticmethod
+    def _finish_dense_allreduce(pending) -> None:
+        if pending is None:
+            return
+        work, flat, params = pending
+        work.wait()
+        off = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[off:off + n].view_as(p.grad))
+            off += n
+
+    def _progress(self, dataloader_iter):
+        if self._pending is None:  # fill: the first batch has no predecessor, all its rows are NOL
+            self.flush()
+            self._submit(next(dataloader_iter).to(self.device), None)
+        ex = self._wait()
+        emb = self._fetch_ol(ex)
+        try:
+            nxt = next(dataloader_iter).to(self.device)
+        except StopIteration:
+            nxt = None
+        if nxt is not None:
+            self._submit(nxt, ex)  # NOL of N+1 overlaps everything below
+        batch, f = ex.batch, ex.batch.features
+        self._mark(batch)
+        with record_function("## dense_forward_backward ##"):
+            leaf = emb.requires_grad_()
+            lengths = f.length_per_key()
+            pos = dict(zip(f.keys(), torch.split(ex.inverse, lengths)))
+            loss, output = self.dmp.module.dense(
+                leaf[pos[HISTORY_KEY]], f[HISTORY_KEY].lengths(), leaf[pos[TARGET_KEY]], leaf[pos[NEGATIVE_KEY]],
+                batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples)
+            loss.backward()
+        with self._phase("dense_allreduce"):
+            pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below
+        nxt_ex = self._wait() if nxt is not None else None  # table writes below must not race the lookup
+        self.flush()  # the previous step's deferred update: done already (queued before that prefetch)
+        self._sparse_update(ex, leaf.grad, nxt_ex)
+        with self._phase("dense_allreduce"):
+            self._finish_dense_allreduce(pending_allreduce)
+        with record_function("## optimizer ##"):
+            self.timed_optimizer.step()
+            self.optimizer.zero_grad()
+        if nxt_ex is not None:
+            self._pending = _done(nxt_ex)
+        else:
+            self.flush()  # last batch: leave the table complete
+        self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
+        num_ol = int(ex.ol_mask.sum())
+        return output, ex.ids.numel() - num_ol, num_ol
+
+    def close(self) -> None:
+        """Stop the background thread (waits for a running job)."""
+        self.flush()
+        super().close()
+        self._pool.shutdown(wait=True)
+        if self._group is not None:
+            dist.destroy_process_group(self._group)  # local; no collective is in flight here
+            self._group = None
+
+
+def _done(value) -> concurrent.futures.Future:
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    fut.set_result(value)
+    return fut

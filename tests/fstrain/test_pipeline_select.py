@@ -1,0 +1,166 @@
+"""Pipeline choice -> model builder -> pipeline, decided before the model is built (CPU parts).
+
+The GPU path (``--pipeline pec`` training through torchrec's ``TrainPipelinePEC``) is CUDA-marked.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+
+import pytest
+import torch
+
+from tests.fstrain.shards import write_shards
+
+MODEL = dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=1)
+
+
+def test_auto_is_pec_only_where_it_runs(monkeypatch):
+    import fstrain.pipelines as P
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert P.resolve_pipeline_name("auto", cpu) == "prioritized"
+    for name in ("plain", "sparse-dist", "prioritized"):
+        assert P.resolve_pipeline_name(name, cpu) == name
+    monkeypatch.setattr(P, "pec_runs_on", lambda device: device.type == "cuda")  # a machine with CUDA
+    assert P.resolve_pipeline_name("auto", cuda) == "pec"
+    assert P.resolve_pipeline_name("pec", cuda) == "pec"
+    assert P.resolve_pipeline_name("auto", cpu) == "prioritized"
+
+
+def test_pec_without_cuda_is_an_error_or_an_explicit_fallback():
+    import fstrain.pipelines as P
+
+    with pytest.raises(P.PipelineUnavailableError, match=r"^--pipeline pec runs torchrec's TrainPipelinePEC, which "
+                                                         r"needs a CUDA device \(this rank has cpu\); use --pipeline "
+                                                         r"prioritized"):
+        P.resolve_pipeline_name("pec", torch.device("cpu"))
+    assert P.resolve_pipeline_name("pec", torch.device("cpu"), pec_fallback=True) == "prioritized"
+    with pytest.raises(P.PipelineError, match="unknown pipeline 'x'"):
+        P.resolve_pipeline_name("x", torch.device("cpu"))
+
+
+def test_pec_selects_the_pec_builder():
+    from fstrain.dist import build_sharded_model
+    from fstrain.pec import build_pec_sharded_model
+    from fstrain.pipelines import model_builder
+
+    assert model_builder("pec") is build_pec_sharded_model
+    for name in ("plain", "sparse-dist", "prioritized"):
+        assert model_builder(name) is build_sharded_model
+
+
+def test_cli_pipeline_pec_on_cpu_is_one_line_before_init(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    import torch.distributed as dist
+
+    from fstrain.cli import main
+
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
+    assert main(["train", shards, "--pipeline", "pec"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fstrain train: error: --pipeline pec runs torchrec's "
+                                               "TrainPipelinePEC, which needs a CUDA device"), err
+    assert not dist.is_initialized()
+
+
+def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
+    """With pec chosen (CUDA simulated for the choice), train() builds the PEC-wrapped table and
+    hands it to the PEC pipeline, which on CPU says why torchrec's cannot run."""
+    import torch.distributed as dist
+
+    import fstrain.pec
+    import fstrain.pipelines as P
+    from fstrain.train import TrainConfig, train
+
+    built = []
+    real = fstrain.pec.build_pec_sharded_model
+
+    def spy(*args, **kwargs):
+        built.append("pec")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fstrain.pec, "build_pec_sharded_model", spy)
+    monkeypatch.setattr(P, "pec_runs_on", lambda device: True)
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
+    try:
+        with pytest.raises(P.PipelineUnavailableError, match="TrainPipelinePEC needs CUDA"):
+            train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="gloo", log_every_steps=0))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert built == ["pec"]
+
+
+def test_no_import_cycle_in_fstrain():
+    """Imports between fstrain modules, lazy ones inside functions included, form no cycle (the
+    deprecated re-export modules are leaves)."""
+    root = pathlib.Path(__file__).resolve().parents[2] / "fstrain"
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root.parent).with_suffix("")
+        mod = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fstrain"):
+                deps.add(node.module)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("fstrain")}
+        graph[mod] = deps
+    known = set(graph)
+    # explicit edges (a package's __init__ re-exporting its submodules is the usual pattern, not a cycle)
+    edges = {m: {d for d in deps if d in known and d != m} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in sorted(edges[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(d):], d]))
+            if d not in state:
+                visit(d, [*stack, d])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+
+
+def test_old_import_paths_still_work_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    for old, name in (("fstrain.pipeline", "make_pipeline"), ("fstrain.prioritized", "PrioritizedPipeline"),
+                      ("fstrain.pipeline_timing", "ComputeTimer")):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.") + " is deprecated"):
+            mod = importlib.import_module(old)
+        assert getattr(mod, name) is not None
+    from fstrain.batch import Batch
+    from fstrain.data import Batch as DataBatch
+
+    assert DataBatch is Batch
+
+
+@pytest.mark.gpu
+def test_train_with_pec_pipeline_on_one_gpu(tmp_path):
+    """``--pipeline pec`` on CUDA: torchrec's TrainPipelinePEC drives the PEC-wrapped model."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import torch.distributed as dist
+
+    from fstrain.train import TrainConfig, train
+
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=6, batch_size_per_rank=4)
+    try:
+        res = train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="nccl", log_every_steps=0))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    from torchrec.distributed.pec_embedding import ShardedPECEmbeddingCollection
+
+    assert isinstance(res.model.module.ec, ShardedPECEmbeddingCollection)
+    assert res.summary["num_steps"] >= 1
