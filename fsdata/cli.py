@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 from fsdata.errors import FsdataError

@@ -71,7 +71,7 @@ def find_manifest(output: str | os.PathLike) -> Path:
         p = out / MANIFEST_NAMES[version]
         if p.is_file():
             return p
-    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} does not exist (nor the v1 manifest.json): "
+    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} not found (nor the v1 manifest.json): "
                         f"{out} is not an 'fsdata balance' OUTPUT; create one with 'fsdata balance INPUT OUTPUT "
                         "--ranks R --batch-size-per-rank B'", kind="missing")
 
@@ -170,6 +170,11 @@ class Manifest:
     def rank_file(self, rank: int) -> str:
         """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path)."""
         return os.path.join(self.path, self.files[rank].path)
+
+    @property
+    def raw(self) -> dict:
+        """The manifest's JSON value (:meth:`to_json`)."""
+        return self.to_json()
 
     def to_json(self) -> dict:
         """The manifest as written: :data:`KEYS` in order (v2 keys omitted for a v1 manifest when
