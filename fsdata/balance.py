@@ -575,6 +575,8 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
         predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
         lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=S.STEP_STATS_NAME,
+        step_stats_sha256=sha256_file(out / S.STEP_STATS_NAME),
+        dropped_sha256=sha256_file(out / dropped_file) if dropped_file else None,
         input_digest=meta["input_digest"], files=records, settings=meta["settings"],
         extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
     m.write(out)

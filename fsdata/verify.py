@@ -25,6 +25,7 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -91,9 +92,20 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         if getattr(m, key) is None:
             raise VerifyError(f"{where} lacks '{key}'; rerun 'fsdata balance'")
     if m.format_version >= 2:
-        for key in ("fsdata_version", "input_digest", "baseline_predicted_bubble", "lower_bound_bubble"):
+        for key in ("fsdata_version", "input_digest", "baseline_predicted_bubble", "lower_bound_bubble",
+                    "step_stats_sha256"):
             if getattr(m, key) is None:
                 raise VerifyError(f"{where} lacks '{key}'; rerun 'fsdata balance'")
+        for key in ("step_stats_sha256", "dropped_sha256"):
+            v = getattr(m, key)
+            if v is not None and not is_sha256(v):
+                raise VerifyError(f"{where}: {key} {v!r} is not a SHA-256 hex digest; rerun 'fsdata balance'")
+        if not re.fullmatch(r"sha256-footers:[0-9a-f]{64}", m.input_digest):
+            raise VerifyError(f"{where}: input_digest {m.input_digest!r} is not 'sha256-footers:<64 hex>'; "
+                              "rerun 'fsdata balance'")
+        if (m.dropped_sha256 is None) != (m.dropped_file is None):
+            raise VerifyError(f"{where}: dropped_sha256 and dropped_file must both be set or both null; "
+                              "rerun 'fsdata balance'")
     for f in m.files:
         if not is_sha256(f.sha256):
             raise VerifyError(f"{where}: the file entry of rank {f.rank} has no valid sha256 ({f.sha256!r}); "
@@ -140,8 +152,14 @@ def _check_listing(out: Path, m: Manifest) -> None:
                           "or rerun 'fsdata balance'")
 
 
-def _read_step_stats(out: Path, m: Manifest) -> pa.Table:
+def _check_sha(path: Path, digest: str | None, check: bool) -> None:
+    if check and digest is not None and path.is_file() and sha256_file(path) != digest:
+        raise VerifyError(f"checksum of {path} differs from the manifest (file changed or corrupt); rerun 'fsdata balance'")
+
+
+def _read_step_stats(out: Path, m: Manifest, check_checksums: bool = True) -> pa.Table:
     path = out / m.step_stats_file
+    _check_sha(path, m.step_stats_sha256, check_checksums)
     try:
         t = pq.read_table(str(path))
     except (OSError, pa.ArrowException) as e:
@@ -160,10 +178,11 @@ def _read_step_stats(out: Path, m: Manifest) -> pa.Table:
     return t
 
 
-def _read_dropped(out: Path, m: Manifest) -> np.ndarray:
+def _read_dropped(out: Path, m: Manifest, check_checksums: bool = True) -> np.ndarray:
     if not m.dropped_file:
         return np.empty(0, np.int64)
     path = out / m.dropped_file
+    _check_sha(path, m.dropped_sha256, check_checksums)
     try:
         t = pq.read_table(str(path))
     except (OSError, pa.ArrowException) as e:
@@ -277,7 +296,7 @@ def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: 
     _check_listing(out, m)
     cost_model = _cost_model(m)
     R, steps, B = m.num_ranks, m.num_steps, m.batch_size_per_rank
-    stats = _read_step_stats(out, m)
+    stats = _read_step_stats(out, m, check_checksums)
     expected_counts = stats.column("num_samples").to_numpy().astype(np.int64).reshape(steps, R)
     if m.batch_policy == "fixed" and not (expected_counts == B).all():
         raise VerifyError(f"step_stats counts differ from batch_size_per_rank={B} under the fixed policy")
@@ -314,7 +333,7 @@ def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: 
     uniq, duplicates = sorted_unique(ids)
     if duplicates:
         raise VerifyError(f"{duplicates} samples appear more than once across ranks")
-    dropped = _read_dropped(out, m)
+    dropped = _read_dropped(out, m, check_checksums)
     if len(dropped) != m.num_samples_dropped:
         raise VerifyError(f"{len(dropped)} dropped ids recorded, manifest says num_samples_dropped={m.num_samples_dropped}")
     if m.num_samples_written + m.num_samples_dropped != m.num_samples_input:
