@@ -82,6 +82,9 @@ def _cost_model(m: Manifest) -> CostModel:
         raise VerifyError(f"manifest cost_model: {e}") from None
 
 
+_V2_SETTINGS = ("num_ranks", "batch_size_per_rank", "seed", "strategy", "batch_policy", "remainder", "partitioner")
+
+
 def _check_manifest_fields(m: Manifest, where: str) -> None:
     for value, allowed, key in ((m.strategy, STRATEGIES, "strategy"), (m.batch_policy, BATCH_POLICIES, "batch_policy"),
                                 (m.remainder_policy, REMAINDER_POLICIES, "remainder_policy")):
@@ -116,6 +119,18 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         if f.path != expected:
             raise VerifyError(f"{where}: rank {f.rank}'s file is {f.path!r}, format_version {m.format_version} "
                               f"puts it at {expected!r}; rerun 'fsdata balance'")
+    if m.format_version >= 2:
+        import json
+
+        from fsdata.manifest import KEYS
+
+        raw = json.loads((Path(m.path) / MANIFEST_NAMES[2]).read_text())
+        missing = [k for k in KEYS if k not in raw]
+        if missing:
+            raise VerifyError(f"{where} lacks keys {missing}; rerun 'fsdata balance'")
+        missing = [k for k in _V2_SETTINGS if k not in m.settings]
+        if missing:
+            raise VerifyError(f"{where}: settings lacks {missing}; rerun 'fsdata balance'")
     # settings recorded in v2 must agree with the top-level keys
     s = m.settings
     for key, top in (("num_ranks", m.num_ranks), ("batch_size_per_rank", m.batch_size_per_rank), ("seed", m.seed),
