@@ -275,8 +275,11 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
-def make_plan_table(src: SampleSource, settings: BalanceSettings) -> PlanTable:
+def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
+                    timings: dict[str, float] | None = None) -> PlanTable:
     """Stage 1: read lengths, cost them, plan (:func:`fsdata.plan.make_plan`).
+
+    ``timings``, if given, receives seconds for ``read_lengths`` and ``plan``.
 
     Raises:
         InputError: bad input (including a reserved column name).
@@ -284,12 +287,17 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings) -> PlanTable:
     """
     check_reserved_columns(src)
     cost_model = load_cost_model(settings.cost_model)
+    t0 = time.perf_counter()
     lengths, ids = src.lengths_and_ids()
+    t1 = time.perf_counter()
     costs = cost_model.cost(lengths)
     plan = make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
                      seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget)
-    return plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    if timings is not None:
+        timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
+    return table
 
 
 def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = False) -> None:
@@ -591,7 +599,7 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
         output: the OUTPUT folder; must not exist unless ``settings.overwrite``.
         settings: every setting (:class:`BalanceSettings`).
-        timings: if given, filled with seconds per stage (``read_lengths_and_plan``, ``write_ranks``,
+        timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``).
 
     Returns:
@@ -602,9 +610,9 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
     """
     if Path(output).exists() and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
-    t0 = time.perf_counter()
     src = open_samples(input, settings.columns)
-    plan = make_plan_table(src, settings)
+    stage: dict[str, float] = {}
+    plan = make_plan_table(src, settings, timings=stage)
     t1 = time.perf_counter()
     with atomic_output(output, overwrite=settings.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
@@ -612,7 +620,7 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         m = finalize(tmp, plan, files)
     m.path = str(output)
     if timings is not None:
-        timings.update(read_lengths_and_plan=t1 - t0, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
+        timings.update(**stage, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
     return m
 
 

@@ -2,7 +2,7 @@
 
 :class:`ShardReader` opens the rank's file listed in the manifest (v2: ``rank-XXXXX/part-00000.parquet``),
 checks it against ``_manifest.json`` and ``_step_stats.parquet`` (v1: ``manifest.json``,
-``step_stats.parquet``, read through :class:`fsdata.manifest.Manifest`) *before* any collective can run, streams its row
+``_step_stats.parquet``, read through :class:`fsdata.manifest.Manifest`) *before* any collective can run, streams its row
 groups (a row group holds whole steps, so memory is bounded by one row group) and yields one
 :class:`Batch` per step: the item histories as a jagged :class:`KeyedJaggedTensor` (no padding),
 the targets, this rank's sample count and the step's global sample count (for loss
@@ -72,7 +72,7 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     """Per-(step, rank) sample counts.
 
     Under ``fixed`` every entry is ``batch_size_per_rank``; under ``cost-budget`` they come from
-    ``step_stats.parquet``.
+    ``_step_stats.parquet``.
 
     Args:
         manifest: a loaded manifest.
@@ -81,7 +81,7 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
         shape ``[S x R]``, int64.
 
     Raises:
-        ShardError: ``step_stats.parquet`` is missing, unreadable, or does not cover every
+        ShardError: ``_step_stats.parquet`` is missing, unreadable, or does not cover every
             (step, rank) exactly once with at least one sample.
     """
     S, R = manifest.num_steps, manifest.num_ranks
@@ -193,9 +193,9 @@ class ShardReader:
 
     Validation (all before the first batch, so no rank enters a collective with bad data): the
     manifest's ``format_version``, ``num_ranks == world_size``, this rank's file readable with
-    the row count of the manifest and of ``step_stats.parquet``, and its ``step`` statistics
+    the row count of the manifest and of ``_step_stats.parquet``, and its ``step`` statistics
     covering ``0 .. num_steps-1``. While streaming, every step is checked to hold exactly the
-    count ``step_stats.parquet`` gives.
+    count ``_step_stats.parquet`` gives.
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder.
