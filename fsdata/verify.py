@@ -222,17 +222,19 @@ def _check_rank_file(out: Path, m: Manifest, f, check_checksums: bool, hash_cont
                           "(file changed or truncated)")
     if check_checksums and sha256_file(path) != f.sha256:
         raise VerifyError(f"rank {r}: checksum of {path} differs from the manifest (file changed or corrupt)")
+    need = [S.SAMPLE_ID, S.ITEM_IDS, S.STEP] + ([S.RANK] if m.format_version >= 2 else [])
     try:
         pf = pq.ParquetFile(str(path))
-        t = pf.read()
+        names = pf.schema_arrow.names
+        if names != m.columns:
+            raise VerifyError(f"rank {r}: {path} has columns {names}, the manifest says {m.columns}")
+        missing = [c for c in need if c not in names]
+        if missing:
+            raise VerifyError(f"rank {r}: {path} lacks columns {missing}")
+        # all columns only when comparing content with the input; else the ones checked here
+        t = pf.read(columns=None if hash_content else need)
     except (pa.ArrowException, OSError) as e:
         raise VerifyError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]})") from None
-    if t.schema.names != m.columns:
-        raise VerifyError(f"rank {r}: {path} has columns {t.schema.names}, the manifest says {m.columns}")
-    need = [S.SAMPLE_ID, S.ITEM_IDS, S.STEP] + ([S.RANK] if m.format_version >= 2 else [])
-    missing = [c for c in need if c not in t.schema.names]
-    if missing:
-        raise VerifyError(f"rank {r}: {path} lacks columns {missing}")
     if t.schema.field(S.STEP).type != pa.int32() or (m.format_version >= 2 and t.schema.field(S.RANK).type != pa.int32()):
         raise VerifyError(f"rank {r}: {path}: step/rank are not int32")
     if t.num_rows != f.num_rows:
