@@ -442,3 +442,31 @@ def test_fuzz_mutated_outputs_fail_cleanly(good, tmp_path_factory, data, kind):
     with pytest.raises(VerifyError) as e:
         verify(out, inp)
     assert "\n" not in str(e.value) and str(e.value)
+
+
+# ---- the Manifest module -------------------------------------------------------------------------
+
+def test_manifest_round_trip_and_unknown_keys_kept(good, tmp_path):
+    _, out = good
+    m = Manifest.read(out)
+    assert m.dumps() == (out / "_manifest.json").read_text()
+    raw = _manifest(out)
+    raw["added_by_a_newer_fsdata"] = {"x": 1}
+    back = Manifest.from_json(raw, path=str(out))
+    assert back.to_json() == raw and list(back.to_json())[-1] == "added_by_a_newer_fsdata"
+    (tmp_path / "o").mkdir()
+    back.write(tmp_path / "o")
+    assert json.loads((tmp_path / "o" / "_manifest.json").read_text()) == raw
+
+
+def test_import_fsdata_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, fsdata; fsdata.balance; fsdata.Manifest; assert 'torch' not in sys.modules, 'torch imported'"
+    import os
+
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": root}, cwd=root)
+    assert r.returncode == 0, r.stderr
