@@ -470,3 +470,13 @@ def test_import_fsdata_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": root}, cwd=root)
     assert r.returncode == 0, r.stderr
+
+
+def test_plan_takes_every_planning_flag_of_balance():
+    from fsdata.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    flags = {name: {o for act in p._actions for o in act.option_strings} for name, p in sub.items()}
+    write_only = {"--num-workers", "--bucket-compression"}
+    assert flags["balance"] - write_only == flags["plan"]
+    assert write_only <= flags["write"]
