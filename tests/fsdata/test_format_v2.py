@@ -227,7 +227,7 @@ def test_write_refuses_another_input(good, tmp_path, capsys):
 
 def test_write_rank_is_order_independent(good, tmp_path):
     """The per-rank writer gives the same bytes whatever the order and chunking of its rows."""
-    from fsdata.balance import output_schema, read_plan, write_plan, write_rank
+    from fsdata.balance import output_schema, read_plan, write_rank
     from fsdata.io import open_samples
 
     inp, out = good
@@ -246,7 +246,6 @@ def test_write_rank_is_order_independent(good, tmp_path):
     rec = write_rank(1, chunked, tmp_path / "w", schema, plan.num_steps)
     assert (tmp_path / "w" / rec.path).read_bytes() == (out / rec.path).read_bytes()
     assert rec.sha256 == _manifest(out)["files"][1]["sha256"]
-    del write_plan
 
 
 # ---- verify: each case of issue 9 ----------------------------------------------------------------
