@@ -36,7 +36,7 @@ def test_report_page_and_pngs_from_a_balanced_output(tmp_path, capsys):
     page.parent.mkdir()
     assert main(["report", str(out), "--html", str(page), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((out / "_manifest.json").read_text())
     assert r["predicted_bubble_before"] == pytest.approx(m["baseline_predicted_bubble"], rel=1e-9)
     assert r["predicted_bubble_after"] == pytest.approx(m["predicted_bubble"], rel=1e-9, abs=1e-12)
     assert r["predicted_bubble_before"] > r["predicted_bubble_after"]
@@ -49,8 +49,8 @@ def test_report_page_and_pngs_from_a_balanced_output(tmp_path, capsys):
     for text in ("Per-rank predicted load per step", "Bubble per step", "Sequence lengths", "Cost per sample",
                  "lower bound", f"{m['num_samples_dropped']:,}", "quadratic"):
         assert text in html
-    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "step_stats.parquet", "dropped.parquet"]
-                                                           + [f"rank={r:05d}" for r in range(4)])  # not modified
+    assert sorted(p.name for p in out.iterdir()) == sorted(["_manifest.json", "_step_stats.parquet", "_dropped.parquet"]
+                                                           + [f"rank-{r:05d}" for r in range(4)])  # not modified
 
 
 def test_before_loads_equal_the_plan_baseline_and_shuffle_output(tmp_path):
@@ -77,16 +77,17 @@ def test_ids_that_are_not_row_numbers_need_input(tmp_path, capsys):
     assert "same INPUT" in capsys.readouterr().err
 
 
-def test_format_v2_names_are_read(tmp_path):
+def test_format_v1_names_are_read(tmp_path):
+    from tests.fsdata.test_format_v2 import _to_v1
+
     _, out = _balance(tmp_path)
-    m = json.loads((out / "manifest.json").read_text())
-    (out / "step_stats.parquet").rename(out / "_step_stats.parquet")
-    (out / "manifest.json").unlink()
-    m.update(format_version=2, step_stats_file="_step_stats.parquet")
-    (out / "_manifest.json").write_text(json.dumps(m))
-    d = load_output(out)
+    v1 = tmp_path / "v1"
+    _to_v1(out, v1)
+    m = json.loads((v1 / "manifest.json").read_text())
+    assert m["format_version"] == 1 and not (v1 / "_manifest.json").exists()
+    d = load_output(v1)
     assert d.after_loads.shape == (m["num_steps"], 4)
-    assert pq.read_table(out / "_step_stats.parquet").num_rows == m["num_steps"] * 4
+    assert np.allclose(d.after_loads, load_output(out).after_loads)
 
 
 def test_not_an_output_is_one_line_error(tmp_path, capsys):
