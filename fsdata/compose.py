@@ -1,0 +1,176 @@
+"""Batch composition under the fixed contract: which samples share a step (issue 10, part 1).
+
+Per-step assignment cannot go below a step's lower bound (:func:`fsdata.bubble.step_proven_bound`),
+and with a heavy tail a random global batch often holds a sample that costs more than a rank's
+fair share. Composition regroups the samples of ``W`` consecutive seeded-random global batches (a
+*window*) into ``W`` new global batches of exactly ``R*B`` samples, so that the bound itself drops;
+the per-step partitioner then gives every rank exactly ``B`` of them as before.
+
+Algorithm ``stratified-heavy`` (per window of ``W`` steps, ``n = W*R*B`` samples):
+
+1. Sort the window by cost, decreasing (ties broken by a seeded random key) and cut it into
+   ``W*B`` *chunks* of ``R`` consecutive samples (similar costs; the partitioner can give every
+   rank one sample of a chunk).
+2. Heavy steps: while the heaviest chunk left is too heavy for a mixed step, i.e. its largest
+   sample ``x`` plus the ``B-1`` cheapest samples of the window exceeds the per-rank mean a step
+   would have with that chunk and ``B-1`` average chunks, a new step takes that chunk and then the
+   next heaviest chunks, one at a time, until the estimated per-rank mean covers ``x`` plus the
+   cheapest samples (or the step has ``B`` chunks). Heavy samples thus share steps in multiples of
+   ``R`` (every rank gets some) and those steps keep free slots for light samples.
+3. Stratified fill: the remaining chunks, heaviest first, are dealt in rounds, one chunk per step
+   with free slots per round, steps in a fresh seeded random order each round. Every step gets a
+   spread of the window's costs (a stratified sample), and the heavy steps, having fewer free
+   slots, leave the rounds early.
+4. The window's steps are put in a seeded random order; inside a step samples keep their order
+   in the original shuffle.
+
+``W = 1`` returns the global batches unchanged (today's plan, byte for byte). A window larger
+than the input is the whole input (e.g. Amazon Beauty per-event at R=256, B=32 has 38 steps).
+Samples only move between steps of their own window (the departure bound); the remainder (the
+tail of the seeded permutation that does not fill a step) is never composed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from fsdata.errors import ConfigError
+
+#: The composition algorithm recorded in the manifest.
+ALGORITHM = "stratified-heavy"
+#: Windows measured and documented in docs/balancer.md (``--compose-window``).
+SHIPPED_WINDOWS = (1, 4, 16, 64)
+#: Default window (docs/balancer.md, "Composition": the trade-off between bubble and departure
+#: from the random order; the lead sets the final default from the training-quality table).
+DEFAULT_COMPOSE_WINDOW = 16
+
+
+@njit(cache=True)
+def _deal_window(cs, W, R, B, rand):
+    """Step (0..W-1) of every chunk of one window; ``cs`` are the window's costs, decreasing."""
+    K = W * B
+    x = np.empty(K)
+    m = np.empty(K)
+    for k in range(K):
+        x[k] = cs[k * R]
+        s = 0.0
+        for j in range(k * R, (k + 1) * R):
+            s += cs[j]
+        m[k] = s / R
+    suffix = np.zeros(K + 1)
+    for k in range(K - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + m[k]
+    cmin = cs[cs.shape[0] - 1]
+    step_of = np.full(K, -1, dtype=np.int64)
+    free = np.full(W, B, dtype=np.int64)
+    h = 0
+    tail = K  # chunks tail..K-1 (the lightest) are taken as light companions of heavy steps
+    t = 0
+    while t < W and B > 1:
+        f = (suffix[h] - suffix[tail]) / (tail - h)
+        need = x[h] + (B - 1) * cmin
+        if need <= m[h] + (B - 1) * f:
+            break  # the heaviest chunk left fits a mixed step: stratified from here on
+        # a heavy step: one chunk of the lightest samples (companions of the heavy ones) ...
+        tail -= 1
+        step_of[tail] = t
+        acc = m[tail]
+        n = 1
+        # ... then the heaviest chunks until the per-rank mean covers the heaviest sample
+        while n < B and h < tail:
+            step_of[h] = t
+            acc += m[h]
+            n += 1
+            h += 1
+            f = (suffix[h] - suffix[tail]) / (tail - h) if h < tail else 0.0
+            if acc + (B - n) * f >= need:
+                break
+        free[t] = B - n
+        t += 1
+    # stratified fill: rounds over the steps with free slots, seeded random order per round
+    r = 0
+    order = np.empty(W, dtype=np.int64)
+    while h < tail:
+        cnt = 0
+        for s in range(W):
+            if free[s] > 0:
+                order[cnt] = s
+                cnt += 1
+        # Fisher-Yates with the pre-drawn uniforms
+        for i in range(cnt - 1, 0, -1):
+            j = int(rand[r % rand.shape[0]] * (i + 1))
+            r += 1
+            tmp = order[i]
+            order[i] = order[j]
+            order[j] = tmp
+        for i in range(cnt):
+            if h >= tail:
+                break
+            s = order[i]
+            step_of[h] = s
+            free[s] -= 1
+            h += 1
+    return step_of
+
+
+def check_window(compose_window: int) -> None:
+    """Raises ConfigError unless ``compose_window >= 1``."""
+    if int(compose_window) != compose_window or compose_window < 1:
+        raise ConfigError(f"--compose-window must be an integer >= 1 (1 = no composition), got {compose_window}")
+
+
+def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,
+                  compose_window: int, seed: int = 0) -> np.ndarray:
+    """Regroup the samples of each window of ``W`` global batches into ``W`` new global batches.
+
+    Args:
+        steps: shape ``[S x R*B]``, int; input row indices of each seeded-random global batch.
+        costs: shape ``[N]``, float64; predicted cost of every input row.
+        num_ranks: R.
+        batch_size_per_rank: B.
+        compose_window: W, global batches per window (1: unchanged; larger than S: all steps).
+        seed: seed of the tie-breaking and step-order randomness (same seed, same output).
+
+    Returns:
+        shape ``[S x R*B]``, int64: the composed global batches; window ``w`` (steps ``w*W ..
+        w*W+W-1``) holds exactly the rows it held before, every row once.
+
+    Raises:
+        ConfigError: ``compose_window < 1`` or ``steps`` not ``[S x R*B]``.
+    """
+    check_window(compose_window)
+    R, B = int(num_ranks), int(batch_size_per_rank)
+    steps = np.asarray(steps)
+    if steps.ndim != 2 or steps.shape[1] != R * B:
+        raise ConfigError(f"steps has shape {steps.shape}; expected [steps x {R * B}]")
+    S = steps.shape[0]
+    W = int(min(compose_window, max(S, 1)))
+    if W <= 1 or S <= 1:
+        return steps.astype(np.int64, copy=True)
+    n = R * B
+    rng = np.random.default_rng([seed, 0x636F6D70])  # independent of the global-batch shuffle stream
+    flat = steps.ravel().astype(np.int64)
+    c = np.asarray(costs, dtype=np.float64)[flat]
+    win = np.arange(S).repeat(n) // W
+    # per window: cost decreasing, ties in a seeded random order
+    order = np.lexsort((rng.random(len(flat)), -c, win))
+    out = np.empty_like(flat)
+    rand = rng.random(max(1, 4 * (S // W + 1) * B * W))
+    for w0 in range(0, S, W):
+        Wn = min(W, S - w0)
+        a, b = w0 * n, (w0 + Wn) * n
+        sel = order[a:b]  # positions (in flat) of this window's samples, sorted by cost
+        if Wn == 1:
+            out[a:b] = flat[a:b]
+            continue
+        chunk_step = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand)
+        step_local = chunk_step[np.arange(b - a) // R]
+        # inside each new step, keep the original shuffled order (positions ascending)
+        pos = sel
+        key = np.lexsort((pos, step_local))
+        grouped = pos[key]  # positions grouped by new local step
+        new_order = rng.permutation(Wn)  # random order of the window's steps
+        blocks = grouped.reshape(Wn, n)
+        out[a:b] = flat[blocks[new_order].ravel()]
+    return out.reshape(S, n)
