@@ -52,6 +52,8 @@ class BalanceSettings:
     remainder: str = "drop"
     partitioner: str = "auto"
     budget: float | None = None
+    compose_window: int = 1
+    """W of :mod:`fsdata.compose` as requested (the plan records the window actually used)."""
     num_workers: int = 2
     progress: bool = True
     bucket_compression: str | None = None
@@ -241,11 +243,15 @@ def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sam
             "predicted_bubble": plan.predicted_bubble,
             "baseline_predicted_bubble": plan.baseline_bubble,
             "lower_bound_bubble": plan.lower_bound_bubble,
+            "lower_bound_kind": "pigeonhole",
+            "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
+            "per_rank_count": plan.count_distribution(),
             "columns": schema.names,
             "step_stats_file": S.STEP_STATS_NAME,
             "files": files,
             "settings": {"partitioner": settings.partitioner, "partition_info": plan.partition_info,
-                         "budget": settings.budget,
+                         "budget": settings.budget, "budget_used": plan.budget_used,
+                         "compose_window": plan.compose_window, "compose": plan.compose_info,
                          "input_columns_renamed": src.rename},
         }
         (tmp / S.MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -40,10 +40,10 @@ from fsdata.errors import ConfigError
 #: The composition algorithm recorded in the manifest.
 ALGORITHM = "stratified-heavy"
 #: Windows measured and documented in docs/balancer.md (``--compose-window``).
-SHIPPED_WINDOWS = (1, 4, 16, 64)
-#: Default window (docs/balancer.md, "Composition": the trade-off between bubble and departure
-#: from the random order; the lead sets the final default from the training-quality table).
-DEFAULT_COMPOSE_WINDOW = 16
+SHIPPED_WINDOWS = (1, 4, 16, 64, 256)
+#: Default window, a constant (docs/balancer.md, "Composition": the trade-off between bubble and
+#: departure from the random order; provisional until the training-quality table of issue 10).
+DEFAULT_COMPOSE_WINDOW = 256
 
 
 @njit(cache=True)
