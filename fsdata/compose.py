@@ -23,6 +23,10 @@ Algorithm ``stratified-heavy`` (per window of ``W`` steps, ``n = W*R*B`` samples
    slots, leave the rounds early.
 4. The window's steps are put in a seeded random order; inside a step samples keep their order
    in the original shuffle.
+5. Only where it pays: the composed window is kept only if it lowers the window's proven bound
+   (``sum_s (LB_s - mean_s)``, :func:`fsdata.bubble.step_proven_bound`) by more than
+   :data:`MIN_BOUND_GAIN` of ``sum_s LB_s``; otherwise the window keeps its random global batches
+   (e.g. MovieLens-1M per event at B >= 8, where per-step balancing already reaches ~0).
 
 ``W = 1`` returns the global batches unchanged (today's plan, byte for byte). A window larger
 than the input is the whole input (e.g. Amazon Beauty per-event at R=256, B=32 has 38 steps).
@@ -35,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from fsdata.bubble import step_proven_bound
 from fsdata.errors import ConfigError
 
 #: The composition algorithm recorded in the manifest.
@@ -44,6 +49,8 @@ SHIPPED_WINDOWS = (1, 4, 16, 64, 256)
 #: Default window, a constant (docs/balancer.md, "Composition": the trade-off between bubble and
 #: departure from the random order; provisional until the training-quality table of issue 10).
 DEFAULT_COMPOSE_WINDOW = 256
+#: A window is composed only if that lowers its proven run-bubble bound by more than this (0.01 points).
+MIN_BOUND_GAIN = 1e-4
 
 
 @njit(cache=True)
@@ -121,7 +128,7 @@ def check_window(compose_window: int) -> None:
 
 
 def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,
-                  compose_window: int, seed: int = 0) -> np.ndarray:
+                  compose_window: int, seed: int = 0, return_info: bool = False):
     """Regroup the samples of each window of ``W`` global batches into ``W`` new global batches.
 
     Args:
@@ -132,9 +139,12 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         compose_window: W, global batches per window (1: unchanged; larger than S: all steps).
         seed: seed of the tie-breaking and step-order randomness (same seed, same output).
 
+        return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed"}``.
+
     Returns:
         shape ``[S x R*B]``, int64: the composed global batches; window ``w`` (steps ``w*W ..
-        w*W+W-1``) holds exactly the rows it held before, every row once.
+        w*W+W-1``) holds exactly the rows it held before, every row once. With ``return_info``,
+        a tuple ``(steps, info)``.
 
     Raises:
         ConfigError: ``compose_window < 1`` or ``steps`` not ``[S x R*B]``.
@@ -146,8 +156,11 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         raise ConfigError(f"steps has shape {steps.shape}; expected [steps x {R * B}]")
     S = steps.shape[0]
     W = int(min(compose_window, max(S, 1)))
+    info = {"algorithm": ALGORITHM if W > 1 else "none", "compose_window": W,
+            "num_windows": -(-S // W) if S else 0, "windows_composed": 0}
     if W <= 1 or S <= 1:
-        return steps.astype(np.int64, copy=True)
+        out = steps.astype(np.int64, copy=True)
+        return (out, info) if return_info else out
     n = R * B
     rng = np.random.default_rng([seed, 0x636F6D70])  # independent of the global-batch shuffle stream
     flat = steps.ravel().astype(np.int64)
@@ -172,5 +185,20 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         grouped = pos[key]  # positions grouped by new local step
         new_order = rng.permutation(Wn)  # random order of the window's steps
         blocks = grouped.reshape(Wn, n)
-        out[a:b] = flat[blocks[new_order].ravel()]
-    return out.reshape(S, n)
+        cand = flat[blocks[new_order].ravel()].reshape(Wn, n)
+        if _bound_gap(c[blocks[new_order]], R, B) < _bound_gap(c[a:b].reshape(Wn, n), R, B) - MIN_BOUND_GAIN:
+            out[a:b] = cand.ravel()
+            info["windows_composed"] += 1
+        else:
+            out[a:b] = flat[a:b]
+    out = out.reshape(S, n)
+    return (out, info) if return_info else out
+
+
+def _bound_gap(step_costs: np.ndarray, R: int, B: int) -> float:
+    """Proven run-bubble bound of a window's steps, ``sum(LB - mean) / sum(LB)``."""
+    lb = step_proven_bound(step_costs, R, B)
+    mean = step_costs.sum(axis=1) / R
+    lb = np.maximum(lb, mean)
+    total = float(lb.sum())
+    return 0.0 if total <= 0 else float((lb - mean).sum() / total)

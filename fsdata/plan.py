@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsdata import bubble
-from fsdata.compose import ALGORITHM as COMPOSE_ALGORITHM
 from fsdata.compose import check_window, compose_steps
 from fsdata.errors import ConfigError, InputError
 from fsdata.partition import DEFAULT_METHOD, METHODS, partition_steps, per_rank_loads
@@ -113,8 +112,9 @@ class Plan:
         lower_bound_bubble_simple: the older, weaker formula ``max(sum/R, largest + B-1 smallest)``.
         partition_info: what the partitioner did (method, CP-SAT steps refined).
         compose_window: W actually used (1: no composition; capped at the number of steps).
-        compose_info: what composition did (``algorithm``, ``compose_window``, and the proven
-            bound of the uncomposed steps ``uncomposed_lower_bound_bubble``).
+        compose_info: what composition did (``algorithm``, ``compose_window``, ``num_windows``,
+            ``windows_composed`` and the proven bound of the uncomposed steps
+            ``uncomposed_lower_bound_bubble``).
         budget_used: the per-rank per-step budget cost-budget used (None for the fixed policy).
     """
 
@@ -260,10 +260,10 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
     if compose_window > 1 and strategy == "balanced" and batch_policy == "fixed" and len(steps) > 1:
         W = int(min(compose_window, len(steps)))
         uncomposed = bubble.lower_bound_bubble(step_costs, R, B)
-        steps = compose_steps(steps, costs, num_ranks=R, batch_size_per_rank=B, compose_window=W, seed=seed)
+        steps, compose_info = compose_steps(steps, costs, num_ranks=R, batch_size_per_rank=B, compose_window=W,
+                                            seed=seed, return_info=True)
         step_costs = costs[steps]
-        compose_info = {"algorithm": COMPOSE_ALGORITHM, "compose_window": W, "compose_window_requested":
-                        int(compose_window), "uncomposed_lower_bound_bubble": uncomposed}
+        compose_info.update(compose_window_requested=int(compose_window), uncomposed_lower_bound_bubble=uncomposed)
     step_bound = bubble.step_proven_bound(step_costs, R, B)
     lower = bubble.bound_bubble(step_costs, step_bound, R)
     lower_simple = bubble.lower_bound_bubble(step_costs, R, B, kind="simple")
