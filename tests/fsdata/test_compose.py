@@ -197,3 +197,16 @@ def test_cli_compose_flag_manifest_and_profile(tmp_path, capsys):
     cb = next(o for o in r["options"] if o["option"] == "cost-budget")
     assert cb["budget"] > 0 and cb["per_rank_count"]["min"] >= 1
     assert set(SHIPPED_WINDOWS) >= {1, 4, 16, 64}
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 3), st.integers(1, 3), st.integers(0, 2**16))
+def test_cpsat_exact_bound_between_pigeonhole_and_optimum(R, B, seed):
+    from fsdata.cpsat import cpsat_step_bound
+
+    c = _heavy_costs(R * B, seed) + np.random.default_rng(seed).random(R * B)
+    opt = _brute_force_optimum(c, R, B)
+    b, optimal = cpsat_step_bound(c, R, B, time_limit_seconds=2.0)
+    assert bubble.step_proven_bound(c[None, :], R, B)[0] <= b <= opt * (1 + 1e-12)
+    if optimal:  # floor-scaled costs: within the rounding of the scale
+        assert b >= opt * (1 - 1e-5)
