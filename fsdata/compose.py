@@ -165,32 +165,25 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
     rng = np.random.default_rng([seed, 0x636F6D70])  # independent of the global-batch shuffle stream
     flat = steps.ravel().astype(np.int64)
     c = np.asarray(costs, dtype=np.float64)[flat]
-    win = np.arange(S).repeat(n) // W
-    # per window: cost decreasing, ties in a seeded random order
-    order = np.lexsort((rng.random(len(flat)), -c, win))
-    out = np.empty_like(flat)
-    rand = rng.random(max(1, 4 * (S // W + 1) * B * W))
-    for w0 in range(0, S, W):
+    tie = rng.random(len(flat))
+    rand = rng.random(max(1, 4 * B * W))
+    step_order = [rng.permutation(min(W, S - w0)) for w0 in range(0, S, W)]
+    out = flat.copy()
+    for wi, w0 in enumerate(range(0, S, W)):
         Wn = min(W, S - w0)
         a, b = w0 * n, (w0 + Wn) * n
-        sel = order[a:b]  # positions (in flat) of this window's samples, sorted by cost
-        if Wn == 1:
-            out[a:b] = flat[a:b]
-            continue
+        before = _bound_gap(c[a:b].reshape(Wn, n), R, B)
+        if Wn == 1 or before <= MIN_BOUND_GAIN:
+            continue  # nothing to gain: the window keeps its random global batches
+        # the window's positions, by cost decreasing, ties in seeded random order
+        sel = a + np.lexsort((tie[a:b], -c[a:b]))
         chunk_step = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand)
         step_local = chunk_step[np.arange(b - a) // R]
-        # inside each new step, keep the original shuffled order (positions ascending)
-        pos = sel
-        key = np.lexsort((pos, step_local))
-        grouped = pos[key]  # positions grouped by new local step
-        new_order = rng.permutation(Wn)  # random order of the window's steps
-        blocks = grouped.reshape(Wn, n)
-        cand = flat[blocks[new_order].ravel()].reshape(Wn, n)
-        if _bound_gap(c[blocks[new_order]], R, B) < _bound_gap(c[a:b].reshape(Wn, n), R, B) - MIN_BOUND_GAIN:
-            out[a:b] = cand.ravel()
+        # inside each new step keep the original shuffled order (positions ascending)
+        blocks = sel[np.lexsort((sel, step_local))].reshape(Wn, n)[step_order[wi]]
+        if _bound_gap(c[blocks], R, B) < before - MIN_BOUND_GAIN:
+            out[a:b] = flat[blocks.ravel()]
             info["windows_composed"] += 1
-        else:
-            out[a:b] = flat[a:b]
     out = out.reshape(S, n)
     return (out, info) if return_info else out
 
