@@ -215,8 +215,9 @@ def _cmd_balance(a: argparse.Namespace) -> int:
         print(f"  proven bound       {m['lower_bound_bubble']:.4%}  (pigeonhole bound of these steps, equal "
               f"counts; gap {m['predicted_bubble'] - m['lower_bound_bubble']:+.4%})")
         if plan.compose_window > 1:
-            print(f"  composition        window {plan.compose_window} ({plan.compose_info['algorithm']}); bound "
-                  f"without it {plan.compose_info['uncomposed_lower_bound_bubble']:.4%}")
+            ci = plan.compose_info
+            print(f"  composition        window {plan.compose_window} ({ci['algorithm']}): {ci['windows_composed']} of "
+                  f"{ci['num_windows']} windows regrouped; bound without it {ci['uncomposed_lower_bound_bubble']:.4%}")
         print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     return 0
 
