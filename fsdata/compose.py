@@ -13,17 +13,22 @@ Algorithm ``stratified-heavy`` (per window of ``W`` steps, ``n = W*R*B`` samples
    rank one sample of a chunk).
 2. Heavy steps: while the heaviest chunk left is too heavy for a mixed step, i.e. its largest
    sample ``x`` plus the ``B-1`` cheapest samples of the window exceeds the per-rank mean a step
-   would have with that chunk and ``B-1`` average chunks, a new step takes that chunk and then the
-   next heaviest chunks, one at a time, until the estimated per-rank mean covers ``x`` plus the
-   cheapest samples (or the step has ``B`` chunks). Heavy samples thus share steps in multiples of
-   ``R`` (every rank gets some) and those steps keep free slots for light samples.
+   would have with that chunk and ``B-1`` average chunks, a new step takes one chunk of the
+   window's lightest samples (companions for the heavy ones), then the heaviest chunks, one at a
+   time, until the estimated per-rank mean covers :data:`HEAVY_SLACK` times ``x`` plus the
+   cheapest samples (or the step has ``B`` chunks). Heavy samples thus share steps in multiples
+   of ``R`` (every rank gets some), spread with short ones.
 3. Stratified fill: the remaining chunks, heaviest first, are dealt in rounds, one chunk per step
    with free slots per round, steps in a fresh seeded random order each round. Every step gets a
    spread of the window's costs (a stratified sample), and the heavy steps, having fewer free
    slots, leave the rounds early.
 4. The window's steps are put in a seeded random order; inside a step samples keep their order
    in the original shuffle.
-5. Only where it pays: the composed window is kept only if it lowers the window's proven bound
+5. Sub-windows: the window is also composed as aligned sub-windows of ``W/4``, ``W/16``, ...
+   steps (each still inside the window), and the candidate with the lowest proven bound wins,
+   the smallest sub-window among equal bounds (so a sample moves no further than needed, and a
+   larger window is never worse in bound than the shipped windows it contains).
+6. Only where it pays: the composed window is kept only if it lowers the window's proven bound
    (``sum_s (LB_s - mean_s)``, :func:`fsdata.bubble.step_proven_bound`) by more than
    :data:`MIN_BOUND_GAIN` of ``sum_s LB_s``; otherwise the window keeps its random global batches
    (e.g. MovieLens-1M per event at B >= 8, where per-step balancing already reaches ~0).
@@ -49,12 +54,17 @@ SHIPPED_WINDOWS = (1, 4, 16, 64, 256)
 #: Default window, a constant (docs/balancer.md, "Composition": the trade-off between bubble and
 #: departure from the random order; provisional until the training-quality table of issue 10).
 DEFAULT_COMPOSE_WINDOW = 256
+#: A heavy step takes heavy chunks until its estimated per-rank mean is this factor above its
+#: heaviest sample plus the cheapest companions: steps packed exactly to their mean are hard to
+#: split evenly with B per rank (measured on Amazon Beauty / Sports / Toys: 1.0 -> 0.84% and
+#: 1.5 -> 0.31% bubble at R=64 B=8 W=256; 1.3-2.0 within 0.05 points of each other).
+HEAVY_SLACK = 1.5
 #: A window is composed only if that lowers its proven run-bubble bound by more than this (0.01 points).
 MIN_BOUND_GAIN = 1e-4
 
 
 @njit(cache=True)
-def _deal_window(cs, W, R, B, rand):
+def _deal_window(cs, W, R, B, rand, slack):
     """Step (0..W-1) of every chunk of one window; ``cs`` are the window's costs, decreasing."""
     K = W * B
     x = np.empty(K)
@@ -79,6 +89,7 @@ def _deal_window(cs, W, R, B, rand):
         need = x[h] + (B - 1) * cmin
         if need <= m[h] + (B - 1) * f:
             break  # the heaviest chunk left fits a mixed step: stratified from here on
+        need *= slack  # headroom: a heavy step packed exactly to its mean is hard to split evenly
         # a heavy step: one chunk of the lightest samples (companions of the heavy ones) ...
         tail -= 1
         step_of[tail] = t
@@ -139,7 +150,8 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         compose_window: W, global batches per window (1: unchanged; larger than S: all steps).
         seed: seed of the tie-breaking and step-order randomness (same seed, same output).
 
-        return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed"}``.
+        return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed",
+            "sub_window_sizes_used"}`` (how many windows were composed with each sub-window size).
 
     Returns:
         shape ``[S x R*B]``, int64: the composed global batches; window ``w`` (steps ``w*W ..
@@ -166,28 +178,52 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
     flat = steps.ravel().astype(np.int64)
     c = np.asarray(costs, dtype=np.float64)[flat]
     rand = rng.random(max(1, 4 * B * W))
-    step_order = [rng.permutation(min(W, S - w0)) for w0 in range(0, S, W)]
     out = flat.copy()
-    for wi, w0 in enumerate(range(0, S, W)):
+    sizes_used: dict[int, int] = {}
+    for w0 in range(0, S, W):
         Wn = min(W, S - w0)
         a, b = w0 * n, (w0 + Wn) * n
         before = _bound_gap(c[a:b].reshape(Wn, n), R, B)
         if Wn == 1 or before <= MIN_BOUND_GAIN:
             continue  # nothing to gain: the window keeps its random global batches
-        # the window's positions, by cost decreasing, ties in seeded random order
-        shuffled = a + rng.permutation(b - a)  # ties in seeded random order
-        sel = shuffled[_stable_argsort_desc(c[shuffled])]
-        chunk_step = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand)
-        # new local step of every position of the window; a stable sort groups the positions by
-        # step and keeps the original shuffled order inside each step
-        step_of_pos = np.empty(b - a, dtype=np.uint16 if Wn < (1 << 16) else np.int64)
-        step_of_pos[sel - a] = chunk_step[np.arange(b - a) // R]
-        blocks = (a + np.argsort(step_of_pos, kind="stable")).reshape(Wn, n)[step_order[wi]]
-        if _bound_gap(c[blocks], R, B) < before - MIN_BOUND_GAIN:
-            out[a:b] = flat[blocks.ravel()]
+        # candidates: the window composed whole, or as aligned sub-windows of W/4, W/16, ... steps
+        # (still inside the window); the lowest proven bound wins, the smallest size among equals
+        best = None
+        size = Wn
+        while size >= 2:
+            cand = np.concatenate([_compose_block(c, a + s0 * n, min(size, Wn - s0), R, B, rng, rand)
+                                   for s0 in range(0, Wn, size)])
+            gap = _bound_gap(c[cand].reshape(Wn, n), R, B)
+            if best is None or gap <= best[0] + MIN_BOUND_GAIN:
+                best = (min(gap, best[0]) if best else gap, size, cand)
+            size //= 4
+        gap, size, cand = best
+        if gap < before - MIN_BOUND_GAIN:
+            out[a:b] = flat[cand]
             info["windows_composed"] += 1
+            sizes_used[size] = sizes_used.get(size, 0) + 1
+    info["sub_window_sizes_used"] = {str(k): v for k, v in sorted(sizes_used.items())}
     out = out.reshape(S, n)
     return (out, info) if return_info else out
+
+
+def _compose_block(c: np.ndarray, a: int, Wn: int, R: int, B: int, rng: np.random.Generator,
+                   rand: np.ndarray) -> np.ndarray:
+    """Composed positions of the ``Wn`` steps starting at flat position ``a`` (steps 1-4 above)."""
+    n = R * B
+    b = a + Wn * n
+    if Wn == 1:
+        return np.arange(a, b)
+    # the block's positions by cost decreasing, ties in seeded random order
+    shuffled = a + rng.permutation(b - a)
+    sel = shuffled[_stable_argsort_desc(c[shuffled])]
+    chunk_step = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand, HEAVY_SLACK)
+    # new local step of every position; a stable sort groups the positions by step and keeps the
+    # original shuffled order inside each step
+    step_of_pos = np.empty(b - a, dtype=np.uint16 if Wn < (1 << 16) else np.int64)
+    step_of_pos[sel - a] = chunk_step[np.arange(b - a) // R]
+    blocks = (a + np.argsort(step_of_pos, kind="stable")).reshape(Wn, n)
+    return blocks[rng.permutation(Wn)].ravel()  # the block's steps in seeded random order
 
 
 def _stable_argsort_desc(values: np.ndarray) -> np.ndarray:
