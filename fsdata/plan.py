@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsdata import bubble
-from fsdata.compose import check_window, compose_steps
+from fsdata.compose import DEFAULT_COMPOSE_WINDOW, check_window, compose_steps
 from fsdata.errors import ConfigError, InputError
 from fsdata.partition import DEFAULT_METHOD, METHODS, partition_steps, per_rank_loads
 
@@ -218,7 +218,7 @@ def shuffled_steps(num_samples: int, num_ranks: int, batch_size_per_rank: int, s
 def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, seed: int = 0,
               strategy: str = "balanced", batch_policy: str = "fixed", remainder: str = "drop",
               partitioner: str = DEFAULT_PARTITIONER, budget: float | None = None,
-              compose_window: int = 1) -> Plan:
+              compose_window: int = DEFAULT_COMPOSE_WINDOW) -> Plan:
     """Compose global batches and assign samples to ranks.
 
     Args:
@@ -232,8 +232,10 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         partitioner: per-step method for the fixed policy (see :mod:`fsdata.partition`).
         budget: per-rank per-step cost budget for ``cost-budget`` (default: chosen by the policy).
         compose_window: W; regroup the samples of W consecutive global batches so the per-step
-            bound drops (:mod:`fsdata.compose`); 1 = none. Applies to ``balanced`` + ``fixed``
-            only (the shuffle baseline and cost-budget keep the random global batches).
+            bound drops (:mod:`fsdata.compose`); 1 = none; default
+            :data:`fsdata.compose.DEFAULT_COMPOSE_WINDOW` (as ``fsdata balance``). Applies to
+            ``balanced`` + ``fixed`` only (the shuffle baseline and cost-budget keep the random
+            global batches).
 
     Returns:
         :class:`Plan`.
