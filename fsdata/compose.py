@@ -65,7 +65,10 @@ MIN_BOUND_GAIN = 1e-4
 
 @njit(cache=True)
 def _deal_window(cs, W, R, B, rand, slack):
-    """Step (0..W-1) of every chunk of one window; ``cs`` are the window's costs, decreasing."""
+    """Step (0..W-1) of every chunk of one window, and the number of heavy steps.
+
+    ``cs`` are the window's costs, decreasing; ``rand`` pre-drawn uniforms for the round orders.
+    """
     K = W * B
     x = np.empty(K)
     m = np.empty(K)
@@ -106,6 +109,7 @@ def _deal_window(cs, W, R, B, rand, slack):
                 break
         free[t] = B - n
         t += 1
+    num_heavy = t
     # stratified fill: rounds over the steps with free slots, seeded random order per round
     r = 0
     order = np.empty(W, dtype=np.int64)
@@ -129,7 +133,7 @@ def _deal_window(cs, W, R, B, rand, slack):
             step_of[h] = s
             free[s] -= 1
             h += 1
-    return step_of
+    return step_of, num_heavy
 
 
 def check_window(compose_window: int) -> None:
@@ -151,7 +155,8 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         seed: seed of the tie-breaking and step-order randomness (same seed, same output).
 
         return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed",
-            "sub_window_sizes_used"}`` (how many windows were composed with each sub-window size).
+            "heavy_steps", "sub_window_sizes_used"}``: windows regrouped, steps built around heavy
+            samples (the rest are stratified mixes), windows composed with each sub-window size.
 
     Returns:
         shape ``[S x R*B]``, int64: the composed global batches; window ``w`` (steps ``w*W ..
@@ -169,7 +174,7 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
     S = steps.shape[0]
     W = int(min(compose_window, max(S, 1)))
     info = {"algorithm": ALGORITHM if W > 1 else "none", "compose_window": W,
-            "num_windows": -(-S // W) if S else 0, "windows_composed": 0}
+            "num_windows": -(-S // W) if S else 0, "windows_composed": 0, "heavy_steps": 0}
     if W <= 1 or S <= 1:
         out = steps.astype(np.int64, copy=True)
         return (out, info) if return_info else out
@@ -191,16 +196,17 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         best = None
         size = Wn
         while size >= 2:
-            cand = np.concatenate([_compose_block(c, a + s0 * n, min(size, Wn - s0), R, B, rng, rand)
-                                   for s0 in range(0, Wn, size)])
+            parts = [_compose_block(c, a + s0 * n, min(size, Wn - s0), R, B, rng, rand) for s0 in range(0, Wn, size)]
+            cand = np.concatenate([p[0] for p in parts])
             gap = _bound_gap(c[cand].reshape(Wn, n), R, B)
             if best is None or gap <= best[0] + MIN_BOUND_GAIN:
-                best = (min(gap, best[0]) if best else gap, size, cand)
+                best = (min(gap, best[0]) if best else gap, size, cand, sum(p[1] for p in parts))
             size //= 4
-        gap, size, cand = best
+        gap, size, cand, num_heavy = best
         if gap < before - MIN_BOUND_GAIN:
             out[a:b] = flat[cand]
             info["windows_composed"] += 1
+            info["heavy_steps"] += num_heavy
             sizes_used[size] = sizes_used.get(size, 0) + 1
     info["sub_window_sizes_used"] = {str(k): v for k, v in sorted(sizes_used.items())}
     out = out.reshape(S, n)
@@ -208,22 +214,23 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
 
 
 def _compose_block(c: np.ndarray, a: int, Wn: int, R: int, B: int, rng: np.random.Generator,
-                   rand: np.ndarray) -> np.ndarray:
-    """Composed positions of the ``Wn`` steps starting at flat position ``a`` (steps 1-4 above)."""
+                   rand: np.ndarray) -> tuple[np.ndarray, int]:
+    """Composed positions of the ``Wn`` steps starting at flat position ``a`` (steps 1-4 above),
+    and how many of them are heavy steps."""
     n = R * B
     b = a + Wn * n
     if Wn == 1:
-        return np.arange(a, b)
+        return np.arange(a, b), 0
     # the block's positions by cost decreasing, ties in seeded random order
     shuffled = a + rng.permutation(b - a)
     sel = shuffled[_stable_argsort_desc(c[shuffled])]
-    chunk_step = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand, HEAVY_SLACK)
+    chunk_step, num_heavy = _deal_window(np.ascontiguousarray(c[sel]), Wn, R, B, rand, HEAVY_SLACK)
     # new local step of every position; a stable sort groups the positions by step and keeps the
     # original shuffled order inside each step
     step_of_pos = np.empty(b - a, dtype=np.uint16 if Wn < (1 << 16) else np.int64)
     step_of_pos[sel - a] = chunk_step[np.arange(b - a) // R]
     blocks = (a + np.argsort(step_of_pos, kind="stable")).reshape(Wn, n)
-    return blocks[rng.permutation(Wn)].ravel()  # the block's steps in seeded random order
+    return blocks[rng.permutation(Wn)].ravel(), int(num_heavy)  # the block's steps in seeded random order
 
 
 def _stable_argsort_desc(values: np.ndarray) -> np.ndarray:
