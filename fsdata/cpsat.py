@@ -13,7 +13,7 @@ ranks, and re-solve the assignment of their ``(k+1)*B`` samples exactly with OR-
 
 The float loads of the solution are recomputed and the move is accepted only if the neighbourhood's
 largest float load strictly drops, so the result is never worse than the heuristic. Rounds repeat
-until the step reaches its lower bound (:func:`fsdata.bubble.step_lower_bound`), no neighbourhood
+until the step reaches its proven lower bound (:func:`fsdata.bubble.step_proven_bound`), no neighbourhood
 improves, or the per-step time budget is spent. Useful mainly for small per-rank batches B, where
 single swaps get stuck.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsdata.bubble import step_lower_bound
+from fsdata.bubble import step_proven_bound
 from fsdata.errors import ConfigError
 
 #: Integer value the largest sample cost of a step is scaled to before rounding.
@@ -95,7 +95,7 @@ def cpsat_refine_step(costs: np.ndarray, ranks: np.ndarray, num_ranks: int, batc
     k = min(num_light_ranks + 1, R)
     if k < 2 or c.size == 0:
         return out, 0
-    lb = float(step_lower_bound(c[None, :], R, B)[0])
+    lb = float(step_proven_bound(c[None, :], R, B)[0])
     cmax = float(c.max())
     c_int = np.rint(c * (cost_scale / cmax)).astype(np.int64) if cmax > 0 else np.zeros(len(c), np.int64)
     # the budget is spent in deterministic sub-solve units (see _solve_neighbourhood), not wall time
@@ -183,8 +183,6 @@ def cpsat_step_bound(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
         :data:`EXACT_MAX_BOOLEANS` booleans.
     """
     from ortools.sat.python import cp_model
-
-    from fsdata.bubble import step_proven_bound
 
     c = np.asarray(costs, dtype=np.float64)
     R, B = int(num_ranks), int(batch_size_per_rank)
