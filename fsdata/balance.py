@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from fsdata import schema as S
 from fsdata.atomic import atomic_output
+from fsdata.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.cost import CostModel, load_cost_model
 from fsdata.errors import ConfigError, InputError
 from fsdata.guards import check_output_apart, raise_if_environment
@@ -84,6 +85,8 @@ class BalanceSettings:
     remainder: Literal["drop", "error"] = "drop"
     partitioner: str = DEFAULT_PARTITIONER
     budget: float | None = None
+    compose_window: int = DEFAULT_COMPOSE_WINDOW
+    """W of :mod:`fsdata.compose` as requested (the plan records the window actually used; 1 = off)."""
     num_workers: int = 2
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
@@ -240,7 +243,8 @@ def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource)
     return {"partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
-            "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder}
+            "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
+            "budget_used": plan.budget_used, "compose_window": plan.compose_window, "compose": plan.compose_info}
 
 
 def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, costs: np.ndarray,
@@ -267,6 +271,9 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
         "lower_bound_bubble": plan.lower_bound_bubble,
         "num_samples_input": int(len(plan.step)), "input_digest": input_digest(src),
         "fsdata_version": __version__, "settings": _recorded_settings(settings, plan, src),
+        "manifest_extra": {"lower_bound_kind": "pigeonhole",
+                           "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
+                           "per_rank_count": plan.count_distribution()},
     }
     return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32),
                      rank=plan.rank.astype(np.int32), position=_positions(plan.step, plan.rank, plan.order_key),
@@ -291,7 +298,8 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
     costs = cost_model.cost(lengths)
     plan = make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
                      seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
-                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget)
+                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
+                     compose_window=settings.compose_window)
     table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
     if timings is not None:
         timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)

@@ -63,6 +63,9 @@ def _add_input_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, required=True, help="number of ranks R (world size)")
     p.add_argument("--batch-size-per-rank", type=int, required=True, help="samples per rank per step B")
     p.add_argument("--seed", type=int, default=0, help="seed of the global-batch shuffle (default 0)")
+    p.add_argument("--compose-window", type=int, default=None, metavar="W",
+                   help="regroup the samples of W consecutive random global batches so heavy samples share "
+                        "steps in multiples of R (B per rank kept); 1 = off (default 256, see docs/balancer.md)")
 
 
 def _add_plan_opts(p: argparse.ArgumentParser) -> None:
@@ -228,18 +231,22 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     from fsdata.profile import format_report, profile
 
     _, cost_model, lengths, _ = _load_lengths(a)
-    report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed)
+    report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
+                     compose_window=a.compose_window)
     print(json.dumps(report, indent=2) if a.json else format_report(report))
     return 0
 
 
 def _settings_from_args(a: argparse.Namespace):
     from fsdata.balance import BalanceSettings
+    from fsdata.compose import DEFAULT_COMPOSE_WINDOW, check_window
     from fsdata.plan import DEFAULT_PARTITIONER, check_settings
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
-    return BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
+    compose_window = DEFAULT_COMPOSE_WINDOW if getattr(a, "compose_window", None) is None else a.compose_window
+    check_window(compose_window)
+    return BalanceSettings(compose_window=compose_window, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
                            columns=a.columns, seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy,
                            remainder=a.remainder, partitioner=a.partitioner or DEFAULT_PARTITIONER, budget=a.budget,
                            num_workers=getattr(a, "num_workers", 2),
@@ -252,6 +259,13 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
+    from fsdata.plan import high_bubble_warning
+
+    settings = m.get("settings") or {}
+    summary["compose_window"] = settings.get("compose_window", 1)
+    summary["warning"] = high_bubble_warning(m)
+    if summary["warning"]:
+        log.warning(summary["warning"])
     summary["output"] = str(a.output)
     if timings is not None:
         summary["stage_seconds"] = timings
@@ -262,7 +276,13 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
               f"{m['num_samples_written']:,} samples ({m['num_samples_dropped']:,} dropped, see manifest)")
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({m['strategy']}, {m['batch_policy']})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
-        print(f"  lower bound        {m['lower_bound_bubble']:.4%}  (equal counts)")
+        print(f"  proven bound       {m['lower_bound_bubble']:.4%}  (pigeonhole bound of these steps, equal "
+              f"counts; gap {m['predicted_bubble'] - m['lower_bound_bubble']:+.4%})")
+        ci = settings.get("compose") or {}
+        if summary["compose_window"] > 1 and "windows_composed" in ci:
+            print(f"  composition        window {summary['compose_window']} ({ci['algorithm']}): "
+                  f"{ci['windows_composed']} of {ci['num_windows']} windows regrouped; bound without it "
+                  f"{ci['uncomposed_lower_bound_bubble']:.4%}")
         if timings:
             print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsdata import bubble
+from fsdata.compose import DEFAULT_COMPOSE_WINDOW, check_window, compose_steps
 from fsdata.errors import ConfigError, InputError
 from fsdata.partition import DEFAULT_METHOD, METHODS, partition_steps, per_rank_loads
 
@@ -26,49 +27,67 @@ REMAINDER_POLICIES = ("drop", "error")
 #: ``auto``: lpt-swap, plus CP-SAT refinement of the worst steps when B is small (where it helps).
 DEFAULT_PARTITIONER = "auto"
 PARTITIONERS = ("auto", *METHODS)
-#: ``auto`` refines with CP-SAT only when ``batch_size_per_rank`` is at most this (single swaps
-#: get stuck at small B; at larger B lpt-swap is already within ~0.005 points of the bound).
-CPSAT_MAX_BATCH_SIZE_PER_RANK = 8
-#: ``auto`` refines at most this many steps (those furthest above their lower bound) ...
+#: ``auto`` refines a step with CP-SAT only when lpt-swap's straggler is above the step's proven
+#: lower bound (:func:`fsdata.bubble.step_proven_bound`) by more than this fraction of the run's
+#: total straggler cost ``sum_s max_s``: closing that gap would lower the run bubble by more than
+#: 0.01 points. Below it CP-SAT cannot gain anything that matters.
+CPSAT_GAP_THRESHOLD = 1e-4
+#: ``auto`` refines at most this many steps (those furthest above their bound, absolute cost) ...
 CPSAT_MAX_STEPS = 32
 #: ... each with this CP-SAT budget in deterministic time (about seconds), so output is reproducible.
 CPSAT_STEP_BUDGET_SECONDS = 0.5
 
 
 def partition_auto(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int, *,
-                   cpsat_max_steps: int = CPSAT_MAX_STEPS) -> tuple[np.ndarray, dict]:
-    """``lpt-swap`` for every step, then CP-SAT refinement of the worst steps when B is small.
+                   cpsat_max_steps: int = CPSAT_MAX_STEPS, gap_threshold: float = CPSAT_GAP_THRESHOLD,
+                   step_bound: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """``lpt-swap`` for every step, then CP-SAT on the steps whose gap to the proven bound is worth it.
 
-    The worst steps are those whose straggler is furthest (absolute cost) above the step's lower
-    bound: they dominate the run bubble ``sum(max - mean) / sum(max)``. The refinement only
-    accepts strictly better assignments, so the result is never worse than ``lpt-swap``.
+    A step is refined only if its straggler is above the step's proven lower bound by more than
+    ``gap_threshold`` times ``sum_s max_s`` (its possible gain in run-bubble points); of those, the ``cpsat_max_steps`` with the largest absolute gap
+    (they dominate the run bubble ``sum(max - mean) / sum(max)``), each for
+    :data:`CPSAT_STEP_BUDGET_SECONDS` of CP-SAT deterministic time. The refinement only accepts
+    strictly better assignments, so the result is never worse than ``lpt-swap``.
 
     Args:
         step_costs: shape ``[S x (R*B)]``, float64.
         num_ranks: R.
         batch_size_per_rank: B.
-        cpsat_max_steps: how many of the worst steps CP-SAT refines (0 disables it).
+        cpsat_max_steps: most steps CP-SAT refines (0 disables it).
+        gap_threshold: gap to the proven bound, as a fraction of the run's total straggler cost,
+            below which a step is left alone.
+        step_bound: shape ``[S]``, the proven bound per step if already computed.
 
     Returns:
-        ``(ranks [S x (R*B)] int32, info)`` with ``info = {"method", "cpsat_steps", "cpsat_improved_steps"}``.
+        ``(ranks [S x (R*B)] int32, info)``; ``info`` holds ``method``, ``cpsat_gap_threshold``,
+        ``steps_above_threshold``, ``cpsat_steps``, ``cpsat_improved_steps``,
+        ``cpsat_budget_seconds_per_step``.
     """
     ranks = partition_steps(step_costs, num_ranks, batch_size_per_rank, method="lpt-swap")
-    info = {"method": "lpt-swap", "cpsat_steps": 0, "cpsat_improved_steps": 0}
-    if batch_size_per_rank > CPSAT_MAX_BATCH_SIZE_PER_RANK or cpsat_max_steps <= 0 or num_ranks < 2:
+    info = {"method": "lpt-swap", "cpsat_gap_threshold": gap_threshold, "steps_above_threshold": 0,
+            "cpsat_steps": 0, "cpsat_improved_steps": 0,
+            "cpsat_budget_seconds_per_step": CPSAT_STEP_BUDGET_SECONDS}
+    if cpsat_max_steps <= 0 or num_ranks < 2 or len(step_costs) == 0:
+        return ranks, info
+    if step_bound is None:
+        step_bound = bubble.step_proven_bound(step_costs, num_ranks, batch_size_per_rank)
+    loads = per_rank_loads(step_costs, ranks, num_ranks)
+    mx = loads.max(axis=1)
+    gap = mx - step_bound
+    above = np.flatnonzero(gap > gap_threshold * mx.sum())
+    info["steps_above_threshold"] = int(len(above))
+    if not len(above):
         return ranks, info
     from fsdata.cpsat import cpsat_refine_step  # noqa: PLC0415 (OR-Tools import is slow; only when used)
 
-    loads = per_rank_loads(step_costs, ranks, num_ranks)
-    gap = loads.max(axis=1) - bubble.step_lower_bound(step_costs, num_ranks, batch_size_per_rank)
-    worst = [int(s) for s in np.argsort(-gap, kind="stable")[:cpsat_max_steps] if gap[s] > 0]
+    worst = above[np.argsort(-gap[above], kind="stable")][:cpsat_max_steps]
     info["method"] = "lpt-swap+cpsat"
-    for s in worst:
-        before = loads[s].max()
+    for s in (int(s) for s in worst):
         ranks[s], _ = cpsat_refine_step(step_costs[s], ranks[s], num_ranks, batch_size_per_rank,
                                         time_limit_seconds=CPSAT_STEP_BUDGET_SECONDS, solve_time_limit_seconds=0.1)
         after = np.bincount(ranks[s], weights=step_costs[s], minlength=num_ranks).max()
         info["cpsat_steps"] += 1
-        info["cpsat_improved_steps"] += int(after < before)
+        info["cpsat_improved_steps"] += int(after < mx[s])
     return ranks, info
 
 
@@ -88,8 +107,15 @@ class Plan:
         counts: shape ``[S x R]`` int32, samples per rank per step.
         baseline_loads: shape ``[S' x R]`` float64, equal-count shuffled per-rank loads of the same
             global batches (S' = S for the fixed policy).
-        lower_bound_bubble: smallest run bubble of any equal-count per-step assignment.
+        lower_bound_bubble: proven lower bound on the run bubble of any equal-count per-step
+            assignment of the (composed) steps: the pigeonhole bound (:mod:`fsdata.bubble`).
+        lower_bound_bubble_simple: the older, weaker formula ``max(sum/R, largest + B-1 smallest)``.
         partition_info: what the partitioner did (method, CP-SAT steps refined).
+        compose_window: W actually used (1: no composition; capped at the number of steps).
+        compose_info: what composition did (``algorithm``, ``compose_window``, ``num_windows``,
+            ``windows_composed`` and the proven bound of the uncomposed steps
+            ``uncomposed_lower_bound_bubble``).
+        budget_used: the per-rank per-step budget cost-budget used (None for the fixed policy).
     """
 
     num_ranks: int
@@ -104,6 +130,10 @@ class Plan:
     baseline_loads: np.ndarray
     lower_bound_bubble: float
     partition_info: dict
+    lower_bound_bubble_simple: float = 0.0
+    compose_window: int = 1
+    compose_info: dict | None = None
+    budget_used: float | None = None
 
     @property
     def predicted_bubble(self) -> float:
@@ -112,6 +142,48 @@ class Plan:
     @property
     def baseline_bubble(self) -> float:
         return bubble.run_bubble(self.baseline_loads)
+
+    def count_distribution(self) -> dict:
+        """Per-(step, rank) sample counts: ``{"min", "median", "max", "mean"}`` (B everywhere for fixed)."""
+        c = self.counts
+        return {"min": int(c.min()), "median": float(np.median(c)), "max": int(c.max()), "mean": float(c.mean())}
+
+
+#: ``balance`` and the nightly job warn when the predicted bubble stays above this fraction.
+HIGH_BUBBLE_WARNING_THRESHOLD = 0.10
+
+
+def high_bubble_warning(manifest: dict, threshold: float = HIGH_BUBBLE_WARNING_THRESHOLD) -> str | None:
+    """Warning text with the remedy when a balanced output's predicted bubble stays high.
+
+    Works on a manifest dict as written by ``fsdata balance`` (keys ``predicted_bubble``,
+    ``lower_bound_bubble``, ``batch_policy``, ``strategy``, ``settings.compose_window``), so the
+    nightly job can call it on the manifest it just verified.
+
+    Args:
+        manifest: the output's manifest (v1 or v2 layout; missing keys are treated as defaults).
+        threshold: bubble fraction above which to warn (default 0.10).
+
+    Returns:
+        One line of text, or None when the bubble is at most ``threshold`` (or for the shuffle
+        strategy, which is the baseline on purpose).
+    """
+    b = float(manifest.get("predicted_bubble") or 0.0)
+    if b <= threshold or manifest.get("strategy", "balanced") == "shuffle":
+        return None
+    lb = manifest.get("lower_bound_bubble")
+    settings = manifest.get("settings") or {}
+    w = int(settings.get("compose_window") or 1)
+    head = f"predicted bubble {b:.1%} stays above {threshold:.0%}"
+    if manifest.get("batch_policy", "fixed") == "cost-budget":
+        return (f"{head} under --batch-policy cost-budget (usually too few samples per step); remedies: fewer "
+                "--ranks, a larger --budget, or more data")
+    why = (f"; no equal-count assignment of these steps can go below {lb:.1%} (proven bound), the global batches "
+           "themselves are the limit" if lb is not None and lb > threshold / 2 else "")
+    bigger = f"a larger --compose-window (now {w}; e.g. {max(4 * w, 64)})"
+    return (f"{head}{why}; remedies: {bigger}, a larger --batch-size-per-rank, a length cap "
+            "(fsdata convert --max-seq-len), or --batch-policy cost-budget (variable per-rank counts); "
+            "fsdata profile shows what each reaches")
 
 
 def check_settings(num_samples: int, num_ranks: int, batch_size_per_rank: int) -> None:
@@ -145,7 +217,8 @@ def shuffled_steps(num_samples: int, num_ranks: int, batch_size_per_rank: int, s
 
 def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, seed: int = 0,
               strategy: str = "balanced", batch_policy: str = "fixed", remainder: str = "drop",
-              partitioner: str = DEFAULT_PARTITIONER, budget: float | None = None) -> Plan:
+              partitioner: str = DEFAULT_PARTITIONER, budget: float | None = None,
+              compose_window: int = DEFAULT_COMPOSE_WINDOW) -> Plan:
     """Compose global batches and assign samples to ranks.
 
     Args:
@@ -158,12 +231,18 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         remainder: ``drop`` (record the samples that do not fill a last step) or ``error``.
         partitioner: per-step method for the fixed policy (see :mod:`fsdata.partition`).
         budget: per-rank per-step cost budget for ``cost-budget`` (default: chosen by the policy).
+        compose_window: W; regroup the samples of W consecutive global batches so the per-step
+            bound drops (:mod:`fsdata.compose`); 1 = none; default
+            :data:`fsdata.compose.DEFAULT_COMPOSE_WINDOW` (as ``fsdata balance``). Applies to
+            ``balanced`` + ``fixed`` only (the shuffle baseline and cost-budget keep the random
+            global batches).
 
     Returns:
         :class:`Plan`.
 
     Raises:
-        ConfigError: unknown strategy/policy, or ``remainder='error'`` with a remainder.
+        ConfigError: unknown strategy/policy, ``compose_window < 1``, or ``remainder='error'`` with a
+            remainder.
         InputError: fewer samples than one step.
     """
     N = len(costs)
@@ -172,12 +251,25 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
                                  (remainder, REMAINDER_POLICIES, "--remainder")):
         if value not in allowed:
             raise ConfigError(f"unknown {flag} '{value}'; use one of {', '.join(allowed)}")
+    check_window(compose_window)
     R, B = num_ranks, batch_size_per_rank
     steps, rest = shuffled_steps(N, R, B, seed)
     step_costs = costs[steps]
     baseline_ranks = np.broadcast_to(np.arange(R * B, dtype=np.int32) // B, steps.shape)
     baseline_loads = per_rank_loads(step_costs, baseline_ranks, R)
-    lower = bubble.lower_bound_bubble(step_costs, R, B)
+    W = 1
+    compose_info = {"algorithm": "none", "compose_window": 1}
+    if compose_window > 1 and strategy == "balanced" and batch_policy == "fixed" and len(steps) > 1:
+        W = int(min(compose_window, len(steps)))
+        uncomposed = bubble.lower_bound_bubble(step_costs, R, B)
+        steps, compose_info = compose_steps(steps, costs, num_ranks=R, batch_size_per_rank=B, compose_window=W,
+                                            seed=seed, return_info=True)
+        step_costs = costs[steps]
+        compose_info.update(compose_window_requested=int(compose_window), uncomposed_lower_bound_bubble=uncomposed)
+    step_bound = bubble.step_proven_bound(step_costs, R, B)
+    lower = bubble.bound_bubble(step_costs, step_bound, R)
+    lower_simple = bubble.lower_bound_bubble(step_costs, R, B, kind="simple")
+    budget_used = None
     step = np.full(N, -1, dtype=np.int32)
     rank = np.full(N, -1, dtype=np.int32)
     order_key = np.full(N, -1, dtype=np.int64)
@@ -185,9 +277,12 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
     if batch_policy == "cost-budget" and strategy == "balanced":
         from fsdata.cost_budget import plan_cost_budget  # noqa: PLC0415 (optional policy module)
 
+        from fsdata.cost_budget import default_budget  # noqa: PLC0415
+
         perm = np.concatenate([steps.ravel(), rest])
-        s_, r_ = plan_cost_budget(costs[perm], R, B, budget)
-        info = {"method": "cost-budget", "budget": budget}
+        budget_used = float(budget) if budget is not None else default_budget(costs[perm], B)
+        s_, r_ = plan_cost_budget(costs[perm], R, B, budget_used)
+        info = {"method": "cost-budget", "budget": budget, "budget_used": budget_used}
         step[perm], rank[perm] = s_, r_
         # a rank's rows are ordered by step, then by position in the shuffled order
         order_key[perm] = s_.astype(np.int64) * N + np.arange(N)
@@ -199,7 +294,7 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         if method == "shuffle":
             ranks = baseline_ranks
         elif method == "auto":
-            ranks, info = partition_auto(step_costs, R, B)
+            ranks, info = partition_auto(step_costs, R, B, step_bound=step_bound)
         else:
             ranks = partition_steps(step_costs, R, B, method=method)
         flat = steps.ravel()
@@ -219,4 +314,6 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         raise AssertionError("plan left a rank without samples in a step")
     return Plan(num_ranks=R, batch_size_per_rank=B, num_steps=num_steps, step=step, rank=rank,
                 order_key=order_key, dropped=dropped, loads=loads, counts=counts,
-                baseline_loads=baseline_loads, lower_bound_bubble=lower, partition_info=info)
+                baseline_loads=baseline_loads, lower_bound_bubble=lower, partition_info=info,
+                lower_bound_bubble_simple=lower_simple, compose_window=W, compose_info=compose_info,
+                budget_used=budget_used)

@@ -317,6 +317,14 @@ def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: 
     expected_counts = stats.column("num_samples").to_numpy().astype(np.int64).reshape(steps, R)
     if m.batch_policy == "fixed" and not (expected_counts == B).all():
         raise VerifyError(f"step_stats counts differ from batch_size_per_rank={B} under the fixed policy")
+    recorded = (m.extra or {}).get("per_rank_count")
+    if recorded is not None:
+        c = expected_counts
+        want = {"min": int(c.min()), "median": float(np.median(c)), "max": int(c.max()), "mean": float(c.mean())}
+        if not isinstance(recorded, dict) or any(not isinstance(recorded.get(k), (int, float))
+                                                 or not _close(float(recorded[k]), v) for k, v in want.items()):
+            raise VerifyError(f"manifest per_rank_count {recorded!r} differs from the step stats' {want}; "
+                              "rerun 'fsdata balance'")
     loads = np.zeros((steps, R))
     all_ids: list[np.ndarray] = []
     all_hashes: list[np.ndarray] = []
@@ -361,18 +369,18 @@ def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: 
     if not _close(achieved, m.predicted_bubble):
         raise VerifyError(f"recomputed predicted bubble {achieved:.9%} differs from the manifest's {m.predicted_bubble:.9%}")
     lower = m.lower_bound_bubble
-    if m.batch_policy == "fixed" and lower is not None and input_path is None:
-        # the written steps are the global batches: the bound depends only on each step's cost multiset
+    if m.batch_policy == "fixed" and lower is not None:
+        # the bound depends only on each written step's cost multiset (composed or not)
         step_all, cost_all = np.concatenate(step_of), np.concatenate(cost_of)
         order = np.argsort(step_all, kind="stable")
-        lb = bubble.lower_bound_bubble(cost_all[order].reshape(steps, R * B), R, B)
+        lb = bubble.lower_bound_bubble(cost_all[order].reshape(steps, R * B), R, B, kind=_bound_kind(m))
         if not _close(lb, lower):
             raise VerifyError(f"recomputed lower_bound_bubble {lb:.9%} differs from the manifest's {lower:.9%}")
     checked_input = False
     baseline = m.baseline_predicted_bubble
     if input_path is not None:
-        baseline, lower = _check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
-                                               np.concatenate(all_hashes), dropped, out)
+        baseline = _check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
+                                        np.concatenate(all_hashes), dropped, out)
         checked_input = True
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
@@ -424,25 +432,24 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     from fsdata.partition import per_rank_loads
 
     baseline = bubble.run_bubble(per_rank_loads(step_costs, baseline_ranks, R))
-    lower = bubble.lower_bound_bubble(step_costs, R, B)
     if m.baseline_predicted_bubble is not None and not _close(baseline, m.baseline_predicted_bubble):
         raise VerifyError(f"recomputed baseline_predicted_bubble {baseline:.9%} (seed {m.seed}) differs from the "
                           f"manifest's {m.baseline_predicted_bubble:.9%}")
-    if m.lower_bound_bubble is not None and not _close(lower, m.lower_bound_bubble):
-        raise VerifyError(f"recomputed lower_bound_bubble {lower:.9%} (seed {m.seed}) differs from the manifest's "
-                          f"{m.lower_bound_bubble:.9%}")
+    W = _compose_window(m)
     if m.batch_policy == "fixed":
-        # every written step is the seeded global batch of that step
+        # every written step holds samples of the seeded global batches of its composition window
+        # (W = 1: exactly the seeded global batch of that step; docs/balancer.md, "Composition")
         step_of_id = np.full(N, -1, dtype=np.int64)
         idx_of = np.argsort(in_ids, kind="stable")
         row = idx_of[np.searchsorted(in_ids[idx_of], ids)]
         step_of_id[row] = steps_written
         expect = np.repeat(np.arange(len(gsteps)), R * B)
-        bad = np.flatnonzero(step_of_id[gsteps.ravel()] != expect)
+        bad = np.flatnonzero(step_of_id[gsteps.ravel()] // W != expect // W)
         if len(bad):
             s = int(expect[bad[0]])
-            raise VerifyError(f"step {s} does not hold the seeded global batch of seed {m.seed}; the output was made "
-                              "with another seed or edited: rerun 'fsdata balance'")
+            where = "step" if W == 1 else f"window of {W} steps starting at step"
+            raise VerifyError(f"{where} {s // W * W} does not hold the seeded global batch{'es' if W > 1 else ''} of "
+                              f"seed {m.seed}; the output was made with another seed or edited: rerun 'fsdata balance'")
         if m.strategy == "shuffle":
             for f in m.files:
                 t = pq.read_table(str(out / f.path), columns=[S.SAMPLE_ID])
@@ -451,7 +458,23 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
                 if not np.array_equal(got, want):
                     raise VerifyError(f"rank {f.rank}: strategy is 'shuffle' but its per-rank batches are not the "
                                       f"seeded contiguous slices (seed {m.seed}); rerun 'fsdata balance'")
-    return baseline, lower
+    return baseline
+
+
+def _bound_kind(m) -> str:
+    """Which lower-bound formula the manifest's ``lower_bound_bubble`` used (older outputs: ``simple``)."""
+    kind = (m.extra or {}).get("lower_bound_kind", "simple")
+    if kind not in bubble.BOUND_KINDS:
+        raise VerifyError(f"manifest lower_bound_kind {kind!r} is not one of {bubble.BOUND_KINDS}; rerun 'fsdata balance'")
+    return kind
+
+
+def _compose_window(m) -> int:
+    """The composition window the output was written with (1 when absent: older outputs)."""
+    w = (m.settings or {}).get("compose_window", 1)
+    if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+        raise VerifyError(f"manifest settings.compose_window {w!r} is not a positive integer; rerun 'fsdata balance'")
+    return w
 
 
 __all__ = ["InputError", "VerifyError", "read_manifest", "verify"]
