@@ -209,21 +209,30 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     if (step_lengths < 0).any():
         raise InputError(f"some samples of the global batches of {output} were not written, so their lengths are "
                          f"unknown; {fix}")
-    if m.get("batch_policy", "fixed") == "fixed":
+    fixed = m.get("batch_policy", "fixed") == "fixed"
+    if fixed:
+        # composition (docs/balancer.md) regroups samples only inside windows of W global batches
+        W = max(1, int((m.get("settings") or {}).get("compose_window") or 1))
         plan_step = np.full(N, -1, dtype=np.int64)
         plan_step[steps.ravel()] = np.repeat(np.arange(len(steps)), R * B)
-        bad = np.flatnonzero(plan_step[row_of] != out_steps)
+        bad = np.flatnonzero(plan_step[row_of] // W != out_steps // W)
         if len(bad):
             raise InputError(f"the global batches recomputed from the seed do not match {output} (e.g. sample_id "
                              f"{int(ids[bad[0]])} is in step {int(out_steps[bad[0]])}); {fix}")
     step_costs = cost_model.cost(step_lengths)
+    if fixed:  # the bound of the written (possibly composed) steps, as the manifest's lower_bound_bubble
+        written = cost_model.cost(lengths[np.argsort(out_steps, kind="stable")]).reshape(S_, R * B)
+        bound_fn = bubble.step_proven_bound if m.get("lower_bound_kind") == "pigeonhole" else bubble.step_lower_bound
+        step_bound = bound_fn(written, R, B)
+    else:
+        step_bound = bubble.step_lower_bound(step_costs, R, B)
     before = per_rank_loads(step_costs, np.broadcast_to(partition_shuffle(R * B, R, B), steps.shape), R)
     recorded = m.get("baseline_predicted_bubble")
     got = bubble.run_bubble(before)
     if recorded is not None and abs(got - recorded) > 1e-9 + 1e-6 * abs(recorded):
         raise InputError(f"the recomputed shuffle bubble {got:.6%} differs from the manifest's {recorded:.6%}; {fix}")
     return OutputData(manifest=m, lengths=lengths, after_loads=after, before_loads=before,
-                      step_lower_bound=bubble.step_lower_bound(step_costs, R, B), before_source=source)
+                      step_lower_bound=step_bound, before_source=source)
 
 
 # ---------------------------------------------------------------------------------------------- figures
