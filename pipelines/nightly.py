@@ -51,14 +51,15 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
-from fsdata.balance import BalanceSettings, sha256_file, write_balanced
+from fsdata.balance import BalanceSettings, balance, sha256_file
+from fsdata.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.cliutil import add_progress_flag, resolve_progress, run_main
 from fsdata.convert import convert
 from fsdata.cost import load_cost_model
 from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import check_output_apart
 from fsdata.io import list_parquet_files, open_samples
-from fsdata.plan import DEFAULT_PARTITIONER, make_plan
+from fsdata.plan import DEFAULT_PARTITIONER, high_bubble_warning
 from fsdata.profile import profile
 from fsdata.verify import verify
 
@@ -102,6 +103,8 @@ class NightlyConfig:
     budget: float | None = None
     partitioner: str = DEFAULT_PARTITIONER
     remainder: str = "drop"
+    compose_window: int = DEFAULT_COMPOSE_WINDOW
+    """``--compose-window`` W of ``fsdata balance`` (docs/balancer.md, "Composition"); 1 = off."""
     extra: dict | None = None
     """Anything else a caller wants in the key (e.g. a dataset version tag)."""
 
@@ -379,26 +382,41 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
                 has_header=cfg.has_header, progress=progress)
     columns = cfg.columns if cfg.format == "samples" else None
     cost_model = load_cost_model(cfg.cost_model)
-    src = open_samples(samples, columns)
-    lengths, ids = src.lengths_and_ids()
+    lengths, _ = open_samples(samples, columns).lengths_and_ids()
     report = profile(lengths, cost_model, num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
-                     seed=cfg.seed)
+                     seed=cfg.seed, compose_window=cfg.compose_window)
     (stage / "profile.json").write_text(json.dumps(report, indent=2))
-    plan = make_plan(cost_model.cost(lengths), num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
-                     seed=cfg.seed, strategy=cfg.strategy, batch_policy=cfg.batch_policy, remainder=cfg.remainder,
-                     partitioner=cfg.partitioner, budget=cfg.budget)
-    settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank, seed=cfg.seed,
-                               strategy=cfg.strategy, batch_policy=cfg.batch_policy, remainder=cfg.remainder,
-                               partitioner=cfg.partitioner, budget=cfg.budget, num_workers=num_workers,
+    del lengths
+    settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
+                               cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
+                               batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
+                               budget=cfg.budget, compose_window=cfg.compose_window, num_workers=num_workers,
                                bucket_compression=bucket_compression, progress=progress)
-    write_balanced(src, stage / "shards", plan, ids, cost_model, settings)
+    manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
     checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
+    checked["warning"] = high_bubble_warning(manifest.to_json())
+    if checked["warning"]:
+        log.warning(checked["warning"])
     (stage / "verify.json").write_text(json.dumps(checked, indent=2))
+    _write_report(stage, samples, columns)
     summary = {"profile": report, "verify": checked}
     tmp_done = stage / f".{SUCCESS_NAME}.tmp"
     tmp_done.write_text(json.dumps({**summary, "files": _file_digests(stage)}))
     os.replace(tmp_done, stage / SUCCESS_NAME)
     return summary
+
+
+def _write_report(stage: Path, samples: str, columns: str | None) -> None:
+    """``report.html`` (and its PNGs) next to the run's shards (:func:`fsdata.report.write_report`);
+    skipped with a warning when the plotting extra is not installed (the run itself is complete)."""
+    try:
+        import matplotlib  # noqa: F401, PLC0415
+    except ImportError:
+        log.warning("report skipped: matplotlib is not installed (pip install 'freescale[report]')")
+        return
+    from fsdata.report import write_report  # noqa: PLC0415
+
+    write_report(stage / "shards", stage / "report.html", input_path=samples, column_map=columns)
 
 
 def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
@@ -569,6 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-step assignment: auto (default), lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
     b.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in the OUTPUT) or error")
+    b.add_argument("--compose-window", type=int, default=DEFAULT_COMPOSE_WINDOW, metavar="W",
+                   help="regroup the samples of W consecutive random global batches so heavy samples share "
+                        f"steps in multiples of R (B per rank kept); 1 = off (default {DEFAULT_COMPOSE_WINDOW}, "
+                        "see docs/balancer.md)")
     b.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
@@ -605,7 +627,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         has_header=a.has_header, columns=a.columns, num_ranks=a.ranks,
                         batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model, seed=a.seed,
                         strategy=a.strategy, batch_policy=a.batch_policy, budget=a.budget,
-                        partitioner=a.partitioner, remainder=a.remainder)
+                        partitioner=a.partitioner, remainder=a.remainder, compose_window=a.compose_window)
     r = run_nightly(cfg, a.work_dir, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
                     num_workers=a.num_workers,
                     bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
@@ -623,6 +645,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{state}: {Path(a.work_dir) / 'latest'} -> {r['run_dir']}")
     print(f"  bubble before (equal counts) {v['baseline_predicted_bubble']:.2%}  after {v['predicted_bubble']:.4%}"
           f"  ({v['num_ranks']} ranks x {v['num_steps']} steps, {v['num_samples_written']:,} samples)")
+    if v.get("warning"):
+        print(f"  warning: {v['warning']}")
     if r["removed_runs"]:
         print(f"  removed {len(r['removed_runs'])} old or unfinished runs")
     return 0

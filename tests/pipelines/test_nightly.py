@@ -1,5 +1,6 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -288,3 +289,26 @@ def test_columns_and_balance_flags_reach_the_output(tmp_path):
     assert rc == 0
     m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
     assert m["num_samples_input"] == 300 and m["num_samples_dropped"] == 300 % 32
+
+
+def test_composition_warning_and_report_reach_the_run(tmp_path, capsys):
+    """--compose-window flows into the manifest through fsdata.balance; the run holds report.html;
+    a result above 10% prints balance's warning with the remedy."""
+    seq = _seq(tmp_path, users=400)
+    work = tmp_path / "work"
+    rc = nightly.main(["--input", str(seq), "--work-dir", str(work), "--ranks", "8", "--batch-size-per-rank", "2",
+                       "--compose-window", "1", "--partitioner", "lpt-swap", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
+    assert m["settings"]["compose_window"] == 1 and m["lower_bound_kind"] == "pigeonhole"
+    page = work / "latest" / "report.html"
+    assert page.read_text().count("<img ") == 4
+    verified = json.loads((work / "latest" / "verify.json").read_text())
+    assert verified["predicted_bubble"] > 0.10  # heavy tail at B=2 without composition (50.8% when written)
+    assert "warning:" in out and "--compose-window" in out and verified["warning"]
+    r = run_nightly(NightlyConfig(input=str(seq), num_ranks=8, batch_size_per_rank=2, partitioner="lpt-swap",
+                                  compose_window=64), tmp_path / "work2", progress=False)
+    m2 = json.loads(_manifest_path(Path(r["run_dir"]) / "shards").read_text())
+    assert m2["settings"]["compose_window"] >= 1 and m2["settings"]["compose"]["algorithm"] != "none"
+    assert r["verify"]["predicted_bubble"] < 0.10 and not r["verify"]["warning"]  # 2.8% when written
