@@ -16,9 +16,9 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
 * ``predicted_bubble`` recomputed from the rank files; ``lower_bound_bubble`` recomputed from
   the written steps (fixed policy);
 * with ``--input``: written plus dropped equals the input set; every written row's content equals
-  the input row of the same ``sample_id`` (a per-sample hash of all input columns); the seeded
-  global batches (``seed``) are the written steps; ``baseline_predicted_bubble`` and
-  ``lower_bound_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
+  the input row of the same ``sample_id`` (a per-sample hash of all input columns); the written
+  steps hold the seeded global batches (``seed``), window by window under composition
+  (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
   batch is the seeded contiguous slice.
 """
 
