@@ -359,6 +359,7 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     data = load_eval_data(eval_path)
     env = init_distributed(backend)
     cfg = Config(**kw)
+    torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
     dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
     state = {"model": dmp.state_dict()}
     try:
