@@ -7,7 +7,8 @@ tables to stdout and JSON under ``--out``:
 2. ``bench_e2e``: ``fsdata balance`` end to end vs a Polars copy (20M samples; 1M with --quick);
 3. ``bench_reader``: fstrain's shard reader vs the model's consumption (on shards made here);
 4. ``bench_alltoall``: shared-memory all-to-all-v vs gloo (and the GPU section where CUDA exists);
-5. ``bench_pipeline``: exposed communication per step with and without overlap.
+5. ``bench_pipeline``: exposed communication per step with and without overlap;
+6. ``bench_quality``: held-out NDCG@10/HR@10 per balancing setting, mean +- std over seeds (issue 10).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         ("reader", py + ["benchmarks.bench_reader", str(shards), "--out", str(out / "bench_reader.json")]),
         ("alltoall", py + ["benchmarks.bench_alltoall", "--out", str(out)] + quick),
         ("pipeline", py + ["benchmarks.bench_pipeline", "--out", str(out)] + quick),
+        ("quality", py + ["benchmarks.bench_quality", "--out", str(out), "--work", str(out / "quality-work"),
+                          "--compose-windows", "4,16,64"] + quick),
     ]
     failed = []
     for name, cmd in jobs:
