@@ -273,6 +273,7 @@ class Evaluator:
         if self.data.max_item_id() >= num_items:
             raise ConfigError(f"evaluation file {path} has item id {self.data.max_item_id()} but the model has "
                               f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
+        _split(self.data.num_users, world_size, rank, batch_size)  # too few users for the ranks: fail now
         self.every_steps = every_steps
         self.kw = dict(num_items=num_items, k=k, batch_size=batch_size, mask_history=mask_history,
                        padding_id=padding_id, device=device, rank=rank, world_size=world_size)
