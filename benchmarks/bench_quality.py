@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra setting: its fsdata balance flags, e.g. 'lpt=--partitioner lpt' (repeatable)")
     p.add_argument("--train-args", default="--embedding-dim 32 --num-layers 1 --num-heads 1 --num-negatives 128",
                    help="fstrain train model/optimizer flags (default: a small model)")
+    p.add_argument("--eval-max-users", type=int, default=10_000,
+                   help="fixed seeded sample of evaluated users, same for every run (SASRec: 10,000; default)")
     p.add_argument("--quick", action="store_true", help="smoke run: ml-1m, one seed, 20 steps' samples")
     a = p.parse_args(argv)
     if a.quick:
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 str(steps), "--seed", str(seed), "--eval-data", str(evalf),
                                                 "--metrics-dir", str(run), "--max-seq-len", str(a.max_seq_len),
                                                 "--pipeline", "none", "--step-mode", "plain", "--log-every-steps",
-                                                "0", "--json"] + shlex.split(a.train_args), log).splitlines()[-1])
+                                                "0", "--eval-max-users", str(a.eval_max_users), "--json"]
+                                               + shlex.split(a.train_args), log).splitlines()[-1])
                 ev = summary["eval"][-1]
                 rec = {"dataset": ds, "setting": name, "seed": seed, "balance_flags": flags, "steps": steps,
                        "samples_seen": seen, "predicted_bubble": bal["predicted_bubble"],
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nskipped: {s}")
     result = {"settings": {"ranks": a.ranks, "batch_size_per_rank": a.batch_size_per_rank,
                            "samples_seen": a.samples_seen, "max_seq_len": a.max_seq_len, "cost_model": a.cost_model,
-                           "train_args": a.train_args, "seeds": seeds},
+                           "train_args": a.train_args, "seeds": seeds, "eval_max_users": a.eval_max_users},
               "table": rows, "runs": runs, "skipped": skipped}
     (out / "bench_quality.json").write_text(json.dumps(result, indent=2))
     print(f"\nJSON: {out / 'bench_quality.json'}; commands: {log}")

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-data", default=None, metavar="EVAL.parquet",
                    help="held-out file (fsdata convert --holdout last): HR@10/NDCG@10 into eval.parquet and the summary")
     t.add_argument("--eval-every-steps", type=int, default=0, help="with --eval-data: period in steps (0: at the end)")
+    t.add_argument("--eval-max-users", type=int, default=None,
+                   help="with --eval-data: evaluate a fixed seeded sample of this many users (default: all)")
     t.add_argument("--simulate-ranks", action="store_true",
                    help="one process trains on each step's whole global batch (all rank files): the update of "
                         "num_ranks ranks, for quality measurements on a small machine")
@@ -106,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-mask-history", dest="mask_history", action="store_false",
                    help="keep the user's history items among the candidates (default: masked, as SASRec's negatives)")
     e.add_argument("--padding-id", type=int, default=0, help="item id excluded from the candidates (-1: none; default 0)")
+    e.add_argument("--max-users", type=int, default=None,
+                   help="evaluate a fixed seeded sample of this many users (default: all)")
     e.add_argument("--backend", choices=("auto", "gloo", "nccl", "shm"), default="auto")
     e.add_argument("--out", default=None, help="also write the result JSON here")
     e.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -171,6 +175,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       metrics_dir=a.metrics_dir, backend=a.backend,
                       pipeline=None if a.pipeline == "none" else a.pipeline, eval_data=a.eval_data,
                       eval_every_steps=a.eval_every_steps, simulate_ranks=a.simulate_ranks,
+                      eval_max_users=a.eval_max_users,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
                                         sparse_optimizer=a.sparse_optimizer))
     try:
@@ -194,7 +199,8 @@ def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     given = {k: v for k, v in _model_kwargs(a).items() if v is not None}
     try:
         res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
-                                  mask_history=a.mask_history, padding_id=a.padding_id, backend=a.backend)
+                                  mask_history=a.mask_history, padding_id=a.padding_id, backend=a.backend,
+                                  max_users=a.max_users)
     finally:
         import torch.distributed as dist
 

@@ -122,6 +122,23 @@ class EvalData:
         """U."""
         return len(self.target_ids)
 
+    def subsample(self, max_users: int | None, seed: int = 0) -> "EvalData":
+        """At most ``max_users`` users, drawn without replacement by a generator seeded with ``seed``
+        (kept in file order), so every run evaluates the same users; ``None`` or enough users: self.
+
+        SASRec evaluates 10,000 sampled users when a dataset has more (its ``evaluate``).
+        """
+        if max_users is None or max_users >= self.num_users:
+            return self
+        if max_users < 1:
+            raise ConfigError(f"--eval-max-users must be >= 1, got {max_users}")
+        keep = np.sort(np.random.default_rng(seed).choice(self.num_users, max_users, replace=False))
+        lengths = self.offsets[keep + 1] - self.offsets[keep]
+        offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([self.values[self.offsets[i]:self.offsets[i + 1]] for i in keep])
+        return EvalData(self.path, self.user_ids[keep], values, offsets, self.target_ids[keep])
+
     def max_item_id(self) -> int:
         """Largest id in histories and targets."""
         return int(max(self.values.max(initial=-1), self.target_ids.max(initial=-1)))
@@ -262,14 +279,15 @@ class Evaluator:
         num_items: model's table rows.
         rank, world_size, device: the job's.
         k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
+        max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
     """
 
     def __init__(self, path: str, *, every_steps: int, num_items: int, rank: int, world_size: int,
                  device: torch.device, k: int = DEFAULT_K, batch_size: int = 256, mask_history: bool = True,
-                 padding_id: int = 0) -> None:
+                 padding_id: int = 0, max_users: int | None = None) -> None:
         if every_steps < 0:
             raise ConfigError(f"--eval-every-steps must be >= 0, got {every_steps}")
-        self.data = load_eval_data(path)
+        self.data = load_eval_data(path).subsample(max_users)
         if self.data.max_item_id() >= num_items:
             raise ConfigError(f"evaluation file {path} has item id {self.data.max_item_id()} but the model has "
                               f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
@@ -325,7 +343,7 @@ def read_checkpoint_meta(path: str) -> dict:
 
 def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None = None, k: int = DEFAULT_K,
                         batch_size: int = 256, mask_history: bool = True, padding_id: int = 0,
-                        backend: str = "auto") -> dict:
+                        backend: str = "auto", max_users: int | None = None) -> dict:
     """Evaluate a ``fstrain train`` checkpoint on an evaluation file (``fstrain evaluate``).
 
     The model is rebuilt exactly as in training (:func:`fstrain.dist.build_sharded_model`, the
@@ -339,6 +357,7 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
             checkpoint's ``fstrain.json`` (checkpoints written before that was recorded need them).
         k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
         backend: as :func:`fstrain.dist.init_distributed`.
+        max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
 
     Returns:
         :func:`evaluate_model`'s dict plus ``checkpoint`` and ``step``.
@@ -357,7 +376,7 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     if "num_items" not in kw:
         raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
                           "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
-    data = load_eval_data(eval_path)
+    data = load_eval_data(eval_path).subsample(max_users)
     env = init_distributed(backend)
     cfg = Config(**kw)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint

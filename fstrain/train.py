@@ -76,6 +76,8 @@ class TrainConfig:
     (:class:`fstrain.evaluate.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
     eval_every_steps: int = 0
     """Evaluate every this many steps (0: only at the end) when ``eval_data`` is set."""
+    eval_max_users: int | None = None
+    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
     simulate_ranks: bool = False
     """World size 1 trains on each step's whole global batch (every rank file of the shards read,
     :class:`fstrain.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
@@ -274,7 +276,8 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
         from fstrain.evaluate import Evaluator
 
         evaluator = Evaluator(cfg.eval_data, every_steps=cfg.eval_every_steps, num_items=mcfg.num_items,
-                              rank=env.rank, world_size=env.world_size, device=env.device)
+                              rank=env.rank, world_size=env.world_size, device=env.device,
+                              max_users=cfg.eval_max_users)
     timings: list[StepTiming] = []
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()

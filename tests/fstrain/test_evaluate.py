@@ -170,3 +170,13 @@ def test_eval_every_steps_two_ranks_equals_simulated_ranks(tmp_path):
         # same parameters up to float summation order: at most one user's rank may flip
         assert abs(a["hr@10"] - c["hr@10"]) <= 1 / 40 and abs(a["ndcg@10"] - c["ndcg@10"]) <= 1 / 40
     assert os.path.exists(tmp_path / "m2" / "eval.parquet")
+
+
+def test_subsample_is_seeded_and_keeps_rows_intact(tmp_path):
+    data = load_eval_data(_eval_file(tmp_path / "e.parquet"))
+    a, b = data.subsample(10), data.subsample(10)
+    assert a.num_users == 10 and np.array_equal(a.user_ids, b.user_ids) and data.subsample(None) is data
+    for j, u in enumerate(a.user_ids):
+        i = int(np.flatnonzero(data.user_ids == u)[0])
+        assert np.array_equal(a.values[a.offsets[j]:a.offsets[j + 1]], data.values[data.offsets[i]:data.offsets[i + 1]])
+        assert a.target_ids[j] == data.target_ids[i]
