@@ -47,13 +47,16 @@ SOURCES = {
 }
 
 
-def _run(cmd: list[str], log: Path) -> str:
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        f.write(f"$ {shlex.join(cmd)}\n{r.stdout}{r.stderr}\n# exit {r.returncode} after "
-                f"{time.perf_counter() - t0:.1f} s\n")
+def _run(cmd: list[str], log: Path, tries: int = 3) -> str:
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as f:
+            f.write(f"$ {shlex.join(cmd)}\n{r.stdout}{r.stderr}\n# exit {r.returncode} after "
+                    f"{time.perf_counter() - t0:.1f} s\n")
+        if "EADDRINUSE" not in r.stderr:  # the free port of a 1-process group was taken meanwhile: retry
+            break
     if r.returncode:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
     return r.stdout
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="fstrain train model/optimizer flags (default: a small model)")
     p.add_argument("--eval-max-users", type=int, default=10_000,
                    help="fixed seeded sample of evaluated users, same for every run (SASRec: 10,000; default)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the runs already in OUT/bench_quality.json (same dataset, setting, seed)")
     p.add_argument("--quick", action="store_true", help="smoke run: ml-1m, one seed, 20 steps' samples")
     a = p.parse_args(argv)
     if a.quick:
@@ -127,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         settings.append((name, shlex.split(flags)))
     seeds = [int(s) for s in a.seeds.split(",")]
     runs = []
+    done = {}
+    if a.resume and (out / "bench_quality.json").exists():
+        done = {(r["dataset"], r["setting"], r["seed"]): r
+                for r in json.loads((out / "bench_quality.json").read_text())["runs"]}
     for ds in a.datasets.split(","):
         src, fmt = SOURCES[ds]
         if not src.exists():
@@ -140,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                        "--overwrite", "--no-progress"], log)
         for name, flags in settings:
             for seed in seeds:
+                if (ds, name, seed) in done:
+                    runs.append(done[(ds, name, seed)])
+                    continue
                 shards, run = work / ds / f"{name}-s{seed}", work / ds / f"{name}-s{seed}-run"
                 t0 = time.perf_counter()
                 bal = json.loads(_run(py + ["fsdata", "balance", str(samples), str(shards), "--ranks", str(a.ranks),
