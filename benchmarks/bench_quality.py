@@ -115,10 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = work / "commands.log"
     py = [sys.executable, "-m"]
-    settings: list[tuple[str, list[str]]] = [("shuffle", ["--strategy", "shuffle"]), ("balanced", [])]
+    has_compose = _has_flag("--compose-window")
+    # balanced = per-step assignment only: W=1 spelled out where composition exists (its default may be > 1)
+    settings: list[tuple[str, list[str]]] = [("shuffle", ["--strategy", "shuffle"]),
+                                             ("balanced", ["--compose-window", "1"] if has_compose else [])]
     skipped = []
     windows = [int(w) for w in a.compose_windows.split(",") if w.strip()]
-    if windows and not _has_flag("--compose-window"):
+    if windows and not has_compose:
         msg = (f"skipping compose settings W={windows}: this fsdata balance has no --compose-window flag yet "
                "(issue 10 part 1)")
         print(msg, file=sys.stderr)
