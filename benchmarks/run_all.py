@@ -9,6 +9,7 @@ tables to stdout and JSON under ``--out``:
 4. ``bench_alltoall``: shared-memory all-to-all-v vs gloo (and the GPU section where CUDA exists);
 5. ``bench_pipeline``: exposed communication per step with and without overlap;
 6. ``bench_compose``: batch composition per dataset, R and B (bubble per window and the proven bound).
+7. ``bench_quality``: held-out NDCG@10/HR@10 per balancing setting, mean +- std over seeds (issue 10).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         ("alltoall", py + ["benchmarks.bench_alltoall", "--out", str(out)] + quick),
         ("pipeline", py + ["benchmarks.bench_pipeline", "--out", str(out)] + quick),
         ("compose", py + ["benchmarks.bench_compose", "--out", str(out)] + quick),
+        ("quality", py + ["benchmarks.bench_quality", "--out", str(out), "--work", str(out / "quality-work"),
+                          "--compose-windows", "4,16,64"] + quick),
     ]
     failed = []
     for name, cmd in jobs:

@@ -23,6 +23,7 @@ _EPILOG_CONVERT = """examples:
       --samples per-event --max-seq-len 512
   fsdata convert ratings.csv ml.parquet --format events --user-col userId --item-col Id --time-col timestamp
   fsdata convert beauty.txt beauty.parquet --format events        # 'user item' lines, no header
+  fsdata convert sequences.txt train.parquet --format sequences --holdout last --holdout-output eval.parquet
 """
 _EPILOG_PROFILE = """examples:
   fsdata profile ml1m.parquet --ranks 256 --batch-size-per-rank 32
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     hdr = p.add_mutually_exclusive_group()
     hdr.add_argument("--header", dest="has_header", action="store_true", default=None, help="text has a header line")
     hdr.add_argument("--no-header", dest="has_header", action="store_false", help="text has no header line")
+    p.add_argument("--holdout", default="none", choices=["none", "last"],
+                   help="last: hold out each user's last item (leave-one-out, as SASRec/BERT4Rec) for evaluation")
+    p.add_argument("--holdout-output", default=None, metavar="EVAL.parquet",
+                   help="with --holdout last: evaluation file (user_id, item_ids, target_item_id, seq_len)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
@@ -208,12 +213,16 @@ def _cmd_convert(a: argparse.Namespace) -> int:
 
     s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
                 item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
-                overwrite=a.overwrite, progress=not a.no_progress)
+                overwrite=a.overwrite, progress=not a.no_progress, holdout=a.holdout,
+                holdout_output=a.holdout_output)
     if a.json:
         print(json.dumps(asdict(s), indent=2))
     else:
         print(f"wrote {s.num_samples:,} samples ({s.samples}) from {s.num_users:,} users / {s.num_events:,} events "
               f"to {a.output}; {s.num_users_skipped} users with < 2 items skipped")
+        if s.holdout:
+            print(f"held out the last item of {s.holdout['num_users_evaluated']:,} users to {a.holdout_output} "
+                  f"({s.holdout['num_users_kept_whole']} users with < 3 items kept whole in training)")
     return 0
 
 

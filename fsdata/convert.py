@@ -39,6 +39,7 @@ from fsdata import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError
 from fsdata.guards import check_output_apart, raise_if_environment
+from fsdata.holdout import check_holdout_args, split_last, write_eval_file
 
 log = logging.getLogger("fsdata.convert")
 
@@ -63,6 +64,8 @@ class ConvertSummary:
     """Users with fewer than 2 items: no (history, target) pair exists."""
     num_items_truncated: int
     """History items cut by ``max_seq_len`` summed over samples."""
+    holdout: dict | None = None
+    """With ``--holdout last``: :class:`fsdata.holdout.HoldoutSummary` as a dict."""
 
 
 def _check_input_file(path: Path) -> None:
@@ -273,7 +276,8 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
             max_seq_len: int = 512, user_col: str = "0", item_col: str = "1", time_col: str | None = None,
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
-            users_per_chunk: int = 2000, progress: bool = True) -> ConvertSummary:
+            users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
+            holdout_output: str | os.PathLike | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically).
 
     Args:
@@ -286,6 +290,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         overwrite: replace an existing output.
         users_per_chunk: users per written row group batch (bounds memory for per-event).
         progress: show a progress bar.
+        holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.holdout`).
+        holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after
+            the samples).
 
     Returns:
         :class:`ConvertSummary`.
@@ -304,9 +311,20 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if max_seq_len < 1:
         raise ConfigError(f"--max-seq-len must be >= 1, got {max_seq_len}")
     check_output_apart(output_path, [input_path], output_name="output", input_name="input")
+    check_holdout_args(holdout, holdout_output)
+    if holdout_output:
+        check_output_apart(holdout_output, [input_path], output_name="--holdout-output", input_name="input")
+        if Path(holdout_output).resolve() == Path(output_path).resolve():
+            raise ConfigError(f"--holdout-output {holdout_output} is the training output too; give it its own path")
+    if holdout_output and Path(holdout_output).exists() and not overwrite:
+        raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass --overwrite to replace it")
     src = Path(input_path)
     users = read_sequences(src) if fmt == "sequences" else read_events(
         src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header)
+    held = None
+    if holdout == "last":
+        num_events_all = int(users["item_ids"].list.len().cast(pl.Int64).sum())
+        users, eval_table, held = split_last(users, max_seq_len)
     n = users["item_ids"].list.len()
     num_events = int(n.cast(pl.Int64).sum())
     skipped = int((n < 2).sum())
@@ -330,5 +348,10 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             summary = ConvertSummary(input=str(src), format=fmt, samples=samples, max_seq_len=max_seq_len,
                                      num_users=users.height, num_events=num_events, num_samples=written,
                                      num_users_skipped=skipped, num_items_truncated=truncated)
+            if held is not None:
+                summary.num_events = num_events_all
+                summary.holdout = asdict(held)
             writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps(asdict(summary)).encode()})
+        if held is not None:
+            write_eval_file(eval_table, holdout_output, held, overwrite=overwrite)
     return summary

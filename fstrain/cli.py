@@ -21,6 +21,11 @@ _TRAIN_EPILOG = """examples:
   torchrun --nproc-per-node 2 -m fstrain.cli train shards/ --max-steps 100 --log-every-steps 10
   fstrain train shards/ --checkpoint-dir ckpt/ --checkpoint-every-steps 50 --resume --metrics-dir run/
 """
+_EVAL_EPILOG = """examples:
+  fsdata convert sequences.txt train.parquet --format sequences --holdout last --holdout-output eval.parquet
+  fstrain evaluate ckpt/step-00000100 eval.parquet --json
+  fstrain train shards/ --eval-data eval.parquet --eval-every-steps 50 --metrics-dir run/
+"""
 _REPLAY_EPILOG = """examples:
   fstrain replay balanced/ --baseline shuffled/          # 4 steps, 3 repeats, small model: < 1 min
   fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min --out replay.json
@@ -104,8 +109,35 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dense-lr", type=float, default=1e-3)
     t.add_argument("--sparse-lr", type=float, default=0.05)
     t.add_argument("--sparse-optimizer", choices=("rowwise_adagrad", "sgd"), default="rowwise_adagrad")
+    t.add_argument("--eval-data", default=None, metavar="EVAL.parquet",
+                   help="held-out file (fsdata convert --holdout last): HR@10/NDCG@10 into eval.parquet and the summary")
+    t.add_argument("--eval-every-steps", type=int, default=0, help="with --eval-data: period in steps (0: at the end)")
+    t.add_argument("--eval-max-users", type=int, default=None,
+                   help="with --eval-data: evaluate a fixed seeded sample of this many users (default: all)")
+    t.add_argument("--simulate-ranks", action="store_true",
+                   help="one process trains on each step's whole global batch (all rank files): the update of "
+                        "num_ranks ranks, for quality measurements on a small machine")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
     _add_model_flags(t)
+
+    e = sub.add_parser("evaluate", help="HR@10/NDCG@10 of a checkpoint on a held-out file", epilog=_EVAL_EPILOG,
+                       formatter_class=fmt)
+    e.add_argument("checkpoint", help="a ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
+    e.add_argument("eval_data", help="evaluation file from fsdata convert --holdout last --holdout-output")
+    e.add_argument("--k", type=int, default=10, help="cutoff K of HR@K and NDCG@K (default 10)")
+    e.add_argument("--batch-size", type=int, default=256, help="users per scoring batch (default 256)")
+    e.add_argument("--no-mask-history", dest="mask_history", action="store_false",
+                   help="keep the user's history items among the candidates (default: masked, as SASRec's negatives)")
+    e.add_argument("--padding-id", type=int, default=0, help="item id excluded from the candidates (-1: none; default 0)")
+    e.add_argument("--max-users", type=int, default=None,
+                   help="evaluate a fixed seeded sample of this many users (default: all)")
+    e.add_argument("--backend", choices=("auto", "gloo", "nccl", "shm"), default="auto")
+    e.add_argument("--out", default=None, help="also write the result JSON here")
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_model_flags(e)
+    # model flags override the config recorded in the checkpoint only when given
+    e.set_defaults(embedding_dim=None, num_layers=None, num_heads=None, num_negatives=None, max_seq_len=None,
+                   bucket_ratio=None, attention=None)
 
     r = sub.add_parser("replay", help="measure the bubble R ranks would see, on one device", epilog=_REPLAY_EPILOG,
                        formatter_class=fmt)
@@ -164,6 +196,10 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if a.max_steps is not None and a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
+    if a.eval_every_steps < 0:
+        parser.error(f"--eval-every-steps must be >= 0, got {a.eval_every_steps}")
+    if a.eval_every_steps and not a.eval_data:
+        parser.error("--eval-every-steps needs --eval-data EVAL.parquet")
     if a.resume and not a.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
     for flag, path in (("--checkpoint-dir", a.checkpoint_dir), ("--metrics-dir", a.metrics_dir)):
@@ -179,6 +215,8 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
                       collective_timeout_seconds=a.collective_timeout_seconds,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
+                      eval_data=a.eval_data, eval_every_steps=a.eval_every_steps,
+                      simulate_ranks=a.simulate_ranks, eval_max_users=a.eval_max_users,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
                                         sparse_optimizer=a.sparse_optimizer))
     from fstrain.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
@@ -195,6 +233,34 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             dist.destroy_process_group()
     if a.json and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(res.summary, sort_keys=True))
+    return 0
+
+
+def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from fstrain.evaluate import evaluate_checkpoint
+    from fstrain.metrics import write_json
+
+    if a.k < 1 or a.batch_size < 1:
+        parser.error(f"--k and --batch-size must be >= 1, got {a.k} and {a.batch_size}")
+    given = {k: v for k, v in _model_kwargs(a).items() if v is not None}
+    try:
+        res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
+                                  mask_history=a.mask_history, padding_id=a.padding_id, backend=a.backend,
+                                  max_users=a.max_users)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        if a.out:
+            write_json(res, a.out)
+        if a.json:
+            print(json.dumps(res, sort_keys=True))
+        else:
+            print(f"{a.checkpoint} (step {res['step']}): HR@{a.k} {res[f'hr@{a.k}']:.4f}  NDCG@{a.k} "
+                  f"{res[f'ndcg@{a.k}']:.4f}  over {res['num_users']:,} users, {res['num_candidates']:,} candidate "
+                  f"items (history {'masked' if a.mask_history else 'not masked'})")
     return 0
 
 
@@ -340,7 +406,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("fstrain").setLevel(logging.INFO)
-    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report}[a.command]
+    cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
+           "evaluate": _cmd_evaluate}[a.command]
     try:
         return cmd(a, parser)
     except (FstrainError, FsdataError) as e:

@@ -215,24 +215,16 @@ class DenseTower(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.ln_final = nn.LayerNorm(config.embedding_dim)
 
-    def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
-                target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Loss of one rank's batch.
+    def encode(self, hist: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """User vectors: the final-LayerNorm output at each history's last position.
 
         Args:
             hist: ``[T x d]`` float: history embeddings, jagged by ``lengths``.
             lengths: ``[B]`` int64, each in ``1..max_seq_len``.
-            target_emb: ``[B x d]`` float.
-            neg_emb: ``[K x d]`` float: the step's shared negatives.
-            target_ids: ``[B]`` int64.
-            neg_ids: ``[K]`` int64.
-            global_num_samples: samples of this step over all ranks (normaliser).
 
         Returns:
-            ``(loss, (loss_sum, num_samples))``: ``loss`` = sum of per-sample cross-entropies /
-            ``global_num_samples`` (scalar, differentiable); ``loss_sum`` detached; ``num_samples``
-            = B as a tensor.
+            ``(user, perm)``: ``user`` ``[B x d]`` in length-sorted order, ``perm`` ``[B]`` int64
+            (``user[i]`` belongs to input sample ``perm[i]``).
 
         Raises:
             ConfigError: a history is longer than ``max_seq_len``.
@@ -262,8 +254,38 @@ class DenseTower(nn.Module):
         with record_function("## dense_blocks ##"):
             for blk in self.blocks:
                 x = blk(x, offsets_dev, offsets_list, buckets, lengths_list)
+        return self.ln_final(x.index_select(0, offsets_dev[1:] - 1)), perm_dev
+
+    def user_vectors(self, hist: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode` in input order: ``[B x d]`` float (evaluation, :mod:`fstrain.evaluate`)."""
+        user, perm = self.encode(hist, lengths)
+        return torch.empty_like(user).index_copy_(0, perm, user)
+
+    def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
+                target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Loss of one rank's batch.
+
+        Args:
+            hist: ``[T x d]`` float: history embeddings, jagged by ``lengths``.
+            lengths: ``[B]`` int64, each in ``1..max_seq_len``.
+            target_emb: ``[B x d]`` float.
+            neg_emb: ``[K x d]`` float: the step's shared negatives.
+            target_ids: ``[B]`` int64.
+            neg_ids: ``[K]`` int64.
+            global_num_samples: samples of this step over all ranks (normaliser).
+
+        Returns:
+            ``(loss, (loss_sum, num_samples))``: ``loss`` = sum of per-sample cross-entropies /
+            ``global_num_samples`` (scalar, differentiable); ``loss_sum`` detached; ``num_samples``
+            = B as a tensor.
+
+        Raises:
+            ConfigError: a history is longer than ``max_seq_len``.
+        """
+        user, perm_dev = self.encode(hist, lengths)
+        B = user.shape[0]
         with record_function("## dense_loss ##"):
-            user = self.ln_final(x.index_select(0, offsets_dev[1:] - 1))  # [B x d]
             t = target_emb.index_select(0, perm_dev)
             pos_logit = (user * t).sum(-1, keepdim=True)  # [B x 1]
             neg_logit = user @ neg_emb.t()  # [B x K]

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -78,6 +78,16 @@ class TrainConfig:
     collective_timeout_seconds: float = 120.0
     """A peer that makes no progress for this long makes every other rank exit with one line
     naming it (:mod:`fstrain.watchdog`); also the process groups' and the shm transport's timeout."""
+    eval_data: str | None = None
+    """Evaluation file (``fsdata convert --holdout last``): held-out HR@10/NDCG@10 during training
+    (:class:`fstrain.evaluate.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
+    eval_every_steps: int = 0
+    """Evaluate every this many steps (0: only at the end) when ``eval_data`` is set."""
+    eval_max_users: int | None = None
+    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
+    simulate_ranks: bool = False
+    """World size 1 trains on each step's whole global batch (every rank file of the shards read,
+    :class:`fstrain.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
 
 
 def _sync(device: torch.device) -> None:
@@ -278,7 +288,11 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         raise ConfigError(f"--max-steps must be >= 1, got {cfg.max_steps}")
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
-    check_world_size(manifest, world)
+    if cfg.simulate_ranks and world != 1:
+        raise ConfigError(f"--simulate-ranks runs in one process (it reads every rank file); this job has world "
+                          f"size {world}")
+    if not cfg.simulate_ranks:
+        check_world_size(manifest, world)
     pipe_name = None
     if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
         pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.backend))
@@ -310,16 +324,29 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
                 logger.info("resumed from %s at step %d", found[0], start)
     max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start)
     try:
-        reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps), ""
+        if cfg.simulate_ranks:
+            from fstrain.simulate import GlobalBatchReader
+
+            reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps), ""
+        else:
+            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps), ""
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
     guard.step(start)
+    evaluator = None
+    if cfg.eval_data:
+        from fstrain.evaluate import Evaluator
+
+        evaluator = Evaluator(cfg.eval_data, every_steps=cfg.eval_every_steps, num_items=mcfg.num_items,
+                              rank=env.rank, world_size=env.world_size, device=env.device,
+                              max_users=cfg.eval_max_users)
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_tokens, t_window = 0, 0, time.perf_counter()
     step = start
+    ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
     pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if pipe:
         host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
@@ -362,19 +389,29 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
                 logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
                             stats[0].item() / max(1.0, stats[1].item()), stats[1].item() / dt, stats[2].item() / dt)
             steplog.window(step, samples_per_second=stats[1].item() / dt, tokens_per_second=stats[2].item() / dt)
-            # evaluation hook: an evaluation run here would pass its metrics dict to steplog.log_eval(step, metrics)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_tokens, t_window = 0, 0, time.perf_counter()
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
             guard.step(step)  # a long save is progress, not a hang
+        if evaluator and evaluator.every_steps and step % evaluator.every_steps == 0:
+            if pipe:
+                pipe.flush()  # evaluate the parameters after this step's (deferred) update
+            metrics = evaluator.maybe_run(dmp.module, step)
+            if metrics:
+                steplog.log_eval(step, metrics)
+            guard.step(step)  # an evaluation is progress, not a hang
     if pipe:
         pipe.close()  # flushes
+    if evaluator and step > start:
+        metrics = evaluator.finish(dmp.module, step)
+        if metrics:
+            steplog.log_eval(step, metrics)
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
         if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, {"shards": os.path.abspath(cfg.shards)})
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, timings)
@@ -382,9 +419,14 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     summary = summarize(all_timings, manifest.predicted_bubble)
     summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
                     "strategy": manifest.strategy})
+    summary["simulate_ranks"] = cfg.simulate_ranks
+    if evaluator:
+        summary["eval"] = evaluator.records
     if env.rank == 0:
         if cfg.metrics_dir and all_timings:
             write_step_times(all_timings, os.path.join(cfg.metrics_dir, "step_times.parquet"))
+        if cfg.metrics_dir and evaluator and evaluator.records:
+            evaluator.write(os.path.join(cfg.metrics_dir, "eval.parquet"))
         if cfg.metrics_dir:
             write_json(summary, os.path.join(cfg.metrics_dir, "summary.json"))
         logger.info("done: steps %d..%d measured bubble %.4f (predicted %.4f)", start, step - 1,

@@ -1,0 +1,394 @@
+"""Held-out evaluation: HR@K and NDCG@K over the full item vocabulary (docs/fstrain.md, "Evaluation").
+
+Protocol (leave-one-out, as SASRec/BERT4Rec; the evaluation file comes from
+``fsdata convert --holdout last --holdout-output EVAL.parquet``, docs/format.md): for every
+held-out user the model encodes the history, scores **every** item id ``0 .. num_items-1`` with
+the dot product against the item table (the training loss's logit), and the held-out item's rank
+among the candidates gives
+
+* ``HR@K``   = mean over users of ``[rank < K]``,
+* ``NDCG@K`` = mean over users of ``[rank < K] / log2(rank + 2)`` (one relevant item, so the
+  ideal DCG is 1; Järvelin & Kekäläinen 2002),
+
+with ``rank`` 0-based. SASRec's original protocol ranks the target among 100 sampled negatives;
+we rank against the full vocabulary (no sampling noise, and sampled metrics can disagree with
+full ones: Krichene & Rendle, KDD 2020), so our numbers are lower than sampled ones.
+
+Candidates excluded: the padding id (``padding_id``, default 0: item ids start at 1 in the
+SASRec/BERT4Rec datasets; id 0 is never an item), and, with ``mask_history`` (default), the items
+of the user's (capped) history other than the target itself. Masking follows SASRec's and
+BERT4Rec's negatives, which never include items the user interacted with; a next-item model gives
+the user's own recent items high scores, which would otherwise push rarely repeated targets down.
+Ties count against the target (``rank = #(score > s_t) + #(score == s_t) - 1``), so a constant
+model scores ``HR@K = 0`` rather than 1.
+
+Distributed: :class:`Evaluator` splits the users over ranks (equal batch counts, every batch
+non-empty, because the item-table lookup is a collective on a row-wise sharded table), and
+all-reduces the sums; every rank returns the same result.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from fsdata import schema
+from fstrain.data import HISTORY_KEY, TARGET_KEY
+from fstrain.errors import ConfigError, FstrainError
+from fstrain.model import NEGATIVE_KEY
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_K = 10
+
+
+def target_ranks(scores: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+    """0-based rank of each target among its row's scores (ties count against the target).
+
+    Args:
+        scores: ``[U x N]`` float; excluded candidates set to ``-inf``.
+        target_ids: ``[U]`` int64 in ``0..N-1`` (their scores must be finite).
+
+    Returns:
+        ``[U]`` int64: ``#(score > s_t) + #(score == s_t) - 1``.
+    """
+    t = scores.gather(1, target_ids[:, None])
+    return (scores > t).sum(1) + (scores == t).sum(1) - 1
+
+
+def hr_ndcg_sums(ranks: torch.Tensor, k: int = DEFAULT_K) -> tuple[float, float]:
+    """Sums over users of ``HR@k`` and ``NDCG@k`` terms for 0-based ``ranks`` ``[U]`` int64."""
+    hit = ranks < k
+    ndcg = torch.where(hit, 1.0 / torch.log2(ranks.to(torch.float64) + 2.0), torch.zeros((), dtype=torch.float64))
+    return float(hit.sum()), float(ndcg.sum())
+
+
+def mask_scores(scores: torch.Tensor, target_ids: torch.Tensor, hist_values: torch.Tensor, hist_lengths: torch.Tensor,
+                *, mask_history: bool, padding_id: int) -> torch.Tensor:
+    """Exclude candidates in place (module docstring): the padding id and, optionally, history items.
+
+    Args:
+        scores: ``[U x N]`` float, modified in place.
+        target_ids: ``[U]`` int64.
+        hist_values: ``[T]`` int64 history items of the ``U`` users, concatenated.
+        hist_lengths: ``[U]`` int64.
+        mask_history: set history items (other than the target) to ``-inf``.
+        padding_id: candidate id to exclude (negative: none).
+
+    Returns:
+        ``scores``.
+    """
+    rows = torch.arange(len(target_ids), device=scores.device)
+    keep = scores[rows, target_ids].clone()
+    if padding_id >= 0:
+        scores[:, padding_id] = float("-inf")
+    if mask_history and hist_values.numel():
+        users = torch.repeat_interleave(rows, hist_lengths.to(scores.device))
+        scores[users, hist_values.to(scores.device)] = float("-inf")
+    scores[rows, target_ids] = keep
+    return scores
+
+
+@dataclass(slots=True)
+class EvalData:
+    """An evaluation file in memory (docs/format.md, "Evaluation file").
+
+    Attributes:
+        path: the file.
+        user_ids: ``[U]`` int64.
+        values: ``[T]`` int64 histories concatenated (chronological).
+        offsets: ``[U+1]`` int64 into ``values``.
+        target_ids: ``[U]`` int64.
+    """
+
+    path: str
+    user_ids: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+    target_ids: np.ndarray
+
+    @property
+    def num_users(self) -> int:
+        """U."""
+        return len(self.target_ids)
+
+    def subsample(self, max_users: int | None, seed: int = 0) -> "EvalData":
+        """At most ``max_users`` users, drawn without replacement by a generator seeded with ``seed``
+        (kept in file order), so every run evaluates the same users; ``None`` or enough users: self.
+
+        SASRec evaluates 10,000 sampled users when a dataset has more (its ``evaluate``).
+        """
+        if max_users is None or max_users >= self.num_users:
+            return self
+        if max_users < 1:
+            raise ConfigError(f"--eval-max-users must be >= 1, got {max_users}")
+        keep = np.sort(np.random.default_rng(seed).choice(self.num_users, max_users, replace=False))
+        lengths = self.offsets[keep + 1] - self.offsets[keep]
+        offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([self.values[self.offsets[i]:self.offsets[i + 1]] for i in keep])
+        return EvalData(self.path, self.user_ids[keep], values, offsets, self.target_ids[keep])
+
+    def max_item_id(self) -> int:
+        """Largest id in histories and targets."""
+        return int(max(self.values.max(initial=-1), self.target_ids.max(initial=-1)))
+
+
+def load_eval_data(path: str) -> EvalData:
+    """Read and validate an evaluation file.
+
+    Raises:
+        ConfigError: missing or unreadable file, missing columns, no rows, an empty history,
+            or negative ids.
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f"evaluation file {path} not found; write one with "
+                          "`fsdata convert ... --holdout last --holdout-output EVAL.parquet`")
+    try:
+        t = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise ConfigError(f"evaluation file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
+                          "re-create it with fsdata convert --holdout last") from None
+    missing = [c for c in (schema.USER_ID, schema.ITEM_IDS, schema.TARGET_ITEM_ID) if c not in t.column_names]
+    if missing:
+        raise ConfigError(f"evaluation file {path} lacks columns {missing}; expected user_id, item_ids, "
+                          "target_item_id (fsdata convert --holdout last writes them)")
+    if t.num_rows == 0:
+        raise ConfigError(f"evaluation file {path} has no rows; no user had an item to hold out")
+    hist = t.column(schema.ITEM_IDS).combine_chunks()
+    if hist.null_count or t.column(schema.TARGET_ITEM_ID).null_count:
+        raise ConfigError(f"evaluation file {path} has null histories or targets; re-create it")
+    lengths = hist.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+    if (lengths < 1).any():
+        raise ConfigError(f"evaluation file {path}: user row {int(np.argmin(lengths))} has an empty history; "
+                          "every evaluated user needs at least one history item")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = hist.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    targets = t.column(schema.TARGET_ITEM_ID).to_numpy().astype(np.int64)
+    if values.min(initial=0) < 0 or targets.min(initial=0) < 0:
+        raise ConfigError(f"evaluation file {path} has negative item ids; ids must be in 0..num_items-1")
+    return EvalData(path, t.column(schema.USER_ID).to_numpy().astype(np.int64), values, offsets, targets)
+
+
+def _split(num_users: int, world_size: int, rank: int, batch_size: int) -> list[np.ndarray]:
+    """This rank's user batches: the same count on every rank, none empty."""
+    if num_users < world_size:
+        raise ConfigError(f"the evaluation file has {num_users} users but the job has {world_size} ranks; "
+                          "evaluate with fewer ranks or a larger file")
+    part = np.array_split(np.arange(num_users), world_size)[rank]
+    largest = math.ceil(num_users / world_size)
+    num_batches = math.ceil(largest / batch_size)
+    return [b for b in np.array_split(part, num_batches)]
+
+
+def _kjt(hist_values: torch.Tensor, hist_lengths: torch.Tensor, targets: torch.Tensor,
+         extra_ids: torch.Tensor) -> KeyedJaggedTensor:
+    B = len(hist_lengths)
+    neg_lengths = torch.zeros(B, dtype=torch.int64)
+    neg_lengths[0] = len(extra_ids)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[HISTORY_KEY, TARGET_KEY, NEGATIVE_KEY], values=torch.cat([hist_values, targets, extra_ids]),
+        lengths=torch.cat([hist_lengths, torch.ones(B, dtype=torch.int64), neg_lengths]), stride=B)
+
+
+@torch.no_grad()
+def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K, batch_size: int = 256,
+                   mask_history: bool = True, padding_id: int = 0, device: torch.device | None = None,
+                   rank: int = 0, world_size: int = 1) -> dict:
+    """HR@k and NDCG@k of ``model`` on ``data`` (module docstring for the protocol).
+
+    Args:
+        model: a :class:`fstrain.model.SequentialRecommender` (plain, or ``dmp.module`` of a
+            sharded one: every rank must call this together).
+        data: from :func:`load_eval_data`.
+        num_items: N, rows of the item table (candidates ``0..N-1``).
+        k: cutoff K.
+        batch_size: users encoded per batch.
+        mask_history: exclude history items other than the target from the candidates.
+        padding_id: excluded candidate id (negative: none).
+        device: where the model lives (default: CPU).
+        rank, world_size: this process's share of the users (sums are all-reduced when > 1).
+
+    Returns:
+        ``{"hr@K", "ndcg@K", "num_users", "num_candidates", "k", "mask_history", "eval_seconds"}``.
+
+    Raises:
+        ConfigError: an id is outside ``0..num_items-1``, a target is the padding id, or a
+            history is longer than the model's ``max_seq_len``.
+    """
+    t0 = time.perf_counter()
+    device = device or torch.device("cpu")
+    if data.max_item_id() >= num_items:
+        raise ConfigError(f"evaluation file {data.path} has item id {data.max_item_id()} but the model has "
+                          f"num_items {num_items}; evaluate a model trained on the same id space")
+    if padding_id >= 0 and (data.target_ids == padding_id).any():
+        raise ConfigError(f"evaluation file {data.path} has target item id {padding_id}, which is excluded as "
+                          "padding; pass --padding-id -1 if id 0 is a real item")
+    was_training = model.training
+    model.eval()
+    all_ids = torch.arange(num_items, dtype=torch.int64)
+    hits = ndcg = 0.0
+    n_users = 0
+    items = None
+    for idx in _split(data.num_users, world_size, rank, batch_size):
+        lengths = torch.from_numpy(data.offsets[idx + 1] - data.offsets[idx])
+        values = torch.from_numpy(np.concatenate([data.values[data.offsets[i]:data.offsets[i + 1]] for i in idx]))
+        targets = torch.from_numpy(data.target_ids[idx])
+        kjt = _kjt(values, lengths, targets, all_ids if items is None else all_ids[:0]).to(device)
+        hist, _, cand = model.sparse_forward(kjt)
+        if items is None:
+            items = cand  # [N x d]: the whole table, looked up once per evaluation
+        user = model.dense.user_vectors(hist, kjt[HISTORY_KEY].lengths())  # [b x d]
+        scores = (user @ items.t()).to(torch.float32)  # [b x N]
+        mask_scores(scores, targets.to(device), values, lengths, mask_history=mask_history, padding_id=padding_id)
+        h, g = hr_ndcg_sums(target_ranks(scores, targets.to(device)), k)
+        hits, ndcg, n_users = hits + h, ndcg + g, n_users + len(idx)
+    if world_size > 1:
+        sums = torch.tensor([hits, ndcg, float(n_users)], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        hits, ndcg, n_users = float(sums[0]), float(sums[1]), int(sums[2])
+    model.train(was_training)
+    candidates = num_items - (1 if 0 <= padding_id < num_items else 0)
+    return {f"hr@{k}": hits / n_users, f"ndcg@{k}": ndcg / n_users, "num_users": n_users,
+            "num_candidates": candidates, "k": k, "mask_history": mask_history,
+            "eval_seconds": time.perf_counter() - t0}
+
+
+class Evaluator:
+    """Periodic held-out evaluation during :func:`fstrain.train.train` (``--eval-every-steps``).
+
+    Call :meth:`maybe_run` after every step and :meth:`finish` at the end; rank 0 keeps the
+    records (one per evaluation), which ``train`` writes to ``metrics_dir/eval.parquet`` and the
+    summary's ``eval`` list.
+
+    Args:
+        path: the evaluation file.
+        every_steps: evaluate when ``step % every_steps == 0`` (``step`` = steps done); 0: only at
+            the end.
+        num_items: model's table rows.
+        rank, world_size, device: the job's.
+        k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
+        max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
+    """
+
+    def __init__(self, path: str, *, every_steps: int, num_items: int, rank: int, world_size: int,
+                 device: torch.device, k: int = DEFAULT_K, batch_size: int = 256, mask_history: bool = True,
+                 padding_id: int = 0, max_users: int | None = None) -> None:
+        if every_steps < 0:
+            raise ConfigError(f"--eval-every-steps must be >= 0, got {every_steps}")
+        self.data = load_eval_data(path).subsample(max_users)
+        if self.data.max_item_id() >= num_items:
+            raise ConfigError(f"evaluation file {path} has item id {self.data.max_item_id()} but the model has "
+                              f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
+        _split(self.data.num_users, world_size, rank, batch_size)  # too few users for the ranks: fail now
+        self.every_steps = every_steps
+        self.kw = dict(num_items=num_items, k=k, batch_size=batch_size, mask_history=mask_history,
+                       padding_id=padding_id, device=device, rank=rank, world_size=world_size)
+        self.records: list[dict] = []
+        self.last_step = -1
+
+    def run(self, model, step: int) -> dict:
+        """Evaluate now (every rank together) and record the result for ``step`` steps done."""
+        res = {"step": step, **evaluate_model(model, self.data, **self.kw)}
+        self.records.append(res)
+        self.last_step = step
+        k = self.kw["k"]
+        if self.kw["rank"] == 0:
+            logger.info("eval step %d HR@%d %.4f NDCG@%d %.4f (%d users, %.1fs)", step, k, res[f"hr@{k}"], k,
+                        res[f"ndcg@{k}"], res["num_users"], res["eval_seconds"])
+        return res
+
+    def maybe_run(self, model, step: int) -> dict | None:
+        """Evaluate when ``step`` is a multiple of ``every_steps``."""
+        if self.every_steps and step % self.every_steps == 0 and step != self.last_step:
+            return self.run(model, step)
+        return None
+
+    def finish(self, model, step: int) -> dict | None:
+        """Evaluate at the end unless ``step`` was just evaluated."""
+        return None if step == self.last_step else self.run(model, step)
+
+    def write(self, path: str) -> None:
+        """Write the records as Parquet (one row per evaluation)."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(self.records), path)
+
+
+def read_checkpoint_meta(path: str) -> dict:
+    """``fstrain.json`` of a checkpoint folder (step, world size, model config when recorded).
+
+    Raises:
+        FstrainError: not a complete checkpoint.
+    """
+    import json
+
+    meta = os.path.join(path, "fstrain.json")
+    if not os.path.isfile(meta):
+        raise FstrainError(f"{path} is not a complete fstrain checkpoint (no fstrain.json); pass a "
+                           "ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
+    with open(meta) as f:
+        return json.load(f)
+
+
+def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None = None, k: int = DEFAULT_K,
+                        batch_size: int = 256, mask_history: bool = True, padding_id: int = 0,
+                        backend: str = "auto", max_users: int | None = None) -> dict:
+    """Evaluate a ``fstrain train`` checkpoint on an evaluation file (``fstrain evaluate``).
+
+    The model is rebuilt exactly as in training (:func:`fstrain.dist.build_sharded_model`, the
+    job's world size: 1 without torchrun) and its weights loaded with
+    torch.distributed.checkpoint, which reshards the table when the world size differs.
+
+    Args:
+        checkpoint: a ``ckpt/step-XXXXXXXX`` folder.
+        eval_path: evaluation file.
+        model: :class:`fstrain.model.Config` keyword arguments; default: the ones recorded in the
+            checkpoint's ``fstrain.json`` (checkpoints written before that was recorded need them).
+        k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
+        backend: as :func:`fstrain.dist.init_distributed`.
+        max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
+
+    Returns:
+        :func:`evaluate_model`'s dict plus ``checkpoint`` and ``step``.
+
+    Raises:
+        FstrainError / ConfigError: not a checkpoint, no model config, or a bad evaluation file.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    from fstrain.dist import OptimConfig, build_sharded_model, init_distributed
+    from fstrain.model import Config
+
+    meta = read_checkpoint_meta(checkpoint)
+    kw = dict(meta.get("model") or {})
+    kw.update(model or {})
+    if "num_items" not in kw:
+        raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
+                          "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
+    data = load_eval_data(eval_path).subsample(max_users)
+    env = init_distributed(backend)
+    cfg = Config(**kw)
+    torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
+    dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
+    state = {"model": dmp.state_dict()}
+    try:
+        dcp.load(state, checkpoint_id=checkpoint)
+    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException with the per-rank causes
+        raise ConfigError(f"cannot load {checkpoint} into a model with {kw} ({str(e).splitlines()[0][:300]}); "
+                          "pass the model flags the checkpoint was trained with") from None
+    dmp.load_state_dict(state["model"])
+    res = evaluate_model(dmp.module, data, num_items=cfg.num_items, k=k, batch_size=batch_size,
+                         mask_history=mask_history, padding_id=padding_id, device=env.device, rank=env.rank,
+                         world_size=env.world_size)
+    return {"checkpoint": checkpoint, "step": meta.get("step"), **res}
