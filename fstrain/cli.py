@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 
-from fsdata.cliutil import run_main
+from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, add_version_flag,
+                            configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
 from fstrain.backends import BACKEND_CHOICES
@@ -23,15 +24,15 @@ _TRAIN_EPILOG = """examples:
 """
 _REPLAY_EPILOG = """examples:
   fstrain replay balanced/ --baseline shuffled/          # 4 steps, 3 repeats, small model: < 1 min
-  fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min --out replay.json
+  fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min -o replay.json
 """
 _REPORT_EPILOG = """examples:
   fstrain report shards/ --metrics-dir run/                  # writes run/report.html (+ PNGs)
   fstrain report shards/ --metrics-dir run/ --html review/run.html
 """
 _CALIBRATE_EPILOG = """examples:
-  fstrain calibrate --output calibrated.json --embedding-dim 32 --num-layers 1
-  fstrain calibrate --output calibrated.json --from-shards shuffled/ --shard-steps 4 --embedding-dim 32
+  fstrain calibrate -o calibrated.json --embedding-dim 32 --num-layers 1
+  fstrain calibrate -o calibrated.json --from-shards shuffled/ --shard-steps 4 --embedding-dim 32
   fsdata balance samples.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
 """
 
@@ -69,13 +70,14 @@ def _add_timing_flags(p: argparse.ArgumentParser, repeats: int = 5) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per batch (default {repeats})")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steady timings)")
+    add_num_threads_flag(p, default=1, help="torch CPU threads (default 1: steady timings)", deprecated=("--threads",))
     p.add_argument("--clock", choices=("auto", "thread", "wall"), default="auto",
                    help="auto: thread CPU time on CPU with 1 thread, else wall")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fstrain", description=__doc__.splitlines()[0])
+    add_version_flag(parser, "fstrain")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sparse-lr", type=float, default=0.05)
     t.add_argument("--sparse-optimizer", choices=("rowwise_adagrad", "sgd"), default="rowwise_adagrad")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    add_common_flags(t, name="fstrain")
     _add_model_flags(t)
 
     r = sub.add_parser("replay", help="measure the bubble R ranks would see, on one device", epilog=_REPLAY_EPILOG,
@@ -114,12 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-steps", type=int, default=4, help="replay the first K steps (default 4)")
     r.add_argument("--statistic", choices=("median", "min"), default="median", help="of the repeats")
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    r.add_argument("--out", default=None, help="also write the full result (per-step times) to this JSON file")
+    add_output_flag(r, help="also write the full result (per-step times) to this JSON file", deprecated=("--out",))
     r.add_argument("--no-null-control", action="store_true",
                    help="skip the null control (rank 0's batch timed as every rank; halves the timed work)")
-    prog = r.add_mutually_exclusive_group()
-    prog.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a TTY")
-    prog.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_common_flags(r, name="fstrain")
     _add_timing_flags(r, repeats=3)
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
 
@@ -131,10 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="page to write (default: METRICS_DIR/report.html); PNGs go beside it")
     rp.add_argument("--input", default=None, help="the balance INPUT, when sample_ids are not its row numbers")
     rp.add_argument("--json", action="store_true", help="print the written paths and figures as JSON")
+    add_common_flags(rp, progress=False, name="fstrain")
 
     c = sub.add_parser("calibrate", help="fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                        epilog=_CALIBRATE_EPILOG, formatter_class=fmt)
-    c.add_argument("--output", "-o", required=True, help="JSON file for fsdata balance --cost-model")
+    add_output_flag(c, required=True, help="JSON file for fsdata balance --cost-model")
     c.add_argument("--lengths", default="4,16,48,96,160,256,384,512", help="comma-separated grid lengths")
     c.add_argument("--batch-sizes", default="8,32", help="comma-separated samples per batch")
     c.add_argument("--mixed", type=int, default=12, help="extra batches of random grid lengths (default 12)")
@@ -143,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shard-steps", type=int, default=4, help="steps of --from-shards to time (default 4)")
     c.add_argument("--name", default=None, help="cost model name recorded in manifests")
     c.add_argument("--json", action="store_true", help="print the fit as JSON")
+    add_common_flags(c, name="fstrain")
     _add_timing_flags(c)
     _add_model_flags(c)
     return parser
@@ -177,6 +180,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
                       checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
                       metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
+                      progress=resolve_progress(a.progress),
                       collective_timeout_seconds=a.collective_timeout_seconds,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
@@ -208,8 +212,7 @@ def _progress_bar(a: argparse.Namespace, total: int):
     """tqdm on stderr: shown on a TTY, forced with --progress, hidden with --no-progress."""
     from tqdm import tqdm
 
-    disable = True if a.no_progress else (False if a.progress else None)  # None: only on a TTY
-    return tqdm(total=total, unit="step", desc="replay", disable=disable, file=sys.stderr)
+    return tqdm(total=total, unit="step", desc="replay", disable=not resolve_progress(a.progress), file=sys.stderr)
 
 
 def _replay_row(label: str, r: dict) -> str:
@@ -225,10 +228,10 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
-    if a.out:
-        check_output_apart(a.out, [a.shards, a.baseline], output_name="--out", input_name="shards")
+    if a.output:
+        check_output_apart(a.output, [a.shards, a.baseline], output_name="--output", input_name="shards")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
-              device=a.device, num_threads=a.threads, clock=a.clock, statistic=a.statistic,
+              device=a.device, num_threads=a.num_threads, clock=a.clock, statistic=a.statistic,
               null_control=not a.no_null_control)
     runs = [a.shards] + ([a.baseline] if a.baseline else [])
     bar = _progress_bar(a, total=0)
@@ -256,8 +259,8 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if "null_bubble" in res:
             res["measured_reduction_minus_null"] = reduction(max(0.0, res["measured_bubble_minus_null"]),
                                                              max(0.0, base["measured_bubble_minus_null"]))
-    if a.out:
-        write_json(res, a.out)
+    if a.output:
+        write_json(res, a.output)
     brief = {k: v for k, v in res.items() if k not in _REPLAY_BRIEF_DROP}
     if a.json:
         print(json.dumps(brief, sort_keys=True))
@@ -303,10 +306,19 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if a.shard_steps < 1:
         parser.error(f"--shard-steps must be >= 1, got {a.shard_steps}")
     extra = shard_batches(a.from_shards, a.shard_steps) if a.from_shards else None
-    res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
-                    extra_batches=extra,
-                    warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.threads,
-                    clock=a.clock, name=a.name)
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="batch", desc="calibrate", disable=not resolve_progress(a.progress), file=sys.stderr)
+
+    def tick(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(1)
+
+    with bar:
+        res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
+                        extra_batches=extra, progress=tick,
+                        warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.num_threads,
+                        clock=a.clock, name=a.name)
     write_json(res, a.output)
     if a.json:
         print(json.dumps({k: v for k, v in res.items() if k != "measurements"}, sort_keys=True))
@@ -330,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def location() -> str | None:
         a = parsed[0] if parsed else None
-        return a and next((getattr(a, k) for k in ("output", "out", "metrics_dir", "checkpoint_dir")
+        return a and next((getattr(a, k) for k in ("output", "metrics_dir", "checkpoint_dir")
                            if getattr(a, k, None)), None)
 
     return run_main("fstrain", body, location)
@@ -338,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    logging.getLogger("fstrain").setLevel(logging.INFO)
+    configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      force=True)
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report}[a.command]
     try:
         return cmd(a, parser)

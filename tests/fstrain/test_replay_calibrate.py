@@ -83,7 +83,7 @@ def test_replay_cli_json(tmp_path, capsys):
     bal = write_shards(str(tmp_path / "b"), num_ranks=2, num_steps=3, batch_size_per_rank=4)
     shuf = write_shards(str(tmp_path / "u"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
     assert main(["replay", bal, "--baseline", shuf, "--max-steps", "2", "--repeats", "1", "--warmup", "0",
-                 "--json", "--out", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
+                 "--json", "--output", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
                  "--num-heads", "1", "--num-negatives", "4"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("measured_bubble", "predicted_bubble", "num_ranks", "num_steps", "measured_reduction",
