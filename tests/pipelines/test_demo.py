@@ -6,7 +6,7 @@ from pipelines import demo
 @pytest.mark.slow
 def test_demo_on_generated_data_when_datasets_are_absent(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "ML1M", tmp_path / "absent" / "sequences.txt")
-    rc = demo.main(["--out", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
+    rc = demo.main(["--output", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
                     "--train-steps", "0", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "using generated heavy-tailed samples" in out
@@ -26,7 +26,7 @@ def test_demo_training_writes_report_and_tensorboard(tmp_path, monkeypatch, caps
     monkeypatch.setattr(demo, "ML1M", tmp_path / "absent" / "sequences.txt")
     small = demo.synthetic_input
     monkeypatch.setattr(demo, "synthetic_input", lambda out: small(out, num_samples=20_000))
-    rc = demo.main(["--out", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
+    rc = demo.main(["--output", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
                     "--train-steps", "6", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
