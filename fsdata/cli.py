@@ -246,7 +246,7 @@ def _settings_from_args(a: argparse.Namespace):
     return BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
                            columns=a.columns, seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy,
                            remainder=a.remainder, partitioner=a.partitioner or DEFAULT_PARTITIONER, budget=a.budget,
-                           num_workers=getattr(a, "num_threads", 2),
+                           num_threads=getattr(a, "num_threads", 2),
                            bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
                            else a.bucket_compression,
                            progress=not a.no_progress, overwrite=a.overwrite)
@@ -320,7 +320,7 @@ def _cmd_write(a: argparse.Namespace) -> int:
         raise FsdataError(f"input {a.input} is not the input plan {a.plan} was made from (input digests differ); "
                           "rerun 'fsdata plan' on this input")
     settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
-                               num_workers=a.num_threads, progress=not a.no_progress,
+                               num_threads=a.num_threads, progress=not a.no_progress,
                                bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
     with atomic_output(a.output, overwrite=a.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)

@@ -364,7 +364,7 @@ def _validate(cfg: NightlyConfig) -> None:
                           "(convert already writes the sample schema)")
 
 
-def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_workers: int,
+def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_threads: int,
            bucket_compression: str | None) -> dict:
     """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last."""
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": _iso(created_ns),
@@ -390,7 +390,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
                      partitioner=cfg.partitioner, budget=cfg.budget)
     settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank, seed=cfg.seed,
                                strategy=cfg.strategy, batch_policy=cfg.batch_policy, remainder=cfg.remainder,
-                               partitioner=cfg.partitioner, budget=cfg.budget, num_workers=num_workers,
+                               partitioner=cfg.partitioner, budget=cfg.budget, num_threads=num_threads,
                                bucket_compression=bucket_compression, progress=progress)
     write_balanced(src, stage / "shards", plan, ids, cost_model, settings)
     checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
@@ -459,7 +459,7 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
             stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             stage.mkdir()
             try:
-                _build(cfg, stage, key, created, progress=progress, num_workers=num_threads,
+                _build(cfg, stage, key, created, progress=progress, num_threads=num_threads,
                        bucket_compression=bucket_compression)
                 if run_dir.exists():
                     old = runs / f".{key}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -176,3 +176,17 @@ def test_version_exits_0_and_prints_the_version(module, name):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{name} {package_version()}"
     assert package_version()[0].isdigit()
+
+
+def test_python_api_takes_num_threads_and_the_old_keyword():
+    import inspect
+
+    from fsdata import BalanceSettings
+    from pipelines.nightly import run_nightly
+
+    assert BalanceSettings(num_ranks=2, batch_size_per_rank=2).num_threads == 2
+    with pytest.warns(DeprecationWarning, match="num_threads"):
+        s = BalanceSettings(num_ranks=2, batch_size_per_rank=2, num_workers=3)
+    assert s.num_threads == 3 and s.num_workers is None
+    params = inspect.signature(run_nightly).parameters
+    assert params["num_threads"].default == 2 and params["num_workers"].default is None
