@@ -265,9 +265,9 @@ def test_every_flag_has_help_and_shared_flags_match_fsdata_balance():
         assert a.help, f"{a.option_strings} has no help text"
     sub = next(a for a in fsdata_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
     balance = {s: a for a in sub.choices["balance"]._actions for s in a.option_strings}
-    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--num-workers", "--ranks", "--batch-size-per-rank",
-                 "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget", "--bucket-compression",
-                 "--json", "--progress", "--no-progress"):
+    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--num-workers", "--ranks",
+                 "--batch-size-per-rank", "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget",
+                 "--bucket-compression", "--json", "--progress", "--no-progress", "-v", "-q", "--version"):
         assert flag in ours and flag in balance, flag
         assert ours[flag].type == balance[flag].type and ours[flag].choices == balance[flag].choices, flag
 
