@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,11 +69,13 @@ class BalanceSettings:
         remainder: ``drop`` (recorded in ``_dropped.parquet``) or ``error``.
         partitioner: per-step method (:data:`fsdata.plan.PARTITIONERS`).
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
-        num_workers: threads writing rank files (does not change the output).
+        num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).
         bucket_compression: codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs
             temporary disk space about the decoded size of the input), ``lz4`` or ``zstd``.
         overwrite: replace an existing OUTPUT atomically.
+        num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
+            ``DeprecationWarning``) and is reset to None.
     """
 
     num_ranks: int
@@ -87,10 +90,17 @@ class BalanceSettings:
     budget: float | None = None
     compose_window: int = DEFAULT_COMPOSE_WINDOW
     """W of :mod:`fsdata.compose` as requested (the plan records the window actually used; 1 = off)."""
-    num_workers: int = 2
+    num_threads: int = 2
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
     overwrite: bool = False
+    num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None:  # the old name (threads, not processes): still accepted
+            warnings.warn("BalanceSettings(num_workers=) is deprecated; use num_threads=", DeprecationWarning,
+                          stacklevel=3)
+            self.num_threads, self.num_workers = self.num_workers, None
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -501,7 +511,7 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
     files: list[FileEntry] = []
     bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
-    with ThreadPoolExecutor(max_workers=max(1, settings.num_workers)) as ex:
+    with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
         for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema), range(plan.num_ranks)):
             files.append(info)
             bar.update(1)

@@ -12,7 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from fsdata.cliutil import add_progress_flag, resolve_progress, run_main
+from fsdata.cliutil import (add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
+                            configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
 
@@ -53,8 +54,8 @@ COST_MODEL_HELP = ("per-sample cost: tokens | quadratic | verl | hstu[:d_model=2
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    add_progress_flag(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    """The shared flags (fsdata.cliutil): --progress/--no-progress, -v/--verbose, -q/--quiet, --version."""
+    add_common_flags(p, name="fsdata")
 
 
 def _add_input_opts(p: argparse.ArgumentParser) -> None:
@@ -83,7 +84,7 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
 
 
 def _add_write_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")
@@ -92,6 +93,7 @@ def _add_write_opts(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
                                      "so every rank's cost per step is equal.")
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="interaction log -> Parquet samples", epilog=_EPILOG_CONVERT,
@@ -138,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")
@@ -162,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="OUTPUT folder to create (rank files only; then run 'fsdata finalize')")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
+    add_json_flag(p, "print the summary as JSON")
     _add_common(p)
 
     p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
@@ -183,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-items", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
+    add_json_flag(p, "print the summary as JSON")
     _add_common(p)
 
     p = sub.add_parser("verify", help="check an OUTPUT's invariants", epilog=_EPILOG_VERIFY,
@@ -258,7 +262,7 @@ def _settings_from_args(a: argparse.Namespace):
     return BalanceSettings(compose_window=compose_window, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
                            columns=a.columns, seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy,
                            remainder=a.remainder, partitioner=a.partitioner or DEFAULT_PARTITIONER, budget=a.budget,
-                           num_workers=getattr(a, "num_workers", 2),
+                           num_threads=getattr(a, "num_threads", 2),
                            bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
                            else a.bucket_compression,
                            progress=not a.no_progress, overwrite=a.overwrite)
@@ -345,11 +349,14 @@ def _cmd_write(a: argparse.Namespace) -> int:
         raise FsdataError(f"input {a.input} is not the input plan {a.plan} was made from (input digests differ); "
                           "rerun 'fsdata plan' on this input")
     settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
-                               num_workers=a.num_workers, progress=not a.no_progress,
+                               num_threads=a.num_threads, progress=not a.no_progress,
                                bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
     with atomic_output(a.output, overwrite=a.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
-    print(f"wrote {len(files)} rank files to {a.output}; run 'fsdata finalize {a.output} --plan {a.plan}'")
+    if a.json:
+        print(json.dumps({"output": str(a.output), "plan": str(a.plan), "num_rank_files": len(files)}, indent=2))
+    else:
+        print(f"wrote {len(files)} rank files to {a.output}; run 'fsdata finalize {a.output} --plan {a.plan}'")
     return 0
 
 
@@ -373,6 +380,10 @@ def _cmd_synth(a: argparse.Namespace) -> int:
         raise FsdataError(f"--lengths-from {a.lengths_from} does not exist; pass a dataset file")
     source = read_lengths(a.lengths_from, layout=a.layout, max_seq_len=a.max_seq_len)
     info = write_synth_samples(a.output, a.num_samples, source, seed=a.seed, num_items=a.num_items)
+    if a.json:
+        print(json.dumps({"output": str(a.output), "lengths_from": str(a.lengths_from), "layout": a.layout,
+                          **info}, indent=2, default=str))
+        return 0
     print(f"wrote {info['num_samples']:,} samples ({info['num_bytes'] / 1e9:.2f} GB) to {a.output}, lengths "
           f"resampled from {a.lengths_from} ({a.layout} layout)")
     return 0
@@ -428,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a: argparse.Namespace) -> int:
     a.no_progress = not resolve_progress(getattr(a, "progress", None))
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(a.verbose, a.quiet)
     try:
         return COMMANDS[a.command](a)
     except FsdataError as e:

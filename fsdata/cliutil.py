@@ -6,14 +6,30 @@
   cause and the location (exit 2) instead of a traceback (:mod:`fsdata.guards`).
 * :func:`add_progress_flag` / :func:`resolve_progress`: progress bars are shown only when stderr
   is a terminal, unless ``--progress`` / ``--no-progress`` or ``FSDATA_PROGRESS=1|0`` says otherwise.
+
+The one CLI convention of every entry point (README.md, "CLI conventions"); the flags are defined
+here and nowhere else:
+
+* :func:`add_version_flag`: ``--version`` prints ``PROG VERSION`` (the installed ``freescale``
+  distribution's version, else :data:`fsdata.__version__`) and exits 0.
+* :func:`add_verbosity_flags` / :func:`configure_logging`: ``-v/--verbose`` sets the ``fsdata``,
+  ``fstrain`` and ``pipelines`` loggers to DEBUG, ``-q/--quiet`` to ERROR.
+* :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout.
+* :func:`add_output_flag`: ``-o/--output`` names the output location wherever it is not one of
+  fsdata's positional ``OUTPUT``/``PLAN`` arguments.
+* :func:`add_num_threads_flag`: ``--num-threads`` counts threads (never processes: PyTorch's
+  ``num_workers`` means processes).
+* :func:`add_deprecated_alias`: an old spelling still parses (hidden from ``--help``) and prints one
+  ``PROG: warning: OLD is deprecated; use NEW`` line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fsdata.guards import environment_error
 
@@ -28,6 +44,124 @@ def add_progress_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help=f"show progress bars on stderr (default: only when stderr is a terminal; "
                         f"{PROGRESS_ENV}=1|0 sets the default)")
+
+
+def package_version() -> str:
+    """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata.__version__``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("freescale")
+    except metadata.PackageNotFoundError:
+        from fsdata import __version__
+
+        return __version__
+
+
+def add_version_flag(p: argparse.ArgumentParser, name: str | None = None) -> None:
+    """Add ``--version``: print ``NAME VERSION`` (default name: the parser's prog) on stdout and exit 0."""
+    p.add_argument("--version", action="version", version=f"{name or '%(prog)s'} {package_version()}",
+                   help="print the version and exit")
+
+
+#: Loggers that ``-v/--verbose`` and ``-q/--quiet`` set (our packages; libraries stay at WARNING).
+OUR_LOGGERS = ("fsdata", "fstrain", "pipelines")
+
+
+def add_verbosity_flags(p: argparse.ArgumentParser) -> None:
+    """Add ``-v/--verbose`` (``dest="verbose"``) and ``-q/--quiet`` (``dest="quiet"``), exclusive."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", action="store_true", help="debug logging (fsdata, fstrain, pipelines loggers)")
+    g.add_argument("-q", "--quiet", action="store_true", help="log errors only")
+
+
+def configure_logging(verbose: bool = False, quiet: bool = False, *, default: int = logging.WARNING,
+                      fmt: str = "%(levelname)s %(name)s: %(message)s", force: bool = False) -> int:
+    """Set up logging for a command: the root logger at WARNING, our loggers by the flags.
+
+    Args:
+        verbose: ``-v/--verbose``: our loggers at DEBUG.
+        quiet: ``-q/--quiet``: our loggers at ERROR.
+        default: our loggers' level with neither flag (the command's usual chattiness).
+        fmt: log line format.
+        force: replace handlers an earlier ``basicConfig`` installed.
+
+    Returns:
+        The level set on the ``fsdata``, ``fstrain`` and ``pipelines`` loggers.
+    """
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else default
+    logging.basicConfig(level=logging.WARNING, format=fmt, force=force)
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    return level
+
+
+def add_json_flag(p: argparse.ArgumentParser, help: str = "print the summary as JSON") -> None:  # noqa: A002
+    """Add ``--json`` (``dest="json"``)."""
+    p.add_argument("--json", action="store_true", help=help)
+
+
+class _DeprecatedAlias(argparse.Action):
+    """Store like the new flag's action, after one ``PROG: warning: OLD is deprecated; use NEW`` line."""
+
+    def __init__(self, option_strings, dest, new: str = "", store_const=None, **kw):
+        self.new = new
+        self.store_const = store_const
+        if store_const is not None:
+            kw["nargs"] = 0
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, self.store_const if self.store_const is not None else values)
+
+
+def add_deprecated_alias(p: argparse.ArgumentParser | argparse._ActionsContainer, old: str, new_action: argparse.Action,
+                         ) -> argparse.Action:
+    """Add ``old`` as a hidden spelling of ``new_action`` that warns once per use.
+
+    Args:
+        p: the parser (or argument group) holding ``new_action``.
+        old: the deprecated option string, e.g. ``"--work-dir"``.
+        new_action: what :meth:`~argparse.ArgumentParser.add_argument` returned for the new flag.
+
+    Returns:
+        The alias's action (hidden from ``--help``; default left to ``new_action``).
+    """
+    new = max(new_action.option_strings, key=len)
+    store_const = True if isinstance(new_action, argparse._StoreTrueAction) else None
+    kw = {} if store_const is not None else {"type": new_action.type, "choices": new_action.choices,
+                                             "metavar": new_action.metavar}
+    return p.add_argument(old, dest=new_action.dest, action=_DeprecatedAlias, new=new, store_const=store_const,
+                          default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
+
+
+def add_output_flag(p: argparse.ArgumentParser | argparse._ActionsContainer, *, help: str,  # noqa: A002
+                    required: bool = False, default: str | None = None, metavar: str = "PATH",
+                    deprecated: Sequence[str] = ()) -> argparse.Action:
+    """Add ``-o/--output`` (``dest="output"``) and hidden deprecated spellings (``--out``, ``--work-dir``)."""
+    act = p.add_argument("-o", "--output", required=required, default=default, metavar=metavar, help=help)
+    for old in deprecated:
+        add_deprecated_alias(p, old, act)
+    return act
+
+
+def add_num_threads_flag(p: argparse.ArgumentParser | argparse._ActionsContainer, *, default: int,
+                         help: str, deprecated: Sequence[str] = ()) -> argparse.Action:  # noqa: A002
+    """Add ``--num-threads N`` (``dest="num_threads"``) and hidden deprecated spellings (``--num-workers``)."""
+    act = p.add_argument("--num-threads", type=int, default=default, metavar="N", help=help)
+    for old in deprecated:
+        add_deprecated_alias(p, old, act)
+    return act
+
+
+def add_common_flags(p: argparse.ArgumentParser, *, progress: bool = True, name: str | None = None) -> None:
+    """``--version`` (printing ``name``), ``-v/--verbose``, ``-q/--quiet`` and (``progress``)
+    ``--progress/--no-progress``."""
+    if progress:
+        add_progress_flag(p)
+    add_verbosity_flags(p)
+    add_version_flag(p, name)
 
 
 def resolve_progress(flag: bool | None) -> bool:

@@ -111,7 +111,7 @@ def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.Path
     Args:
         output: the path the command will write (file or folder; need not exist).
         inputs: every path the command reads (files, folders or globs); ``None`` entries are skipped.
-        output_name: how the error names the output (e.g. ``"OUTPUT"``, ``"--work-dir"``).
+        output_name: how the error names the output (e.g. ``"OUTPUT"``, ``"--output"``).
         input_name: how the error names the inputs (e.g. ``"INPUT"``, ``"--from-shards"``).
 
     Raises:
@@ -148,7 +148,7 @@ _CAUSES: dict[int, tuple[str, str]] = {
     errno.EACCES: ("permission denied", "fix the permissions or choose another location"),
     errno.EPERM: ("operation not permitted", "fix the permissions or choose another location"),
     errno.EIO: ("input/output error", "check the device (dmesg) and retry"),
-    errno.EMFILE: ("too many open files", "raise the open-file limit (ulimit -n) or lower --num-workers"),
+    errno.EMFILE: ("too many open files", "raise the open-file limit (ulimit -n) or lower --num-threads"),
 }
 _STRERROR = {os.strerror(code).lower(): code for code in _CAUSES}
 _ERRNO_IN_TEXT = re.compile(r"(?:\[errno (\d+)\]|\(os error (\d+)\)|errno[ =:](\d+))", re.IGNORECASE)

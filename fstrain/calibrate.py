@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,7 +137,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
               batch_sizes=DEFAULT_BATCH_SIZES, num_mixed: int = 12, extra_batches: list[np.ndarray] | None = None,
               warmup: int = 3, repeats: int = 3,
               seed: int = 0, device: str = "cpu", num_threads: int | None = 1, clock: str = "auto",
-              name: str | None = None) -> dict:
+              name: str | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
     """Time the grid on ``device`` and fit the cost model.
 
     Args:
@@ -153,6 +154,8 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
         num_threads: torch CPU threads (match what replay / training uses).
         clock: ``auto``, ``thread`` or ``wall`` (:func:`fstrain.replay.resolve_clock`).
         name: recorded as the cost model's name.
+        progress: called as ``progress(done, total)`` after each timed batch (``total`` = repeats x
+            grid batches), e.g. to move a progress bar; ``None``: nothing.
 
     Returns:
         JSON-ready dict: ``kind``, ``name``, ``coefficients`` ``[c0, c1, c2]`` (seconds per sample,
@@ -189,8 +192,17 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
     for i in range(warmup):
         time_forward_backward(mdl, batch_of(grid[i % len(grid)], i), repeats=1, device=dev, clock=tick)
     batches = [batch_of(L, i) for i, L in enumerate(grid)]
-    runs = np.array([[time_forward_backward(mdl, b, repeats=1, device=dev, clock=tick) for b in batches]
-                     for _ in range(repeats)])  # repeats interleaved over the grid
+    total, done = repeats * len(batches), 0
+
+    def timed(b) -> float:
+        nonlocal done
+        t = time_forward_backward(mdl, b, repeats=1, device=dev, clock=tick)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+        return t
+
+    runs = np.array([[timed(b) for b in batches] for _ in range(repeats)])  # repeats interleaved over the grid
     seconds = np.median(runs, axis=0)
     fit = fit_batch_times(grid, seconds)
     c0, c1, c2 = fit.coefficients

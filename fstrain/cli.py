@@ -11,7 +11,8 @@ import logging
 import os
 import sys
 
-from fsdata.cliutil import run_main
+from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, add_version_flag,
+                            configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
 from fstrain.backends import BACKEND_CHOICES
@@ -28,15 +29,15 @@ _EVAL_EPILOG = """examples:
 """
 _REPLAY_EPILOG = """examples:
   fstrain replay balanced/ --baseline shuffled/          # 4 steps, 3 repeats, small model: < 1 min
-  fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min --out replay.json
+  fstrain replay balanced/ --baseline shuffled/ --max-steps 8 --repeats 21 --statistic min -o replay.json
 """
 _REPORT_EPILOG = """examples:
   fstrain report shards/ --metrics-dir run/                  # writes run/report.html (+ PNGs)
   fstrain report shards/ --metrics-dir run/ --html review/run.html
 """
 _CALIBRATE_EPILOG = """examples:
-  fstrain calibrate --output calibrated.json --embedding-dim 32 --num-layers 1
-  fstrain calibrate --output calibrated.json --from-shards shuffled/ --shard-steps 4 --embedding-dim 32
+  fstrain calibrate -o calibrated.json --embedding-dim 32 --num-layers 1
+  fstrain calibrate -o calibrated.json --from-shards shuffled/ --shard-steps 4 --embedding-dim 32
   fsdata balance samples.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
 """
 
@@ -74,13 +75,14 @@ def _add_timing_flags(p: argparse.ArgumentParser, repeats: int = 5) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per batch (default {repeats})")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steady timings)")
+    add_num_threads_flag(p, default=1, help="torch CPU threads (default 1: steady timings)", deprecated=("--threads",))
     p.add_argument("--clock", choices=("auto", "thread", "wall"), default="auto",
                    help="auto: thread CPU time on CPU with 1 thread, else wall")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fstrain", description=__doc__.splitlines()[0])
+    add_version_flag(parser, "fstrain")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -118,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one process trains on each step's whole global batch (all rank files): the update of "
                         "num_ranks ranks, for quality measurements on a small machine")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    add_common_flags(t, name="fstrain")
     _add_model_flags(t)
 
     e = sub.add_parser("evaluate", help="HR@10/NDCG@10 of a checkpoint on a held-out file", epilog=_EVAL_EPILOG,
@@ -131,9 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--padding-id", type=int, default=0, help="item id excluded from the candidates (-1: none; default 0)")
     e.add_argument("--max-users", type=int, default=None,
                    help="evaluate a fixed seeded sample of this many users (default: all)")
-    e.add_argument("--backend", choices=("auto", "gloo", "nccl", "shm"), default="auto")
-    e.add_argument("--out", default=None, help="also write the result JSON here")
+    e.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="process-group backend when run under torchrun (default auto)")
+    add_output_flag(e, help="also write the result JSON here", deprecated=("--out",))
     e.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_common_flags(e, progress=False, name="fstrain")
     _add_model_flags(e)
     # model flags override the config recorded in the checkpoint only when given
     e.set_defaults(embedding_dim=None, num_layers=None, num_heads=None, num_negatives=None, max_seq_len=None,
@@ -146,12 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-steps", type=int, default=4, help="replay the first K steps (default 4)")
     r.add_argument("--statistic", choices=("median", "min"), default="median", help="of the repeats")
     r.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    r.add_argument("--out", default=None, help="also write the full result (per-step times) to this JSON file")
+    add_output_flag(r, help="also write the full result (per-step times) to this JSON file", deprecated=("--out",))
     r.add_argument("--no-null-control", action="store_true",
                    help="skip the null control (rank 0's batch timed as every rank; halves the timed work)")
-    prog = r.add_mutually_exclusive_group()
-    prog.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a TTY")
-    prog.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_common_flags(r, name="fstrain")
     _add_timing_flags(r, repeats=3)
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
 
@@ -163,10 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="page to write (default: METRICS_DIR/report.html); PNGs go beside it")
     rp.add_argument("--input", default=None, help="the balance INPUT, when sample_ids are not its row numbers")
     rp.add_argument("--json", action="store_true", help="print the written paths and figures as JSON")
+    add_common_flags(rp, progress=False, name="fstrain")
 
     c = sub.add_parser("calibrate", help="fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                        epilog=_CALIBRATE_EPILOG, formatter_class=fmt)
-    c.add_argument("--output", "-o", required=True, help="JSON file for fsdata balance --cost-model")
+    add_output_flag(c, required=True, help="JSON file for fsdata balance --cost-model")
     c.add_argument("--lengths", default="4,16,48,96,160,256,384,512", help="comma-separated grid lengths")
     c.add_argument("--batch-sizes", default="8,32", help="comma-separated samples per batch")
     c.add_argument("--mixed", type=int, default=12, help="extra batches of random grid lengths (default 12)")
@@ -175,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shard-steps", type=int, default=4, help="steps of --from-shards to time (default 4)")
     c.add_argument("--name", default=None, help="cost model name recorded in manifests")
     c.add_argument("--json", action="store_true", help="print the fit as JSON")
+    add_common_flags(c, name="fstrain")
     _add_timing_flags(c)
     _add_model_flags(c)
     return parser
@@ -213,6 +218,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
                       checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
                       metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
+                      progress=resolve_progress(a.progress),
                       collective_timeout_seconds=a.collective_timeout_seconds,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       eval_data=a.eval_data, eval_every_steps=a.eval_every_steps,
@@ -242,6 +248,9 @@ def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     if a.k < 1 or a.batch_size < 1:
         parser.error(f"--k and --batch-size must be >= 1, got {a.k} and {a.batch_size}")
+    if a.output:
+        check_output_apart(a.output, [a.checkpoint, a.eval_data], output_name="--output",
+                           input_name="CHECKPOINT or EVAL_DATA")
     given = {k: v for k, v in _model_kwargs(a).items() if v is not None}
     try:
         res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
@@ -253,8 +262,8 @@ def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         if dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        if a.out:
-            write_json(res, a.out)
+        if a.output:
+            write_json(res, a.output)
         if a.json:
             print(json.dumps(res, sort_keys=True))
         else:
@@ -274,8 +283,7 @@ def _progress_bar(a: argparse.Namespace, total: int):
     """tqdm on stderr: shown on a TTY, forced with --progress, hidden with --no-progress."""
     from tqdm import tqdm
 
-    disable = True if a.no_progress else (False if a.progress else None)  # None: only on a TTY
-    return tqdm(total=total, unit="step", desc="replay", disable=disable, file=sys.stderr)
+    return tqdm(total=total, unit="step", desc="replay", disable=not resolve_progress(a.progress), file=sys.stderr)
 
 
 def _replay_row(label: str, r: dict) -> str:
@@ -291,10 +299,10 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
-    if a.out:
-        check_output_apart(a.out, [a.shards, a.baseline], output_name="--out", input_name="shards")
+    if a.output:
+        check_output_apart(a.output, [a.shards, a.baseline], output_name="--output", input_name="shards")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
-              device=a.device, num_threads=a.threads, clock=a.clock, statistic=a.statistic,
+              device=a.device, num_threads=a.num_threads, clock=a.clock, statistic=a.statistic,
               null_control=not a.no_null_control)
     runs = [a.shards] + ([a.baseline] if a.baseline else [])
     bar = _progress_bar(a, total=0)
@@ -322,8 +330,8 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if "null_bubble" in res:
             res["measured_reduction_minus_null"] = reduction(max(0.0, res["measured_bubble_minus_null"]),
                                                              max(0.0, base["measured_bubble_minus_null"]))
-    if a.out:
-        write_json(res, a.out)
+    if a.output:
+        write_json(res, a.output)
     brief = {k: v for k, v in res.items() if k not in _REPLAY_BRIEF_DROP}
     if a.json:
         print(json.dumps(brief, sort_keys=True))
@@ -369,10 +377,19 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if a.shard_steps < 1:
         parser.error(f"--shard-steps must be >= 1, got {a.shard_steps}")
     extra = shard_batches(a.from_shards, a.shard_steps) if a.from_shards else None
-    res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
-                    extra_batches=extra,
-                    warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.threads,
-                    clock=a.clock, name=a.name)
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, unit="batch", desc="calibrate", disable=not resolve_progress(a.progress), file=sys.stderr)
+
+    def tick(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(1)
+
+    with bar:
+        res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
+                        extra_batches=extra, progress=tick,
+                        warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.num_threads,
+                        clock=a.clock, name=a.name)
     write_json(res, a.output)
     if a.json:
         print(json.dumps({k: v for k, v in res.items() if k != "measurements"}, sort_keys=True))
@@ -396,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def location() -> str | None:
         a = parsed[0] if parsed else None
-        return a and next((getattr(a, k) for k in ("output", "out", "metrics_dir", "checkpoint_dir")
+        return a and next((getattr(a, k) for k in ("output", "metrics_dir", "checkpoint_dir")
                            if getattr(a, k, None)), None)
 
     return run_main("fstrain", body, location)
@@ -404,8 +421,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    logging.getLogger("fstrain").setLevel(logging.INFO)
+    configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                      force=True)
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
     try:

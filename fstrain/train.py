@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -73,6 +74,8 @@ class TrainConfig:
     steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
     """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
+    progress: bool = False
+    """Rank 0 shows a progress bar of the steps on stderr (``fstrain train --progress``)."""
     tensorboard_dir: str | None = None
     """Where rank 0 writes TensorBoard event files (:mod:`fstrain.steplog`); ``None``: none."""
     collective_timeout_seconds: float = 120.0
@@ -356,6 +359,11 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         source = pipeline_steps(pipe, host, env.rank, lag=lag)
     else:
         source = reader
+    from tqdm import tqdm
+
+    total_steps = manifest.num_steps - start if max_steps is None else min(max_steps, manifest.num_steps - start)
+    bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
+               file=sys.stderr)
     for item in source:
         timing = None
         if pipe:
@@ -376,6 +384,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             batch_step = batch.step
         step = batch_step + 1
         steplog.add(batch_step, loss_sum, n, timing)
+        bar.update(1)
         guard.step(step)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
@@ -403,6 +412,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             if metrics:
                 steplog.log_eval(step, metrics)
             guard.step(step)  # an evaluation is progress, not a hang
+    bar.close()
     if pipe:
         pipe.close()  # flushes
     if evaluator and step > start:

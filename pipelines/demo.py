@@ -17,7 +17,8 @@ numbers are the ones ``fsdata profile``/``balance`` print for the same data. ``-
 quadratic`` (``L^2 + 64 L``, attention-dominated) reproduces the higher "before" bubbles in
 docs/fsdata.md; the demo prints which model it used.
 
-Run: ``python -m pipelines.demo [--out demo-output] [--ranks 256] [--batch-size-per-rank 32]``.
+Run: ``python -m pipelines.demo [-o demo-output] [--ranks 256] [--batch-size-per-rank 32] [--json]``
+(``--json``: the summary as one JSON object on stdout, the lines a person reads on stderr).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdata.cliutil import add_progress_flag, resolve_progress
+from fsdata.cliutil import add_common_flags, add_json_flag, add_output_flag, configure_logging, resolve_progress
 from pipelines.nightly import NightlyConfig, run_nightly
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -53,25 +54,33 @@ def synthetic_input(out_dir: Path, num_samples: int = 300_000, seed: int = 0) ->
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's flags (the CLI convention of fsdata.cliutil)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(REPO_ROOT / "demo-output"))
+    add_output_flag(p, default=str(REPO_ROOT / "demo-output"), metavar="DIR", deprecated=("--out",),
+                    help="folder for everything the demo writes (default: demo-output/ in the repository)")
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--batch-size-per-rank", type=int, default=32)
     p.add_argument("--cost-model", default="hstu", help="per-sample cost model (default hstu, the fsdata default)")
     p.add_argument("--train-steps", type=int, default=30, help="steps of the closing training run (0: skip)")
-    add_progress_flag(p)
-    a = p.parse_args(argv)
+    add_json_flag(p, "print the summary as one JSON object on stdout (the readable lines go to stderr)")
+    add_common_flags(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     progress = resolve_progress(a.progress)  # bars only on a terminal: `make demo > log` stays clean
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    out = Path(a.out)
+    configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(name)s: %(message)s")
+    say = _say(a.json)
+    out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
     if ML1M.exists():
-        print(f"demo: MovieLens-1M from {ML1M} (per-event samples, history <= 512)")
+        say(f"demo: MovieLens-1M from {ML1M} (per-event samples, history <= 512)")
         cfg = NightlyConfig(input=str(ML1M), format="sequences", samples="per-event", max_seq_len=512,
                             num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model)
     else:
-        print(f"demo: {DATASETS} is absent; using generated heavy-tailed samples")
+        say(f"demo: {DATASETS} is absent; using generated heavy-tailed samples")
         cfg = NightlyConfig(input=str(synthetic_input(out)), format="samples", num_ranks=a.ranks,
                             batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model)
     r = run_nightly(cfg, out / "nightly", progress=progress)
@@ -80,23 +89,45 @@ def main(argv: list[str] | None = None) -> int:
     converted = Path(r["run_dir"]) / "samples.parquet"
     samples = converted if converted.exists() else Path(cfg.input)
     report_html = out / "nightly" / "latest" / "report.html"  # written by the nightly job with each run
-    print()
-    print(f"output:            {out / 'nightly' / 'latest' / 'shards'}  (-> {shards})")
-    print(f"cost model:        {a.cost_model}" + ("  (the fsdata default; --cost-model quadratic weighs attention "
+    say()
+    say(f"output:            {out / 'nightly' / 'latest' / 'shards'}  (-> {shards})")
+    say(f"cost model:        {a.cost_model}" + ("  (the fsdata default; --cost-model quadratic weighs attention "
                                                   "more and gives higher 'before' bubbles)" if a.cost_model == "hstu"
                                                   else "  (the fsdata default is hstu)"))
-    print(f"ranks x steps:     {v['num_ranks']} x {v['num_steps']}, {v['num_samples_written']:,} samples written, "
+    say(f"ranks x steps:     {v['num_ranks']} x {v['num_steps']}, {v['num_samples_written']:,} samples written, "
           f"{v['num_samples_dropped']:,} dropped (listed in the manifest)")
-    print(f"bubble before:     {v['baseline_predicted_bubble']:.2%}  (shuffled, equal counts per rank: today)")
-    print(f"bubble after:      {v['predicted_bubble']:.4%}  (fsdata balance, verified)")
-    print(f"report:            {report_html.resolve().as_uri()}  (open in a browser; PNGs beside it)")
+    say(f"bubble before:     {v['baseline_predicted_bubble']:.2%}  (shuffled, equal counts per rank: today)")
+    say(f"bubble after:      {v['predicted_bubble']:.4%}  (fsdata balance, verified)")
+    say(f"report:            {report_html.resolve().as_uri()}  (open in a browser; PNGs beside it)")
+    summary = {"output": str(out), "shards": str(out / "nightly" / "latest" / "shards"), "run_dir": r["run_dir"],
+               "cost_model": a.cost_model, "num_ranks": v["num_ranks"], "num_steps": v["num_steps"],
+               "num_samples_written": v["num_samples_written"], "num_samples_dropped": v["num_samples_dropped"],
+               "baseline_predicted_bubble": v["baseline_predicted_bubble"], "predicted_bubble": v["predicted_bubble"],
+               "report": str(report_html.resolve())}
     if a.train_steps > 0:
-        train_demo(samples, out, a.train_steps, progress=progress)
+        trained = train_demo(samples, out, a.train_steps, progress=progress, say=say)
+        summary["train"] = {k: trained[k] for k in ("num_steps", "measured_bubble") if k in trained}
+        summary |= {"train_metrics": str(out / "train-metrics"),
+                    "train_report": str((out / "train-report.html").resolve()), "tensorboard": str(out / "tensorboard")}
+    if a.json:
+        print(json.dumps(summary, indent=2))
     return 0
 
 
-def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -> dict:
+def _say(to_stderr: bool):
+    """``print`` for the readable lines: on stdout, or on stderr when stdout carries ``--json``."""
+    return (lambda *args: print(*args, file=sys.stderr)) if to_stderr else print
+
+
+def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True, say=print) -> dict:
     """Balance ``samples`` for 2 ranks and train ``steps`` steps on them with 2 processes.
+
+    Args:
+        samples: the sample Parquet to balance for 2 ranks.
+        out: the demo's output folder.
+        steps: training steps.
+        progress: show progress bars.
+        say: prints the readable lines (``print``, or to stderr under ``--json``).
 
     Returns:
         The rank-0 training summary (``measured_bubble``, ``num_steps``, ...).
@@ -118,21 +149,22 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -
            "-m", "fstrain.cli", "train", str(shards), "--max-steps", str(steps), "--log-every-steps", "5",
            "--pipeline", "prioritized", "--backend", "shm", "--metrics-dir", str(metrics),
            "--tensorboard-dir", str(tensorboard),
-           "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64", "--json"]
-    print()
-    print("training: " + " ".join(cmd[2:]))
+           "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64", "--json",
+           "--progress" if progress else "--no-progress"]
+    say()
+    say("training: " + " ".join(cmd[2:]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=1800)
     if proc.returncode:
         raise RuntimeError(f"training failed with status {proc.returncode}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"trained:           {summary['num_steps']} steps on 2 ranks (prioritized pipeline, shm backend); "
+    say(f"trained:           {summary['num_steps']} steps on 2 ranks (prioritized pipeline, shm backend); "
           f"measured bubble {summary['measured_bubble']:.2%}; metrics in {metrics}")
     from fstrain.report import write_train_report
 
     report = write_train_report(shards, metrics, out / "train-report.html", input_path=samples)
-    print(f"training report:   {Path(report['html']).resolve().as_uri()}")
-    print(f"tensorboard:       tensorboard --logdir {tensorboard}  (then open http://localhost:6006)")
+    say(f"training report:   {Path(report['html']).resolve().as_uri()}")
+    say(f"tensorboard:       tensorboard --logdir {tensorboard}  (then open http://localhost:6006)")
     return summary
 
 

@@ -1,6 +1,6 @@
 """The nightly preprocessing job on one machine: convert, profile, balance, verify, publish.
 
-Composition only (the logic lives in :mod:`fsdata`). Layout under ``--work-dir``::
+Composition only (the logic lives in :mod:`fsdata`). Layout under the work folder ``-o/--output``::
 
     .nightly.lock                    # held while a run works (filelock); one run at a time
     .nightly.lock.holder             # JSON: pid, host, start time and command of the holder
@@ -26,8 +26,8 @@ target). A failure never touches ``latest``: trainers keep reading the previous 
 Usage::
 
     python -m pipelines.nightly --input ../shared/datasets/ml-1m_ensfm/sequences.txt --format sequences \\
-        --samples per-event --max-seq-len 512 --work-dir nightly/ --ranks 256 --batch-size-per-rank 32
-    python -m pipelines.nightly --work-dir nightly/ --rollback 3f2a9c0d1e2b4a5f
+        --samples per-event --max-seq-len 512 --output nightly/ --ranks 256 --batch-size-per-rank 32
+    python -m pipelines.nightly --output nightly/ --rollback 3f2a9c0d1e2b4a5f
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
 from fsdata.balance import BalanceSettings, balance, sha256_file
+from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, configure_logging,
+                            resolve_progress, run_main)
 from fsdata.compose import DEFAULT_COMPOSE_WINDOW
-from fsdata.cliutil import add_progress_flag, resolve_progress, run_main
 from fsdata.convert import convert
 from fsdata.cost import load_cost_model
 from fsdata.errors import ConfigError, FsdataError
@@ -147,7 +148,7 @@ def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iter
     """Hold the work folder's lock (``filelock``); the holder is written next to it.
 
     Args:
-        work_dir: the ``--work-dir``; created if missing.
+        work_dir: the work folder (``--output``); created if missing.
         timeout_seconds: how long to wait for another run to finish (0: fail at once).
 
     Raises:
@@ -366,7 +367,7 @@ def _validate(cfg: NightlyConfig) -> None:
                           "(convert already writes the sample schema)")
 
 
-def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_workers: int,
+def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_threads: int,
            bucket_compression: str | None) -> dict:
     """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last."""
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": _iso(created_ns),
@@ -390,7 +391,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
     settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
                                cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
                                batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
-                               budget=cfg.budget, compose_window=cfg.compose_window, num_workers=num_workers,
+                               budget=cfg.budget, compose_window=cfg.compose_window, num_threads=num_threads,
                                bucket_compression=bucket_compression, progress=progress)
     manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
     checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
@@ -420,8 +421,8 @@ def _write_report(stage: Path, samples: str, columns: str | None) -> None:
 
 
 def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
-                num_workers: int = 2, bucket_compression: str | None = None,
-                lock_timeout_seconds: float = 0.0) -> dict:
+                num_threads: int = 2, bucket_compression: str | None = None,
+                lock_timeout_seconds: float = 0.0, num_workers: int | None = None) -> dict:
     """Run (or skip) the nightly job under the work folder's lock.
 
     Args:
@@ -430,9 +431,10 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
         progress: show progress bars.
         keep_runs: after a publish keep this many newest runs (>= 1; the published run and the last
             rollback target are always kept).
-        num_workers: threads writing rank files (does not change the output).
+        num_threads: threads writing rank files (does not change the output).
         bucket_compression: codec of balance's temporary buckets (does not change the output).
         lock_timeout_seconds: wait this long for a concurrent run (0: fail at once).
+        num_workers: deprecated name of ``num_threads`` (used when given).
 
     Returns:
         Dict with ``run_dir``, ``run_key``, ``skipped`` (already complete and intact), ``rebuilt``
@@ -442,14 +444,17 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
 
     Raises:
         LockHeldError: another run holds the lock.
-        ConfigError: impossible settings, ``keep_runs < 1``, or a ``--work-dir`` overlapping the input.
+        ConfigError: impossible settings, ``keep_runs < 1``, or a work folder (``--output``) overlapping
+            the input.
         FsdataError: any stage's user error; ``latest`` is left as it was and the failed run removed.
     """
     t0 = time.perf_counter()
     _validate(cfg)
     if keep_runs < 1:
         raise ConfigError(f"--keep-runs must be >= 1, got {keep_runs}")
-    check_output_apart(work_dir, [cfg.input], output_name="--work-dir", input_name="--input")
+    if num_workers is not None:
+        num_threads = num_workers
+    check_output_apart(work_dir, [cfg.input], output_name="--output", input_name="--input")
     work = Path(work_dir)
     with work_lock(work, lock_timeout_seconds):
         key = run_key(cfg)
@@ -472,7 +477,7 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
             stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             stage.mkdir()
             try:
-                _build(cfg, stage, key, created, progress=progress, num_workers=num_workers,
+                _build(cfg, stage, key, created, progress=progress, num_threads=num_threads,
                        bucket_compression=bucket_compression)
                 if run_dir.exists():
                     old = runs / f".{key}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -510,7 +515,7 @@ def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: flo
     """Publish an existing complete run on purpose, even if it is older than ``latest``.
 
     Args:
-        work_dir: the ``--work-dir``.
+        work_dir: the work folder (``--output``).
         run: a run key, or the path of a run folder under ``work_dir/runs``.
         lock_timeout_seconds: wait this long for a concurrent run.
 
@@ -524,7 +529,7 @@ def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: flo
     """
     work = Path(work_dir)
     if not work.is_dir():
-        raise ConfigError(f"--work-dir {work} does not exist; pass the folder of the nightly runs")
+        raise ConfigError(f"--output {work} does not exist; pass the folder of the nightly runs")
     with work_lock(work, lock_timeout_seconds):
         key = Path(run).name
         run_dir = work / "runs" / key
@@ -591,11 +596,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regroup the samples of W consecutive random global batches so heavy samples share "
                         f"steps in multiples of R (B per rank kept); 1 = off (default {DEFAULT_COMPOSE_WINDOW}, "
                         "see docs/balancer.md)")
-    b.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
     j = p.add_argument_group("job")
-    j.add_argument("--work-dir", required=True, help="folder of runs/, latest and the lock (must not hold the input)")
+    add_output_flag(j, metavar="DIR", deprecated=("--work-dir",),
+                    help="work folder of runs/, latest and the lock (must not hold the input); required")
     j.add_argument("--keep-runs", type=int, default=3,
                    help="after a publish, keep this many newest runs; the published run and the last rollback "
                         "target are always kept (default 3)")
@@ -605,20 +611,20 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--lock-timeout", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for a concurrent run holding the lock (default 0: fail at once)")
     j.add_argument("--json", action="store_true", help="print the result as JSON")
-    j.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    add_progress_flag(j)
+    add_common_flags(j)
     return p
 
 
 def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s")
+    configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(name)s: %(message)s")
+    if not a.output:
+        parser.error("the following arguments are required: -o/--output")
     if a.rollback:
-        r = rollback(a.work_dir, a.rollback, lock_timeout_seconds=a.lock_timeout)
+        r = rollback(a.output, a.rollback, lock_timeout_seconds=a.lock_timeout)
         if a.json:
             print(json.dumps({k: r[k] for k in ("run_dir", "run_key", "published", "previous")}, indent=2))
         else:
-            print(f"rolled back: {Path(a.work_dir) / 'latest'} -> {r['run_dir']} (was {r['previous']})")
+            print(f"rolled back: {Path(a.output) / 'latest'} -> {r['run_dir']} (was {r['previous']})")
         return 0
     if not a.input:
         parser.error("--input is required (unless --rollback RUN)")
@@ -628,8 +634,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model, seed=a.seed,
                         strategy=a.strategy, batch_policy=a.batch_policy, budget=a.budget,
                         partitioner=a.partitioner, remainder=a.remainder, compose_window=a.compose_window)
-    r = run_nightly(cfg, a.work_dir, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
-                    num_workers=a.num_workers,
+    r = run_nightly(cfg, a.output, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
+                    num_threads=a.num_threads,
                     bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
                     lock_timeout_seconds=a.lock_timeout)
     if a.json:
@@ -642,7 +648,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"complete, not published: {r['not_published_reason']}")
     else:
         state = "rebuilt and published" if r["rebuilt"] else "up to date" if r["skipped"] else "published"
-        print(f"{state}: {Path(a.work_dir) / 'latest'} -> {r['run_dir']}")
+        print(f"{state}: {Path(a.output) / 'latest'} -> {r['run_dir']}")
     print(f"  bubble before (equal counts) {v['baseline_predicted_bubble']:.2%}  after {v['predicted_bubble']:.4%}"
           f"  ({v['num_ranks']} ranks x {v['num_steps']} steps, {v['num_samples_written']:,} samples)")
     if v.get("warning"):
@@ -665,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nightly: error: {e}", file=sys.stderr)
             return 2
 
-    return run_main("nightly", body, lambda: parsed[0].work_dir if parsed else None)
+    return run_main("nightly", body, lambda: parsed[0].output if parsed else None)
 
 
 if __name__ == "__main__":

@@ -35,3 +35,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """Undo what a command's ``configure_logging`` did (root handlers, our loggers' levels).
+
+    A CLI run inside a test may install a root handler on that test's captured stderr
+    (``basicConfig(force=True)``) and set the ``fsdata``/``fstrain``/``pipelines`` levels; left in
+    place, a later test's log lines would go to a closed stream or change what it prints.
+    """
+    import logging
+
+    names = ("fsdata", "fstrain", "pipelines")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {n: logging.getLogger(n).level for n in names}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for n, lv in levels.items():
+        logging.getLogger(n).setLevel(lv)

@@ -172,7 +172,7 @@ def _closed_stdout(cmd: list[str]) -> subprocess.CompletedProcess:
     ["-m", "fsdata", "profile", "{inp}", "--ranks", "2", "--batch-size-per-rank", "4", "--json"],
     ["-m", "fstrain.cli", "--help"],
     ["-m", "pipelines.nightly", "--help"],
-    ["-m", "pipelines.nightly", "--input", "{inp}", "--format", "samples", "--work-dir", "{tmp}/w", "--ranks", "2",
+    ["-m", "pipelines.nightly", "--input", "{inp}", "--format", "samples", "--output", "{tmp}/w", "--ranks", "2",
      "--batch-size-per-rank", "4", "--partitioner", "lpt-swap", "--json"],
 ])
 def test_broken_pipe_exits_quietly(tmp_path, argv):

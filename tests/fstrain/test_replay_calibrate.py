@@ -37,11 +37,13 @@ def test_fit_batch_times_recovers_polynomial():
     assert fit.batch_overhead_seconds == pytest.approx(2e-3) and fit.max_relative_error < 1e-8
 
 
-def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path):
+def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path, capsys):
     out = tmp_path / "cal.json"
     assert main(["calibrate", "-o", str(out), "--lengths", "4,16,64", "--batch-sizes", "2,8", "--mixed", "2",
                  "--repeats", "1", "--warmup", "1", "--embedding-dim", "8", "--num-layers", "1", "--num-heads", "1",
-                 "--num-negatives", "4", "--max-seq-len", "64"]) == 0
+                 "--num-negatives", "4", "--max-seq-len", "64", "--progress"]) == 0
+    err = capsys.readouterr().err  # --progress: the bar (stderr) counts every timed batch, 3 x 2 grid + 2 mixed
+    assert "calibrate: 100%" in err and "8/8" in err, err
     obj = json.loads(out.read_text())
     assert obj["kind"] == "polynomial" and len(obj["coefficients"]) == 3
     assert obj["fit"]["num_measurements"] == 3 * 2 + 2
@@ -83,7 +85,7 @@ def test_replay_cli_json(tmp_path, capsys):
     bal = write_shards(str(tmp_path / "b"), num_ranks=2, num_steps=3, batch_size_per_rank=4)
     shuf = write_shards(str(tmp_path / "u"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
     assert main(["replay", bal, "--baseline", shuf, "--max-steps", "2", "--repeats", "1", "--warmup", "0",
-                 "--json", "--out", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
+                 "--json", "--output", str(tmp_path / "r.json"), "--embedding-dim", "8", "--num-layers", "1",
                  "--num-heads", "1", "--num-negatives", "4"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("measured_bubble", "predicted_bubble", "num_ranks", "num_steps", "measured_reduction",

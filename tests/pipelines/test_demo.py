@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from pipelines import demo
@@ -6,7 +8,7 @@ from pipelines import demo
 @pytest.mark.slow
 def test_demo_on_generated_data_when_datasets_are_absent(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "ML1M", tmp_path / "absent" / "sequences.txt")
-    rc = demo.main(["--out", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
+    rc = demo.main(["--output", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
                     "--train-steps", "0", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "using generated heavy-tailed samples" in out
@@ -26,7 +28,7 @@ def test_demo_training_writes_report_and_tensorboard(tmp_path, monkeypatch, caps
     monkeypatch.setattr(demo, "ML1M", tmp_path / "absent" / "sequences.txt")
     small = demo.synthetic_input
     monkeypatch.setattr(demo, "synthetic_input", lambda out: small(out, num_samples=20_000))
-    rc = demo.main(["--out", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
+    rc = demo.main(["--output", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
                     "--train-steps", "6", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -34,3 +36,17 @@ def test_demo_training_writes_report_and_tensorboard(tmp_path, monkeypatch, caps
     tb = tmp_path / "out" / "tensorboard"
     assert f"tensorboard --logdir {tb}" in out and "training report:" in out
     assert any(p.name.startswith("events.out.tfevents") for p in tb.iterdir())
+
+
+@pytest.mark.slow
+def test_demo_json_summary_on_stdout_readable_lines_on_stderr(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "ML1M", tmp_path / "absent" / "sequences.txt")
+    small = demo.synthetic_input
+    monkeypatch.setattr(demo, "synthetic_input", lambda out: small(out, num_samples=20_000))
+    rc = demo.main(["-o", str(tmp_path / "out"), "--ranks", "8", "--batch-size-per-rank", "16",
+                    "--train-steps", "0", "--no-progress", "--json"])
+    cap = capsys.readouterr()
+    obj = json.loads(cap.out)  # stdout is the JSON object alone
+    assert rc == 0 and obj["cost_model"] == "hstu" and obj["num_ranks"] == 8
+    assert obj["predicted_bubble"] < obj["baseline_predicted_bubble"] and obj["report"].endswith("report.html")
+    assert "bubble before:" in cap.err and "train" not in obj

@@ -66,7 +66,7 @@ def test_failure_keeps_previous_latest(tmp_path, monkeypatch):
 
 
 def test_cli_missing_input(tmp_path, capsys):
-    rc = nightly.main(["--input", str(tmp_path / "none.txt"), "--work-dir", str(tmp_path / "w"), "--no-progress"])
+    rc = nightly.main(["--input", str(tmp_path / "none.txt"), "--output", str(tmp_path / "w"), "--no-progress"])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "w" / "latest").exists()
 
@@ -74,7 +74,7 @@ def test_cli_missing_input(tmp_path, capsys):
 @pytest.mark.slow
 def test_real_toys_per_user(tmp_path, capsys):
     src = dataset_path("s3rec_toys_and_games/Toys_and_Games.txt")
-    rc = nightly.main(["--input", str(src), "--format", "sequences", "--samples", "per-user", "--work-dir",
+    rc = nightly.main(["--input", str(src), "--format", "sequences", "--samples", "per-user", "--output",
                        str(tmp_path / "w"), "--ranks", "8", "--batch-size-per-rank", "32", "--no-progress", "--json"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
@@ -97,7 +97,7 @@ def test_killed_run_leaves_latest_intact(tmp_path):
     big = write_samples(tmp_path / "big.parquet", n=200_000)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.nightly", "--input", str(big), "--format", "samples",
-                             "--work-dir", str(work), "--ranks", "8", "--batch-size-per-rank", "4", "--no-progress"],
+                             "--output", str(work), "--ranks", "8", "--batch-size-per-rank", "4", "--no-progress"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     started = False
@@ -140,7 +140,7 @@ def test_concurrent_run_blocked_with_holder_named(tmp_path, capsys):
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        rc = nightly.main(["--input", str(_seq(tmp_path)), "--work-dir", str(work), "--ranks", "4",
+        rc = nightly.main(["--input", str(_seq(tmp_path)), "--output", str(work), "--ranks", "4",
                            "--batch-size-per-rank", "8", "--no-progress"])
         err = capsys.readouterr().err
         assert rc == 2 and len(err.strip().splitlines()) == 1, err
@@ -164,12 +164,12 @@ def test_older_runs_command_does_not_move_latest_back(tmp_path, capsys):
     assert again["skipped"] and not again["published"] and f"--rollback {a['run_key']}" in again["not_published_reason"]
     assert _latest_key(work) == b["run_key"]
     # the same through the command line: one line says why, exit 0
-    rc = nightly.main(["--input", seq, "--work-dir", str(work), "--ranks", "4", "--batch-size-per-rank", "8",
+    rc = nightly.main(["--input", seq, "--output", str(work), "--ranks", "4", "--batch-size-per-rank", "8",
                        "--partitioner", "lpt-swap", "--seed", "0", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0 and "not published" in out and _latest_key(work) == b["run_key"]
     # an explicit rollback moves it back, and B's command then does not move it forward again
-    assert nightly.main(["--work-dir", str(work), "--rollback", a["run_key"]]) == 0
+    assert nightly.main(["--output", str(work), "--rollback", a["run_key"]]) == 0
     assert _latest_key(work) == a["run_key"]
     again_b = run_nightly(NightlyConfig(input=seq, seed=1, **FAST), work, progress=False)
     assert not again_b["published"] and "rolled back" in again_b["not_published_reason"]
@@ -182,7 +182,7 @@ def test_older_runs_command_does_not_move_latest_back(tmp_path, capsys):
 def test_rollback_unknown_run_is_one_line(tmp_path, capsys):
     work = tmp_path / "work"
     run_nightly(NightlyConfig(input=str(_seq(tmp_path)), **FAST), work, progress=False)
-    assert nightly.main(["--work-dir", str(work), "--rollback", "0123456789abcdef"]) == 2
+    assert nightly.main(["--output", str(work), "--rollback", "0123456789abcdef"]) == 2
     err = capsys.readouterr().err
     assert "no complete run" in err and len(err.strip().splitlines()) == 1
 
@@ -251,10 +251,10 @@ def test_work_dir_inside_or_containing_the_input_is_refused(tmp_path, capsys):
     data = write_samples(tmp_path / "data", n=256, num_files=2)
     before = sorted((p.name, p.stat().st_size) for p in data.iterdir())
     for work in (data, data / "nightly", tmp_path):
-        rc = nightly.main(["--input", str(data), "--format", "samples", "--work-dir", str(work), "--ranks", "4",
+        rc = nightly.main(["--input", str(data), "--format", "samples", "--output", str(work), "--ranks", "4",
                            "--batch-size-per-rank", "8", "--no-progress"])
         err = capsys.readouterr().err
-        assert rc == 2 and "--work-dir" in err and "outside the input" in err, err
+        assert rc == 2 and "--output" in err and "outside the input" in err, err
     assert sorted((p.name, p.stat().st_size) for p in data.iterdir()) == before
 
 
@@ -266,9 +266,9 @@ def test_every_flag_has_help_and_shared_flags_match_fsdata_balance():
         assert a.help, f"{a.option_strings} has no help text"
     sub = next(a for a in fsdata_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
     balance = {s: a for a in sub.choices["balance"]._actions for s in a.option_strings}
-    for flag in ("--columns", "--partitioner", "--remainder", "--num-workers", "--ranks", "--batch-size-per-rank",
-                 "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget", "--bucket-compression",
-                 "--json", "--progress", "--no-progress"):
+    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--num-workers", "--ranks",
+                 "--batch-size-per-rank", "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget",
+                 "--bucket-compression", "--json", "--progress", "--no-progress", "-v", "-q", "--version"):
         assert flag in ours and flag in balance, flag
         assert ours[flag].type == balance[flag].type and ours[flag].choices == balance[flag].choices, flag
 
@@ -283,9 +283,9 @@ def test_columns_and_balance_flags_reach_the_output(tmp_path):
     pq.write_table(t, tmp_path / "mine.parquet")
     work = tmp_path / "work"
     rc = nightly.main(["--input", str(tmp_path / "mine.parquet"), "--format", "samples", "--columns",
-                       "sample_id=id,item_ids=history", "--work-dir", str(work), "--ranks", "4",
+                       "sample_id=id,item_ids=history", "--output", str(work), "--ranks", "4",
                        "--batch-size-per-rank", "8", "--partitioner", "lpt-swap", "--remainder", "drop",
-                       "--num-workers", "1", "--no-progress"])
+                       "--num-threads", "1", "--no-progress"])
     assert rc == 0
     m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
     assert m["num_samples_input"] == 300 and m["num_samples_dropped"] == 300 % 32
