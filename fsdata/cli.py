@@ -1,4 +1,4 @@
-"""``fsdata`` command line: convert, profile, balance, verify.
+"""``fsdata`` command line: convert, profile, balance (= plan, write, finalize), verify, synth.
 
 Errors a user can cause print one line ``fsdata: error: ...`` on stderr and exit with status 2;
 nothing is written in that case.
@@ -32,6 +32,11 @@ _EPILOG_BALANCE = """examples:
   fsdata balance ml1m.parquet baseline/ --ranks 256 --batch-size-per-rank 32 --strategy shuffle
   fsdata balance ml1m.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
 """
+_EPILOG_STAGES = """the three stages of 'fsdata balance', run one by one (same output, byte for byte):
+  fsdata plan ml1m.parquet plan.parquet --ranks 256 --batch-size-per-rank 32
+  fsdata write ml1m.parquet plan.parquet shards/
+  fsdata finalize shards/ --plan plan.parquet
+"""
 _EPILOG_VERIFY = """examples:
   fsdata verify shards/ --input ml1m.parquet
 """
@@ -52,6 +57,25 @@ def _add_input_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, required=True, help="number of ranks R (world size)")
     p.add_argument("--batch-size-per-rank", type=int, required=True, help="samples per rank per step B")
     p.add_argument("--seed", type=int, default=0, help="seed of the global-batch shuffle (default 0)")
+
+
+def _add_plan_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
+                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
+    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
+                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
+    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
+    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
+                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
+    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
+                   help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
+
+
+def _add_write_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
+                        "decoded input size; lz4/zstd: less disk, more CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,25 +108,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_common(p)
 
-    p = sub.add_parser("balance", help="write pre-balanced, pre-sharded Parquet", epilog=_EPILOG_BALANCE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("balance", help="write pre-balanced, pre-sharded Parquet (plan + write + finalize)",
+                       epilog=_EPILOG_BALANCE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("output", help="OUTPUT folder (docs/format.md)")
     _add_input_opts(p)
-    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
-                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
-    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
-                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
-    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
-                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
-    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
-                   help="samples that do not fill a last step: drop (recorded in dropped.parquet) or error")
+    _add_plan_opts(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
-    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
-                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
-                        "decoded input size; lz4/zstd: less disk, more CPU)")
+    _add_write_opts(p)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_common(p)
+
+    p = sub.add_parser("plan", help="stage 1 of balance: write the plan (sample_id, step, rank, position) as Parquet",
+                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
+    p.add_argument("plan", help="plan Parquet file to write (docs/fsdata.md, 'Stages')")
+    _add_input_opts(p)
+    _add_plan_opts(p)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing plan")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _add_common(p)
+
+    p = sub.add_parser("write", help="stage 2 of balance: write the rank files of a plan",
+                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="the INPUT the plan was made from")
+    p.add_argument("plan", help="plan written by 'fsdata plan'")
+    p.add_argument("output", help="OUTPUT folder to create (rank files only; then run 'fsdata finalize')")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
+    _add_write_opts(p)
+    _add_common(p)
+
+    p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
+                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("output", help="OUTPUT folder written by 'fsdata write'")
+    p.add_argument("--plan", required=True, help="the plan the rank files were written from")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -165,43 +204,102 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_balance(a: argparse.Namespace) -> int:
-    from fsdata.balance import BalanceSettings, write_balanced
-    from fsdata.plan import DEFAULT_PARTITIONER, check_settings, make_plan
+def _settings_from_args(a: argparse.Namespace):
+    from fsdata.balance import BalanceSettings
+    from fsdata.plan import DEFAULT_PARTITIONER, check_settings
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
-    if Path(a.output).exists() and not a.overwrite:
-        raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
-    t0 = time.perf_counter()
-    src, cost_model, lengths, ids = _load_lengths(a)
-    t1 = time.perf_counter()
-    partitioner = a.partitioner or DEFAULT_PARTITIONER
-    settings = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
-                               strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
-                               partitioner=partitioner, budget=a.budget, num_workers=a.num_workers,
-                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
-                               progress=not a.no_progress)
-    log.info("planning %d samples for %d ranks x %d", len(lengths), a.ranks, a.batch_size_per_rank)
-    plan = make_plan(cost_model.cost(lengths), num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank,
-                     seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy, remainder=a.remainder,
-                     partitioner=partitioner, budget=a.budget)
-    timings = {"read_lengths": t1 - t0, "plan": time.perf_counter() - t1}
-    m = write_balanced(src, a.output, plan, ids, cost_model, settings, overwrite=a.overwrite, timings=timings)
+    return BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
+                           columns=a.columns, seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy,
+                           remainder=a.remainder, partitioner=a.partitioner or DEFAULT_PARTITIONER, budget=a.budget,
+                           num_workers=getattr(a, "num_workers", 2),
+                           bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
+                           else a.bucket_compression,
+                           progress=not a.no_progress, overwrite=a.overwrite)
+
+
+def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
     summary["output"] = str(a.output)
-    summary["stage_seconds"] = timings
+    if timings is not None:
+        summary["stage_seconds"] = timings
     if a.json:
         print(json.dumps(summary, indent=2))
     else:
         print(f"wrote {a.output}: {m['num_ranks']} ranks x {m['num_steps']} steps, "
               f"{m['num_samples_written']:,} samples ({m['num_samples_dropped']:,} dropped, see manifest)")
-        print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({a.strategy}, {a.batch_policy})")
+        print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({m['strategy']}, {m['batch_policy']})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
         print(f"  lower bound        {m['lower_bound_bubble']:.4%}  (equal counts)")
-        print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        if timings:
+            print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+
+
+def _cmd_balance(a: argparse.Namespace) -> int:
+    from fsdata.balance import balance
+
+    settings = _settings_from_args(a)
+    log.info("balancing %s for %d ranks x %d", a.input, a.ranks, a.batch_size_per_rank)
+    timings: dict[str, float] = {}
+    m = balance(a.input, a.output, settings, timings=timings)
+    _print_manifest_summary(a, m.to_json(), timings)
+    return 0
+
+
+def _cmd_plan(a: argparse.Namespace) -> int:
+    from fsdata.balance import make_plan_table, write_plan
+    from fsdata.io import open_samples
+
+    settings = _settings_from_args(a)
+    if Path(a.plan).exists() and not a.overwrite:
+        raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
+    table = make_plan_table(open_samples(a.input, a.columns), settings)
+    write_plan(a.plan, table, overwrite=a.overwrite)
+    m = table.meta
+    out = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "num_samples_input",
+                             "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
+    out["plan"] = str(a.plan)
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"wrote plan {a.plan}: {m['num_ranks']} ranks x {m['num_steps']} steps, "
+              f"{m['num_samples_input']:,} input samples; predicted bubble {m['predicted_bubble']:.4%} "
+              f"(equal-count today {m['baseline_predicted_bubble']:.4%})")
+    return 0
+
+
+def _cmd_write(a: argparse.Namespace) -> int:
+    from fsdata.atomic import atomic_output
+    from fsdata.balance import BalanceSettings, read_plan, write_ranks
+    from fsdata.io import open_samples
+
+    plan = read_plan(a.plan)
+    s = plan.meta.get("settings", {})
+    src = open_samples(a.input, s.get("input_columns_renamed") or None)
+    from fsdata.balance import input_digest
+
+    if input_digest(src) != plan.meta.get("input_digest"):
+        raise FsdataError(f"input {a.input} is not the input plan {a.plan} was made from (input digests differ); "
+                          "rerun 'fsdata plan' on this input")
+    settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
+                               num_workers=a.num_workers, progress=not a.no_progress,
+                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
+    with atomic_output(a.output, overwrite=a.overwrite) as tmp:
+        files = write_ranks(src, plan, tmp, settings)
+    print(f"wrote {len(files)} rank files to {a.output}; run 'fsdata finalize {a.output} --plan {a.plan}'")
+    return 0
+
+
+def _cmd_finalize(a: argparse.Namespace) -> int:
+    from fsdata.balance import finalize, read_plan
+
+    if not Path(a.output).is_dir():
+        raise FsdataError(f"output {a.output} does not exist; write it with 'fsdata write INPUT PLAN OUTPUT'")
+    m = finalize(a.output, read_plan(a.plan))
+    _print_manifest_summary(a, m.to_json(), None)
     return 0
 
 
@@ -233,7 +331,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 
 
 COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_balance, "verify": _cmd_verify,
-            "synth": _cmd_synth}
+            "synth": _cmd_synth, "plan": _cmd_plan, "write": _cmd_write, "finalize": _cmd_finalize}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,12 +14,15 @@ column             Arrow type       meaning
                                     need not decode the lists (written by convert/synth)
 =================  ===============  ==================================================
 
-Sequence length ``L = len(item_ids)``. Shards add ``step`` (int32).
+Sequence length ``L = len(item_ids)``. Shards add ``step`` (int32) and ``rank`` (int32): these two
+names are reserved (an input column of either name is refused; see :data:`RESERVED_COLUMNS`).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+
+from fsdata import manifest as _M
 
 SAMPLE_ID = "sample_id"
 USER_ID = "user_id"
@@ -37,16 +40,16 @@ REQUIRED_COLUMNS: dict[str, pa.DataType] = {
 }
 OPTIONAL_COLUMNS: dict[str, pa.DataType] = {TIMESTAMPS: pa.list_(pa.int64()), SEQ_LEN: pa.int32()}
 
-#: Version of the shard layout and manifest (docs/format.md). Readers refuse other versions.
-FORMAT_VERSION = 1
-MANIFEST_NAME = "manifest.json"
-STEP_STATS_NAME = "step_stats.parquet"
-DROPPED_NAME = "dropped.parquet"
+#: Columns fsdata adds to rank files; an input may not carry a column of either name.
+RANK = "rank"
+RESERVED_COLUMNS = (STEP, RANK)
 
-
-def rank_dir_name(rank: int) -> str:
-    """Folder of one rank's shard inside an OUTPUT: ``rank=00000`` (hive style, 5 digits)."""
-    return f"rank={rank:05d}"
+#: Version of the shard layout and manifest written today (docs/format.md); see :mod:`fsdata.manifest`.
+FORMAT_VERSION = _M.FORMAT_VERSION
+MANIFEST_NAME = _M.MANIFEST_NAMES[_M.FORMAT_VERSION]
+STEP_STATS_NAME = _M.STEP_STATS_NAMES[_M.FORMAT_VERSION]
+DROPPED_NAME = _M.DROPPED_NAMES[_M.FORMAT_VERSION]
+rank_dir_name = _M.rank_dir_name
 
 
 def sample_schema(with_timestamps: bool = False, with_seq_len: bool = False) -> pa.Schema:
