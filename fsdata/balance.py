@@ -71,6 +71,10 @@ class BalanceSettings:
         bucket_compression: codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs
             temporary disk space about the decoded size of the input), ``lz4`` or ``zstd``.
         overwrite: replace an existing OUTPUT atomically.
+        engine: ``local`` (this process) or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
+            the output is byte-identical either way (not recorded in the manifest).
+        ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
+            ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
     """
 
     num_ranks: int
@@ -87,6 +91,8 @@ class BalanceSettings:
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
     overwrite: bool = False
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -598,6 +604,10 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
     Raises:
         InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
     """
+    if settings.engine != "local":
+        from fsdata.engines import run as run_engine
+
+        return run_engine(input, output, settings, timings=timings)
     if Path(output).exists() and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
     t0 = time.perf_counter()

@@ -31,6 +31,7 @@ _EPILOG_BALANCE = """examples:
   fsdata balance ml1m.parquet shards/ --ranks 256 --batch-size-per-rank 32
   fsdata balance ml1m.parquet baseline/ --ranks 256 --batch-size-per-rank 32 --strategy shuffle
   fsdata balance ml1m.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
+  fsdata balance ml1m.parquet shards/ --ranks 256 --batch-size-per-rank 32 --engine ray --ray-address HEAD:6379
 """
 _EPILOG_STAGES = """the three stages of 'fsdata balance', run one by one (same output, byte for byte):
   fsdata plan ml1m.parquet plan.parquet --ranks 256 --batch-size-per-rank 32
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_opts(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
+    p.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
+                        "the output is byte-identical")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
+                        "else a Ray instance on this machine)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -216,7 +223,8 @@ def _settings_from_args(a: argparse.Namespace):
                            num_workers=getattr(a, "num_workers", 2),
                            bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
                            else a.bucket_compression,
-                           progress=not a.no_progress, overwrite=a.overwrite)
+                           progress=not a.no_progress, overwrite=a.overwrite,
+                           engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None))
 
 
 def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:
