@@ -464,8 +464,9 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
             _get(ray, [verify_fn.remote(out, groups[g], counts[:, bounds[g]:bounds[g + 1]]) for g in range(G)])
             t4 = time.perf_counter()
             m = finalize(tmp, table, records)
+        t5 = time.perf_counter()
     m.path = str(output)
-    t.update(read_lengths=t1 - t0, plan=t2 - t1, write_ranks=t3 - t2, verify=t4 - t3, finalize=time.perf_counter() - t4)
+    t.update(read_lengths=t1 - t0, plan=t2 - t1, write_ranks=t3 - t2, verify=t4 - t3, finalize=t5 - t4)
     if timings is not None:
         timings.update(t)
     log.info("ray engine: %d chunks, %d rank groups, stage seconds %s", len(chunks), G, t)

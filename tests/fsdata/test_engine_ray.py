@@ -220,7 +220,7 @@ def test_two_node_cluster_via_ray_address(tmp_path):
     port = _free_port()
     addr = f"127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     common = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats",
               "--min-worker-port=0", "--max-worker-port=0"]
