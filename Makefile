@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v1
+STAMP := $(VENV)/.installed-v2
 TORCHREC := torchrec==1.9.2
 
 .PHONY: demo test test-fast bench venv clean
@@ -12,9 +12,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	$(PY) -m pip install -q --no-deps $(TORCHREC)
-	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools"
+	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools, ray.data, psutil"
 	touch $(STAMP)
 
 demo: $(STAMP)
