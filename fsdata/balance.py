@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -281,8 +281,11 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
-def make_plan_table(src: SampleSource, settings: BalanceSettings) -> PlanTable:
+def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
+                    timings: dict[str, float] | None = None) -> PlanTable:
     """Stage 1: read lengths, cost them, plan (:func:`fsdata.plan.make_plan`).
+
+    ``timings``, if given, receives seconds for ``read_lengths`` and ``plan``.
 
     Raises:
         InputError: bad input (including a reserved column name).
@@ -290,12 +293,17 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings) -> PlanTable:
     """
     check_reserved_columns(src)
     cost_model = load_cost_model(settings.cost_model)
+    t0 = time.perf_counter()
     lengths, ids = src.lengths_and_ids()
+    t1 = time.perf_counter()
     costs = cost_model.cost(lengths)
     plan = make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
                      seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget)
-    return plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    if timings is not None:
+        timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
+    return table
 
 
 def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = False) -> None:
@@ -581,6 +589,8 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
         predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
         lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=S.STEP_STATS_NAME,
+        step_stats_sha256=sha256_file(out / S.STEP_STATS_NAME),
+        dropped_sha256=sha256_file(out / dropped_file) if dropped_file else None,
         input_digest=meta["input_digest"], files=records, settings=meta["settings"],
         extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
     m.write(out)
@@ -589,13 +599,15 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
 
 def balance(input: str | os.PathLike, output: str | os.PathLike, settings: BalanceSettings, *,
             timings: dict[str, float] | None = None) -> Manifest:
-    """``fsdata balance``: plan, write and finalize in one process, atomically.
+    """``fsdata balance``: plan, write and finalize in one process, atomically; with
+    ``settings.engine == "ray"`` the same stages as Ray tasks (:mod:`fsdata.engines.ray`,
+    docs/cluster.md), byte-identical output.
 
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
         output: the OUTPUT folder; must not exist unless ``settings.overwrite``.
         settings: every setting (:class:`BalanceSettings`).
-        timings: if given, filled with seconds per stage (``read_lengths_and_plan``, ``write_ranks``,
+        timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``).
 
     Returns:
@@ -610,9 +622,9 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         return run_engine(input, output, settings, timings=timings)
     if Path(output).exists() and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
-    t0 = time.perf_counter()
     src = open_samples(input, settings.columns)
-    plan = make_plan_table(src, settings)
+    stage: dict[str, float] = {}
+    plan = make_plan_table(src, settings, timings=stage)
     t1 = time.perf_counter()
     with atomic_output(output, overwrite=settings.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
@@ -620,7 +632,7 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         m = finalize(tmp, plan, files)
     m.path = str(output)
     if timings is not None:
-        timings.update(read_lengths_and_plan=t1 - t0, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
+        timings.update(**stage, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
     return m
 
 

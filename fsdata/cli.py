@@ -10,7 +10,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 from fsdata.errors import FsdataError
@@ -61,6 +60,7 @@ def _add_input_opts(p: argparse.ArgumentParser) -> None:
 
 
 def _add_plan_opts(p: argparse.ArgumentParser) -> None:
+    """The planning flags of ``fsdata plan`` (the same as ``fsdata balance``'s; keep them in step)."""
     p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
                    help="balanced (default) or shuffle: today's equal-count practice, same layout")
     p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
@@ -114,9 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("output", help="OUTPUT folder (docs/format.md)")
     _add_input_opts(p)
-    _add_plan_opts(p)
+    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
+                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
+    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
+                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
+    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
+    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
+                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
+    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
+                   help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    _add_write_opts(p)
+    p.add_argument("--num-workers", type=int, default=2, help="threads for writing rank files (default 2)")
+    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
+                        "decoded input size; lz4/zstd: less disk, more CPU)")
     p.add_argument("--engine", default="local", choices=["local", "ray"],
                    help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
                         "the output is byte-identical")

@@ -32,8 +32,10 @@ DROPPED_NAMES = {2: "_dropped.parquet", 1: "dropped.parquet"}
 KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy",
         "strategy", "num_samples_input", "num_samples_written", "num_samples_dropped", "remainder_policy",
         "dropped_file", "cost_model", "seed", "predicted_bubble", "baseline_predicted_bubble",
-        "lower_bound_bubble", "columns", "step_stats_file", "input_digest", "files", "settings")
+        "lower_bound_bubble", "columns", "step_stats_file", "step_stats_sha256", "dropped_sha256", "input_digest",
+        "files", "settings")
 _REQUIRED = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "files")
+_V2_KEYS = ("fsdata_version", "input_digest", "step_stats_sha256", "dropped_sha256")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -71,7 +73,7 @@ def find_manifest(output: str | os.PathLike) -> Path:
         p = out / MANIFEST_NAMES[version]
         if p.is_file():
             return p
-    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} does not exist (nor the v1 manifest.json): "
+    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} not found (nor the v1 manifest.json): "
                         f"{out} is not an 'fsdata balance' OUTPUT; create one with 'fsdata balance INPUT OUTPUT "
                         "--ranks R --batch-size-per-rank B'", kind="missing")
 
@@ -135,6 +137,8 @@ class Manifest:
         predicted_bubble, baseline_predicted_bubble, lower_bound_bubble: run bubbles (None when absent).
         columns: columns of the rank files.
         step_stats_file: name of the step-stats file.
+        step_stats_sha256, dropped_sha256: SHA-256 of the step-stats and dropped files (v2; the
+            latter None without a dropped file).
         fsdata_version: the fsdata that wrote it (v2).
         input_digest: digest of the input (v2; see :func:`fsdata.balance.input_digest`).
         settings: every creation setting.
@@ -161,6 +165,8 @@ class Manifest:
     lower_bound_bubble: float | None = None
     columns: list[str] = field(default_factory=list)
     step_stats_file: str | None = None
+    step_stats_sha256: str | None = None
+    dropped_sha256: str | None = None
     fsdata_version: str | None = None
     input_digest: str | None = None
     settings: dict = field(default_factory=dict)
@@ -171,6 +177,11 @@ class Manifest:
         """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path)."""
         return os.path.join(self.path, self.files[rank].path)
 
+    @property
+    def raw(self) -> dict:
+        """The manifest's JSON value (:meth:`to_json`)."""
+        return self.to_json()
+
     def to_json(self) -> dict:
         """The manifest as written: :data:`KEYS` in order (v2 keys omitted for a v1 manifest when
         unset), then :attr:`extra`."""
@@ -179,7 +190,7 @@ class Manifest:
             v = getattr(self, k)
             if k == "files":
                 v = [f.to_json() for f in v]
-            if self.format_version == 1 and k in ("fsdata_version", "input_digest") and v is None:
+            if self.format_version == 1 and k in _V2_KEYS and v is None:
                 continue
             out[k] = v
         out.update(self.extra)
@@ -247,7 +258,7 @@ class Manifest:
         settings = raw.get("settings") or {}
         if not isinstance(settings, dict):
             raise ManifestError(f"{where}: 'settings' is not an object; rerun 'fsdata balance'")
-        for k in ("dropped_file", "step_stats_file", "fsdata_version", "input_digest"):
+        for k in ("dropped_file", "step_stats_file", *_V2_KEYS):
             v = raw.get(k)
             if v is not None and not isinstance(v, str):
                 raise ManifestError(f"{where}: '{k}' is {v!r}, expected a string or null; rerun 'fsdata balance'")
@@ -265,6 +276,7 @@ class Manifest:
             baseline_predicted_bubble=_float_or_none(raw, "baseline_predicted_bubble", where),
             lower_bound_bubble=_float_or_none(raw, "lower_bound_bubble", where),
             columns=list(columns), step_stats_file=raw.get("step_stats_file"),
+            step_stats_sha256=raw.get("step_stats_sha256"), dropped_sha256=raw.get("dropped_sha256"),
             fsdata_version=raw.get("fsdata_version"), input_digest=raw.get("input_digest"), settings=settings,
             extra={k: v for k, v in raw.items() if k not in KEYS})
 

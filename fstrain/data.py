@@ -1,7 +1,8 @@
-"""Reading one rank's shard of an ``fsdata balance`` output (docs/format.md, format_version 1).
+"""Reading one rank's shard of an ``fsdata balance`` output (docs/format.md, format_version 2 and 1).
 
-:class:`ShardReader` opens ``OUTPUT/rank=XXXXX/part-00000.parquet``, checks it against
-``manifest.json`` and ``step_stats.parquet`` *before* any collective can run, streams its row
+:class:`ShardReader` opens the rank's file listed in the manifest (v2: ``rank-XXXXX/part-00000.parquet``),
+checks it against ``_manifest.json`` and ``_step_stats.parquet`` (v1: ``manifest.json``,
+``_step_stats.parquet``, read through :class:`fsdata.manifest.Manifest`) *before* any collective can run, streams its row
 groups (a row group holds whole steps, so memory is bounded by one row group) and yields one
 :class:`Batch` per step: the item histories as a jagged :class:`KeyedJaggedTensor` (no padding),
 the targets, this rank's sample count and the step's global sample count (for loss
@@ -13,13 +14,12 @@ Notation: ``B`` = samples of this rank in this step (varies under ``cost-budget`
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from fsdata import schema
+from fsdata import manifest as _M
+from fsdata.manifest import Manifest, ManifestError
 from fstrain.errors import ShardError, ShardMismatchError
 
 logger = logging.getLogger(__name__)
@@ -38,90 +40,39 @@ logger = logging.getLogger(__name__)
 HISTORY_KEY = schema.ITEM_IDS
 TARGET_KEY = schema.TARGET_ITEM_ID
 _READ_COLUMNS = [schema.STEP, schema.SAMPLE_ID, schema.ITEM_IDS, schema.TARGET_ITEM_ID]
-_MANIFEST_KEYS = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "files")
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """The parts of ``manifest.json`` a reader needs (docs/format.md).
-
-    Attributes:
-        path: the OUTPUT folder.
-        num_ranks: R, the world size the shards were written for.
-        num_steps: steps per rank (equal on every rank).
-        batch_size_per_rank: B (fixed policy) or the nominal B (cost-budget).
-        batch_policy: ``fixed`` or ``cost-budget``.
-        strategy: ``balanced`` or ``shuffle``.
-        files: rank -> (relative path, num_rows).
-        predicted_bubble: run bubble predicted by fsdata under ``cost_model`` (NaN if absent).
-        cost_model: the manifest's cost model JSON (may be empty).
-        raw: the whole manifest.
-    """
-
-    path: str
-    num_ranks: int
-    num_steps: int
-    batch_size_per_rank: int
-    batch_policy: str
-    strategy: str
-    files: dict[int, tuple[str, int]]
-    predicted_bubble: float
-    cost_model: dict
-    raw: dict = field(repr=False)
-
-    def rank_file(self, rank: int) -> str:
-        """Absolute path of ``rank``'s Parquet file."""
-        return os.path.join(self.path, self.files[rank][0])
 
 
 def load_manifest(shards_dir: str) -> Manifest:
-    """Read and validate ``shards_dir/manifest.json``.
+    """Read and validate an OUTPUT's manifest (``_manifest.json``; v1 ``manifest.json``) with
+    :meth:`fsdata.manifest.Manifest.read`, the one reader of the format.
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder.
 
     Returns:
-        The parsed :class:`Manifest`.
+        The parsed :class:`fsdata.manifest.Manifest` (``files[r].path`` / ``.num_rows``,
+        :meth:`~fsdata.manifest.Manifest.rank_file`).
 
     Raises:
-        ShardError: missing or unreadable manifest, missing keys, or a rank without a file.
-        ShardMismatchError: ``format_version`` is not :data:`fsdata.schema.FORMAT_VERSION`.
+        ShardError: missing, unreadable or malformed manifest, or a rank without a file.
+        ShardMismatchError: a ``format_version`` this fstrain does not read.
     """
-    path = os.path.join(shards_dir, schema.MANIFEST_NAME)
     try:
-        with open(path) as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise ShardError(f"{path} not found: {shards_dir} is not an fsdata balance output; "
-                         "create one with `python -m fsdata balance INPUT OUTPUT --ranks R ...`") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise ShardError(f"{path}: cannot read JSON ({e}); re-run fsdata balance") from None
-    missing = [k for k in _MANIFEST_KEYS if k not in raw]
-    if missing:
-        raise ShardError(f"{path}: missing keys {missing}; re-run fsdata balance")
-    if raw["format_version"] != schema.FORMAT_VERSION:
-        raise ShardMismatchError(
-            f"{path}: format_version {raw['format_version']} but this fstrain reads version "
-            f"{schema.FORMAT_VERSION}; re-run fsdata balance with a matching fsdata")
-    files = {int(e["rank"]): (e["path"], int(e["num_rows"])) for e in raw["files"]}
-    num_ranks = int(raw["num_ranks"])
-    absent = sorted(set(range(num_ranks)) - set(files))
-    if absent:
-        raise ShardError(f"{path}: num_ranks is {num_ranks} but ranks {absent[:8]} have no file entry; "
-                         "re-run fsdata balance")
-    pb = raw.get("predicted_bubble")
-    return Manifest(path=shards_dir, num_ranks=num_ranks, num_steps=int(raw["num_steps"]),
-                    batch_size_per_rank=int(raw["batch_size_per_rank"]),
-                    batch_policy=str(raw["batch_policy"]), strategy=str(raw.get("strategy", "")),
-                    files=files, predicted_bubble=float("nan") if pb is None else float(pb),
-                    cost_model=raw.get("cost_model") or {}, raw=raw)
+        m = Manifest.read(shards_dir)
+    except ManifestError as e:
+        if e.kind == "version":
+            raise ShardMismatchError(f"{e}") from None
+        raise ShardError(str(e)) from None
+    if m.predicted_bubble is None:
+        m.predicted_bubble = float("nan")
+    return m
 
 
 def load_step_counts(manifest: Manifest) -> np.ndarray:
     """Per-(step, rank) sample counts.
 
     Under ``fixed`` every entry is ``batch_size_per_rank``; under ``cost-budget`` they come from
-    ``step_stats.parquet``.
+    ``_step_stats.parquet``.
 
     Args:
         manifest: a loaded manifest.
@@ -130,11 +81,12 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
         shape ``[S x R]``, int64.
 
     Raises:
-        ShardError: ``step_stats.parquet`` is missing, unreadable, or does not cover every
+        ShardError: ``_step_stats.parquet`` is missing, unreadable, or does not cover every
             (step, rank) exactly once with at least one sample.
     """
     S, R = manifest.num_steps, manifest.num_ranks
-    stats_path = os.path.join(manifest.path, manifest.raw.get("step_stats_file") or schema.STEP_STATS_NAME)
+    stats_path = os.path.join(manifest.path, manifest.step_stats_file
+                              or _M.STEP_STATS_NAMES[manifest.format_version])
     if manifest.batch_policy == "fixed" and not os.path.exists(stats_path):
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
     try:
@@ -241,9 +193,9 @@ class ShardReader:
 
     Validation (all before the first batch, so no rank enters a collective with bad data): the
     manifest's ``format_version``, ``num_ranks == world_size``, this rank's file readable with
-    the row count of the manifest and of ``step_stats.parquet``, and its ``step`` statistics
+    the row count of the manifest and of ``_step_stats.parquet``, and its ``step`` statistics
     covering ``0 .. num_steps-1``. While streaming, every step is checked to hold exactly the
-    count ``step_stats.parquet`` gives.
+    count ``_step_stats.parquet`` gives.
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder.
@@ -293,7 +245,7 @@ class ShardReader:
         except (OSError, pa.ArrowException) as e:
             raise ShardError(f"rank {self.rank}: {path} is truncated or corrupt ({e}); "
                              "check it with `python -m fsdata verify` and re-run fsdata balance") from None
-        expected = m.files[self.rank][1]
+        expected = m.files[self.rank].num_rows
         if md.num_rows != expected or md.num_rows != int(self.local_counts.sum()):
             raise ShardError(f"rank {self.rank}: {path} has {md.num_rows} rows but the manifest says {expected} "
                              f"and step_stats {int(self.local_counts.sum())}; re-run fsdata balance")

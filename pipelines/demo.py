@@ -90,7 +90,7 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True) -
     from fsdata.cli import main as fsdata_main
 
     shards = out / "train-shards-2ranks"
-    if not (shards / "manifest.json").exists():
+    if not (shards / "_manifest.json").exists():
         rc = fsdata_main(["balance", str(samples), str(shards), "--ranks", "2", "--batch-size-per-rank", "32",
                           "--overwrite"] + ([] if progress else ["--no-progress"]))
         if rc:

@@ -120,4 +120,4 @@ def test_bad_cost_model_file(tmp_path, capsys):
 
 def test_verify_not_an_output(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 2
-    assert "manifest.json does not exist" in capsys.readouterr().err
+    assert "_manifest.json not found" in capsys.readouterr().err

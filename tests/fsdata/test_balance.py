@@ -27,7 +27,7 @@ def test_layout_invariants_and_manifest(tmp_path):
     inp = write_samples(tmp_path / "in.parquet", n=1000, with_timestamps=True)
     out = tmp_path / "out"
     assert _balance(inp, out, "--cost-model", "quadratic") == 0
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((out / "_manifest.json").read_text())
     for key in ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "num_samples_input",
                 "num_samples_written", "num_samples_dropped", "cost_model", "seed", "predicted_bubble",
                 "baseline_predicted_bubble", "files"):
@@ -35,24 +35,25 @@ def test_layout_invariants_and_manifest(tmp_path):
     assert m["num_ranks"] == 4 and m["num_steps"] == 1000 // 32
     assert m["num_samples_written"] == 31 * 32 and m["num_samples_dropped"] == 1000 - 31 * 32
     assert m["cost_model"]["coefficients"] == [0.0, 64.0, 1.0]
-    assert sorted(p.name for p in out.iterdir()) == ["dropped.parquet", "manifest.json"] + \
-        [f"rank={r:05d}" for r in range(4)] + ["step_stats.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["_dropped.parquet", "_manifest.json", "_step_stats.parquet"]
+                                                           + [f"rank-{r:05d}" for r in range(4)])
     ids = []
     for r in range(4):
-        t = pl.read_parquet(out / f"rank={r:05d}" / "part-00000.parquet")
-        assert t.columns == [S.SAMPLE_ID, S.USER_ID, S.ITEM_IDS, S.TARGET_ITEM_ID, S.TIMESTAMPS, S.STEP]
+        t = pl.read_parquet(out / f"rank-{r:05d}" / "part-00000.parquet")
+        assert t.columns == [S.SAMPLE_ID, S.USER_ID, S.ITEM_IDS, S.TARGET_ITEM_ID, S.TIMESTAMPS, S.STEP, S.RANK]
+        assert t.schema[S.RANK] == pl.Int32 and (t[S.RANK] == r).all()
         assert t.schema[S.STEP] == pl.Int32 and t.schema[S.ITEM_IDS] == pl.List(pl.Int64)
         assert t[S.STEP].is_sorted()
         assert (t.group_by(S.STEP).len()["len"] == 8).all() and t[S.STEP].n_unique() == 31
         assert (t[S.ITEM_IDS].list.len() == t[S.TIMESTAMPS].list.len()).all()
         ids.append(t[S.SAMPLE_ID].to_numpy())
     ids = np.concatenate(ids)
-    dropped = pl.read_parquet(out / "dropped.parquet")[S.SAMPLE_ID].to_numpy()
+    dropped = pl.read_parquet(out / "_dropped.parquet")[S.SAMPLE_ID].to_numpy()
     assert len(np.unique(ids)) == len(ids)
     assert sorted(np.concatenate([ids, dropped]).tolist()) == list(range(1000, 2000))
     # rows keep their content: compare against the input by sample_id
     src = pl.read_parquet(inp)
-    back = pl.concat([pl.read_parquet(out / f"rank={r:05d}" / "part-00000.parquet") for r in range(4)])
+    back = pl.concat([pl.read_parquet(out / f"rank-{r:05d}" / "part-00000.parquet") for r in range(4)])
     joined = back.join(src, on=S.SAMPLE_ID, suffix="_in")
     assert (joined[S.ITEM_IDS] == joined[S.ITEM_IDS + "_in"]).all()
     assert m["predicted_bubble"] < m["baseline_predicted_bubble"]
@@ -63,15 +64,15 @@ def test_balanced_beats_shuffle_and_shuffle_layout(tmp_path):
     inp = write_samples(tmp_path / "in.parquet", n=2048)
     assert _balance(inp, tmp_path / "bal", "--cost-model", "quadratic", B=64) == 0
     assert _balance(inp, tmp_path / "shuf", "--cost-model", "quadratic", "--strategy", "shuffle", B=64) == 0
-    mb = json.loads((tmp_path / "bal" / "manifest.json").read_text())
-    ms = json.loads((tmp_path / "shuf" / "manifest.json").read_text())
+    mb = json.loads((tmp_path / "bal" / "_manifest.json").read_text())
+    ms = json.loads((tmp_path / "shuf" / "_manifest.json").read_text())
     assert ms["predicted_bubble"] == pytest.approx(ms["baseline_predicted_bubble"])
     assert mb["baseline_predicted_bubble"] == pytest.approx(ms["baseline_predicted_bubble"])
     assert mb["predicted_bubble"] < 0.2 * ms["predicted_bubble"]
     assert mb["predicted_bubble"] <= mb["lower_bound_bubble"] + 0.01
     # same global batches: the set of samples in each step is identical
     def steps(out):
-        df = pl.read_parquet(str(out / "rank=*" / "*.parquet"))
+        df = pl.read_parquet(str(out / "rank-*" / "*.parquet"))
         return df.group_by(S.STEP).agg(pl.col(S.SAMPLE_ID).sort()).sort(S.STEP)
     assert steps(tmp_path / "bal").equals(steps(tmp_path / "shuf"))
     verify(tmp_path / "shuf", inp)
@@ -82,9 +83,9 @@ def test_deterministic_bytes(tmp_path):
     assert _balance(inp, tmp_path / "a", "--seed", "3") == 0
     assert _balance(inp, tmp_path / "b", "--seed", "3") == 0
     assert _balance(inp, tmp_path / "c", "--seed", "4") == 0
-    ma, mb, mc = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "abc")
+    ma, mb, mc = (json.loads((tmp_path / d / "_manifest.json").read_text()) for d in "abc")
     assert [f["sha256"] for f in ma["files"]] == [f["sha256"] for f in mb["files"]]
-    assert (tmp_path / "a" / "manifest.json").read_bytes() == (tmp_path / "b" / "manifest.json").read_bytes()
+    assert (tmp_path / "a" / "_manifest.json").read_bytes() == (tmp_path / "b" / "_manifest.json").read_bytes()
     assert [f["sha256"] for f in ma["files"]] != [f["sha256"] for f in mc["files"]]
 
 
@@ -94,8 +95,8 @@ def test_directory_input_and_column_map(tmp_path):
     pl.read_parquet(str(inp / "*.parquet")).rename({S.ITEM_IDS: "history", S.SAMPLE_ID: "id"}).write_parquet(renamed)
     assert _balance(inp, tmp_path / "o1") == 0
     assert _balance(renamed, tmp_path / "o2", "--columns", "item_ids=history,sample_id=id") == 0
-    m1 = json.loads((tmp_path / "o1" / "manifest.json").read_text())
-    m2 = json.loads((tmp_path / "o2" / "manifest.json").read_text())
+    m1 = json.loads((tmp_path / "o1" / "_manifest.json").read_text())
+    m2 = json.loads((tmp_path / "o2" / "_manifest.json").read_text())
     assert m1["predicted_bubble"] == m2["predicted_bubble"]
     assert S.ITEM_IDS in m2["columns"] and "history" not in m2["columns"]
     verify(tmp_path / "o2", renamed, column_map="item_ids=history,sample_id=id")
@@ -115,7 +116,7 @@ def test_existing_output_refused_then_replaced(tmp_path, capsys):
     assert _balance(inp, out) == 2
     assert "--overwrite" in capsys.readouterr().err and (out / "keep").exists()
     assert _balance(inp, out, "--overwrite") == 0
-    assert not (out / "keep").exists() and (out / "manifest.json").exists()
+    assert not (out / "keep").exists() and (out / "_manifest.json").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -123,12 +124,12 @@ def test_verify_catches_tampering(tmp_path):
     inp = write_samples(tmp_path / "in.parquet", n=512)
     out = tmp_path / "o"
     assert _balance(inp, out) == 0
-    f = out / "rank=00001" / "part-00000.parquet"
+    f = out / "rank-00001" / "part-00000.parquet"
     t = pq.read_table(f)
     pq.write_table(t.slice(0, t.num_rows - 8), f)  # drop a step's rows from one rank
-    with pytest.raises(VerifyError, match="checksum"):
+    with pytest.raises(VerifyError, match="checksum|bytes"):
         verify(out)
-    with pytest.raises(VerifyError, match="rows"):
+    with pytest.raises(VerifyError, match="bytes|rows"):
         verify(out, check_checksums=False)
 
 
@@ -181,14 +182,14 @@ def test_cost_budget_policy_end_to_end(tmp_path):
     inp = write_samples(tmp_path / "in.parquet", n=3000)
     out = tmp_path / "o"
     assert _balance(inp, out, "--batch-policy", "cost-budget", "--cost-model", "quadratic", R=8, B=4) == 0
-    m = json.loads((out / "manifest.json").read_text())
+    m = json.loads((out / "_manifest.json").read_text())
     assert m["batch_policy"] == "cost-budget"
-    stats = pl.read_parquet(out / "step_stats.parquet")
+    stats = pl.read_parquet(out / "_step_stats.parquet")
     assert stats.height == m["num_steps"] * 8 and stats["num_samples"].min() >= 1
     assert stats["num_samples"].n_unique() > 1  # variable per-rank counts
     assert stats["num_samples"].sum() == m["num_samples_written"]
     for r in range(8):
-        t = pl.read_parquet(out / f"rank={r:05d}" / "part-00000.parquet")
+        t = pl.read_parquet(out / f"rank-{r:05d}" / "part-00000.parquet")
         assert t[S.STEP].is_sorted()
         got = t.group_by(S.STEP).len().sort(S.STEP)["len"].to_list()
         assert got == stats.filter(pl.col("rank") == r).sort("step")["num_samples"].to_list()

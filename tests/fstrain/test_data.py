@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from fsdata import schema
 from fsdata.cli import main as fsdata_main
 from fstrain.data import ShardReader, infer_num_items, load_manifest, load_step_counts
 from fstrain.errors import ShardError, ShardMismatchError
@@ -64,7 +65,7 @@ def test_world_size_and_version_mismatch(tmp_path):
     out = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=2, batch_size_per_rank=2)
     with pytest.raises(ShardMismatchError, match="written for 2 ranks but this job has world size 4"):
         ShardReader(out, 0, 4)
-    mpath = os.path.join(out, "manifest.json")
+    mpath = os.path.join(out, schema.MANIFEST_NAME)
     m = json.load(open(mpath))
     m["format_version"] = 99
     json.dump(m, open(mpath, "w"))
@@ -76,7 +77,7 @@ def test_world_size_and_version_mismatch(tmp_path):
 
 def test_unequal_steps_rejected(tmp_path):
     out = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=3, batch_size_per_rank=2)
-    mpath = os.path.join(out, "manifest.json")
+    mpath = os.path.join(out, schema.MANIFEST_NAME)
     m = json.load(open(mpath))
     m["num_steps"] = 4  # step_stats and files say 3
     json.dump(m, open(mpath, "w"))
@@ -104,10 +105,10 @@ def test_step_count_disagreeing_with_step_stats(tmp_path):
     out = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=3, batch_size_per_rank=2)
     import pyarrow as pa
 
-    st = pq.read_table(os.path.join(out, "step_stats.parquet")).to_pydict()
+    st = pq.read_table(os.path.join(out, schema.STEP_STATS_NAME)).to_pydict()
     st["num_samples"][0] += 1  # step 0 rank 0 claims 3 rows ...
     st["num_samples"][2] -= 1  # ... step 1 rank 0 claims 1: same total, wrong split
-    pq.write_table(pa.table(st), os.path.join(out, "step_stats.parquet"))
+    pq.write_table(pa.table(st), os.path.join(out, schema.STEP_STATS_NAME))
     with pytest.raises(ShardError, match="step 0 has 2 rows but step_stats says 3"):
         list(ShardReader(out, 0, 2, num_prefetch_batches=2))  # raised through the prefetch thread
 

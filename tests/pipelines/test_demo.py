@@ -13,4 +13,4 @@ def test_demo_on_generated_data_when_datasets_are_absent(tmp_path, monkeypatch, 
     before = float(out.split("bubble before:")[1].split("%")[0])
     after = float(out.split("bubble after:")[1].split("%")[0])
     assert before > 10 and after < 0.1 * before
-    assert (tmp_path / "out" / "nightly" / "latest" / "shards" / "manifest.json").exists()
+    assert (tmp_path / "out" / "nightly" / "latest" / "shards" / "_manifest.json").exists()

@@ -28,11 +28,11 @@ def test_publish_and_noop_rerun(tmp_path):
     r1 = run_nightly(cfg, work, progress=False)
     assert not r1["skipped"] and (work / "latest").is_symlink()
     assert os.path.realpath(work / "latest") == os.path.realpath(r1["run_dir"])
-    assert (work / "latest" / "shards" / "manifest.json").exists()
-    mtime = (work / "latest" / "shards" / "manifest.json").stat().st_mtime_ns
+    assert (work / "latest" / "shards" / "_manifest.json").exists()
+    mtime = (work / "latest" / "shards" / "_manifest.json").stat().st_mtime_ns
     r2 = run_nightly(cfg, work, progress=False)
     assert r2["skipped"] and r2["run_dir"] == r1["run_dir"]
-    assert (work / "latest" / "shards" / "manifest.json").stat().st_mtime_ns == mtime
+    assert (work / "latest" / "shards" / "_manifest.json").stat().st_mtime_ns == mtime
     assert r2["verify"]["predicted_bubble"] < r2["verify"]["baseline_predicted_bubble"]
 
 
@@ -101,5 +101,5 @@ def test_killed_run_leaves_latest_intact(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
-    assert (work / "latest" / "shards" / "manifest.json").exists()
+    assert (work / "latest" / "shards" / "_manifest.json").exists()
     assert not (work / ".latest.tmp").exists()
