@@ -14,7 +14,9 @@ Stages (docs/cluster.md has the commands and what runs where):
 3. **partition** (Ray tasks, one per chunk): read the chunk's rows, check they are the plan's rows
    (``sample_id`` in plan order), cast to the rank-file schema, attach ``step``, ``rank`` and
    ``position`` from the plan, and split the rows into ``G`` *rank groups* (contiguous rank
-   ranges): ``G`` objects per task in the Ray object store (spilled to disk by Ray when full).
+   ranges): ``G`` objects per task in the Ray object store (spilled to disk by Ray when full;
+   ``--bucket-compression lz4|zstd`` stores them as compressed Arrow IPC, as the local engine's
+   temporary buckets).
 4. **write** (Ray tasks, one per rank group): gather the group's pieces from every chunk and call
    :func:`fsdata.balance.write_rank` once per rank, the same function the local engine calls, so
    the rank files are byte-identical (whole-step row groups, zstd, statistics).
@@ -212,9 +214,26 @@ def _check_lengths(src, parts: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return lengths, ids
 
 
+def _pack(table: pa.Table, compression: str | None) -> pa.Table | bytes:
+    """A piece as it goes into the object store: the table itself, or Arrow IPC stream bytes
+    compressed with ``compression`` (``lz4``/``zstd``: less object-store memory and spill)."""
+    if compression is None:
+        return table
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _unpack(piece: pa.Table | bytes | pa.Buffer) -> pa.Table:
+    if isinstance(piece, pa.Table):
+        return piece
+    return pa.ipc.open_stream(pa.py_buffer(piece) if isinstance(piece, bytes) else piece).read_all()
+
+
 def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has_seq_len: bool,
                     sample_id: np.ndarray, step: np.ndarray, rank: np.ndarray, position: np.ndarray,
-                    group_bounds: np.ndarray) -> list[pa.Table]:
+                    group_bounds: np.ndarray, compression: str | None = None) -> list[pa.Table | bytes]:
     """Split one chunk's rows into rank groups (runs as a Ray task with ``num_returns=G``).
 
     Args:
@@ -224,9 +243,11 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         has_seq_len: check ``seq_len`` against ``len(item_ids)`` as the local engine does.
         sample_id, step, rank, position: the plan's entries for the chunk's rows, shape ``[n]``.
         group_bounds: shape ``[G+1]``, group ``g`` holds ranks ``group_bounds[g] .. group_bounds[g+1]-1``.
+        compression: None, or ``lz4``/``zstd`` to store the pieces as compressed Arrow IPC.
 
     Returns:
-        ``G`` tables (rank-file columns plus ``position``), the chunk's rows of each group.
+        ``G`` tables (rank-file columns plus ``position``; IPC bytes when compressed), the chunk's
+        rows of each group.
     """
     from fsdata.balance import _POS, _check_seq_len  # noqa: PLC0415
 
@@ -267,7 +288,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         raise InputError(f"input file {chunk.path}: read {start} rows where its footer says {chunk.num_rows}; "
                          "the file changed while balancing: rerun")
     del rename
-    return [pa.Table.from_batches(p, schema=out_schema).combine_chunks() for p in pieces]
+    return [_pack(pa.Table.from_batches(p, schema=out_schema).combine_chunks(), compression) for p in pieces]
 
 
 def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int],
@@ -286,7 +307,7 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
     """
     from fsdata.balance import _POS, write_rank  # noqa: PLC0415
 
-    pieces = [p for p in pieces if p.num_rows]
+    pieces = [t for t in map(_unpack, pieces) if t.num_rows]
     table = pa.concat_tables(pieces) if pieces else schema.append(pa.field(_POS, pa.int32())).empty_table()
     del pieces
     table = table.take(pc.sort_indices(table, sort_keys=[(S.RANK, "ascending")]))
@@ -451,7 +472,8 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
             for c in chunks:
                 sl = slice(c.offset, c.offset + c.num_rows)
                 refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, table.sample_id[sl],
-                                      table.step[sl], table.rank[sl], table.position[sl], bounds)
+                                      table.step[sl], table.rank[sl], table.position[sl], bounds,
+                                      settings.bucket_compression)
                 pieces.append([refs] if G == 1 else refs)
             write_fn = ray.remote(num_cpus=1)(_write_group_task)
             write_refs = [write_fn.remote(out, schema_ref, table.num_steps, (int(bounds[g]), int(bounds[g + 1])),

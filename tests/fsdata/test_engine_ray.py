@@ -87,6 +87,7 @@ def test_byte_identical_multi_file_timestamps_remainder(local_ray, small_chunks,
     {"strategy": "shuffle"},
     {"batch_policy": "cost-budget"},
     {"partitioner": "kk", "seed": 3},
+    {"bucket_compression": "lz4"},
 ])
 def test_byte_identical_other_policies_and_row_groups(local_ray, small_chunks, tmp_path, kw):
     """Many row groups (one chunk each) in one file with seq_len; shuffle, cost-budget, kk."""
