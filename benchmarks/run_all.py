@@ -7,7 +7,8 @@ tables to stdout and JSON under ``--out``:
 2. ``bench_e2e``: ``fsdata balance`` end to end vs a Polars copy (20M samples; 1M with --quick);
 3. ``bench_reader``: fstrain's shard reader vs the model's consumption (on shards made here);
 4. ``bench_alltoall``: shared-memory all-to-all-v vs gloo (and the GPU section where CUDA exists);
-5. ``bench_pipeline``: exposed communication per step with and without overlap.
+5. ``bench_pipeline``: exposed communication per step with and without overlap;
+6. ``bench_engines``: ``fsdata balance --engine local`` vs ``--engine ray`` (1M, 5M, 20M; 1M with --quick).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         ("reader", py + ["benchmarks.bench_reader", str(shards), "--out", str(out / "bench_reader.json")]),
         ("alltoall", py + ["benchmarks.bench_alltoall", "--out", str(out)] + quick),
         ("pipeline", py + ["benchmarks.bench_pipeline", "--out", str(out)] + quick),
+        ("engines", py + ["benchmarks.bench_engines", "--out", str(out), "--work", str(out / "engines-work"),
+                          "--sizes", "1000000" if a.quick else "1000000,5000000,20000000"]),
     ]
     failed = []
     for name, cmd in jobs:
