@@ -182,7 +182,7 @@ def _lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_t
         tlen = pc.list_value_length(t.column(S.TIMESTAMPS)).cast(pa.int64()).fill_null(0).to_numpy()
         tlen_mismatch = int((tlen != lengths).sum())
     ids = t.column(S.SAMPLE_ID).cast(pa.int64()).fill_null(0).to_numpy()
-    return {"ids": ids, "lengths": lengths, "nulls": nulls, "tlen_mismatch": tlen_mismatch}
+    return {"ids": ids, "lengths": lengths, "nulls": nulls, "tlen_mismatch": tlen_mismatch, "node": _node_id()}
 
 
 def _check_lengths(src, parts: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -229,6 +229,13 @@ def _unpack(piece: pa.Table | bytes | pa.Buffer) -> pa.Table:
     if isinstance(piece, pa.Table):
         return piece
     return pa.ipc.open_stream(pa.py_buffer(piece) if isinstance(piece, bytes) else piece).read_all()
+
+
+def _node_id() -> str:
+    """The Ray node this task runs on."""
+    import ray  # noqa: PLC0415
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has_seq_len: bool,
@@ -303,7 +310,8 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
         pieces: the group's rows from every chunk (resolved from the object store by Ray).
 
     Returns:
-        One :class:`~fsdata.manifest.FileEntry` per rank of the group, by rank.
+        ``(entries, node)``: one :class:`~fsdata.manifest.FileEntry` per rank of the group, by
+        rank, and the Ray node id the task ran on.
     """
     from fsdata.balance import _POS, write_rank  # noqa: PLC0415
 
@@ -317,7 +325,7 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
     entries = []
     for i, rank in enumerate(range(first, end)):
         entries.append(write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps))
-    return entries
+    return entries, _node_id()
 
 
 def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
@@ -449,6 +457,7 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         lengths_fn = ray.remote(num_cpus=1)(_lengths_task)
         parts = _get(ray, [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps) for c in chunks])
         lengths, ids = _check_lengths(src, parts)
+        nodes = {p["node"] for p in parts}
         del parts
         t1 = time.perf_counter()
         costs = cost_model.cost(lengths)
@@ -479,8 +488,10 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
             write_refs = [write_fn.remote(out, schema_ref, table.num_steps, (int(bounds[g]), int(bounds[g + 1])),
                                           *[p[g] for p in pieces]) for g in range(G)]
             del pieces
-            groups = _get(ray, write_refs)
+            written = _get(ray, write_refs)
+            groups = [g for g, _ in written]
             records = [e for g in groups for e in g]
+            nodes |= {n for _, n in written}
             t3 = time.perf_counter()
             verify_fn = ray.remote(num_cpus=1)(_verify_group_task)
             _get(ray, [verify_fn.remote(out, groups[g], counts[:, bounds[g]:bounds[g + 1]]) for g in range(G)])
@@ -491,5 +502,6 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     t.update(read_lengths=t1 - t0, plan=t2 - t1, write_ranks=t3 - t2, verify=t4 - t3, finalize=t5 - t4)
     if timings is not None:
         timings.update(t)
-    log.info("ray engine: %d chunks, %d rank groups, stage seconds %s", len(chunks), G, t)
+    log.info("ray engine: %d chunks, %d rank groups, tasks ran on %d Ray nodes; stage seconds %s",
+             len(chunks), G, len(nodes), t)
     return m

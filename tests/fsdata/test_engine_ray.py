@@ -235,8 +235,9 @@ def test_two_node_cluster_via_ray_address(tmp_path):
         out = tmp_path / "ray"
         r = subprocess.run([sys.executable, "-m", "fsdata", "balance", str(inp), str(out), "--ranks", "4",
                             "--batch-size-per-rank", "16", "--engine", "ray", "--ray-address", addr,
-                            "--no-progress", "--json"], env=env, capture_output=True, text=True, timeout=240)
+                            "--no-progress", "--json", "-v"], env=env, capture_output=True, text=True, timeout=240)
         assert r.returncode == 0, r.stderr[-2000:]
+        assert "tasks ran on 2 Ray nodes" in r.stderr, r.stderr[-2000:]
         probe = subprocess.run([sys.executable, "-c", "import ray; ray.init(address='" + addr + "', "
                                 "log_to_driver=False); print(len([n for n in ray.nodes() if n['Alive']]))"],
                                env=env, capture_output=True, text=True, timeout=120)
