@@ -79,6 +79,15 @@ def _add_write_opts(p: argparse.ArgumentParser) -> None:
                         "decoded input size; lz4/zstd: less disk, more CPU)")
 
 
+def _add_engine_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
+                        "the output is byte-identical")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
+                        "else a Ray instance on this machine)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
                                      "so every rank's cost per step is equal.")
@@ -128,12 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")
-    p.add_argument("--engine", default="local", choices=["local", "ray"],
-                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
-                        "the output is byte-identical")
-    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
-                        "else a Ray instance on this machine)")
+    _add_engine_opts(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -154,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="OUTPUT folder to create (rank files only; then run 'fsdata finalize')")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
+    _add_engine_opts(p)
     _add_common(p)
 
     p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
@@ -305,7 +310,10 @@ def _cmd_write(a: argparse.Namespace) -> int:
                           "rerun 'fsdata plan' on this input")
     settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
                                num_workers=a.num_workers, progress=not a.no_progress,
-                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
+                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
+                               engine=a.engine, ray_address=a.ray_address)
+    if settings.engine == "ray":
+        from fsdata.engines.ray import write_ranks
     with atomic_output(a.output, overwrite=a.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
     print(f"wrote {len(files)} rank files to {a.output}; run 'fsdata finalize {a.output} --plan {a.plan}'")

@@ -418,6 +418,66 @@ def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: i
     return np.linspace(0, num_ranks, G + 1).round().astype(np.int64)
 
 
+def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[Chunk] | None = None,
+                timings: dict | None = None, nodes: set | None = None) -> list:
+    """Stage 2 on Ray: the partition, write and verify tasks for every rank file of ``plan``
+    (the counterpart of :func:`fsdata.balance.write_ranks`; same files, byte for byte).
+
+    Args:
+        src: the validated input (:func:`fsdata.io.open_samples`).
+        plan: the :class:`~fsdata.balance.PlanTable` of ``src``.
+        output: an existing empty folder on storage every Ray node sees (OUTPUT's temporary).
+        settings: :class:`~fsdata.balance.BalanceSettings` (``bucket_compression``, ``ray_address``).
+        chunks: the input's chunks (default: :func:`make_chunks`).
+        timings: if given, filled with ``write_ranks`` and ``verify`` seconds.
+        nodes: if given, the ids of the Ray nodes that ran tasks are added to it.
+
+    Returns:
+        One :class:`~fsdata.manifest.FileEntry` per rank, by rank.
+
+    Raises:
+        InputError: the input does not match the plan, or a file fails to read midway.
+        VerifyError: a written file does not read back as the plan says.
+    """
+    from fsdata.balance import output_schema  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    schema = output_schema(src)
+    chunks = chunks if chunks is not None else make_chunks(src.files)
+    if sum(c.num_rows for c in chunks) != len(plan.sample_id):
+        raise InputError(f"input {src.path} has {sum(c.num_rows for c in chunks)} rows but the plan has "
+                         f"{len(plan.sample_id)}; the plan was made from another input: rerun 'fsdata plan' on this input")
+    counts, _ = plan.counts_and_loads()
+    out = str(Path(output).resolve())
+    with ray_session(settings.ray_address) as ray:
+        num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        bounds = group_bounds(plan.num_ranks, int(counts.sum()), num_cpus)
+        G = len(bounds) - 1
+        part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_task)
+        schema_ref = ray.put(schema)
+        pieces = []
+        for c in chunks:
+            sl = slice(c.offset, c.offset + c.num_rows)
+            refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, plan.sample_id[sl], plan.step[sl],
+                                  plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
+            pieces.append([refs] if G == 1 else refs)
+        write_fn = ray.remote(num_cpus=1)(_write_group_task)
+        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])),
+                                      *[p[g] for p in pieces]) for g in range(G)]
+        del pieces
+        written = _get(ray, write_refs)
+        groups = [g for g, _ in written]
+        if nodes is not None:
+            nodes |= {n for _, n in written}
+        t1 = time.perf_counter()
+        verify_fn = ray.remote(num_cpus=1)(_verify_group_task)
+        _get(ray, [verify_fn.remote(out, groups[g], counts[:, bounds[g]:bounds[g + 1]]) for g in range(G)])
+    if timings is not None:
+        timings.update(write_ranks=t1 - t0, verify=time.perf_counter() - t1)
+    log.info("ray engine: %d chunks, %d rank groups", len(chunks), G)
+    return [e for g in groups for e in g]
+
+
 def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timings: dict | None = None):
     """``fsdata balance --engine ray``: see the module docstring for the stages.
 
@@ -446,12 +506,12 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     if settings.num_ranks < 1 or settings.batch_size_per_rank < 1:
         check_settings(settings.num_ranks * max(settings.batch_size_per_rank, 1), settings.num_ranks,
                        settings.batch_size_per_rank)
-    t = {}
+    t: dict[str, float] = {}
     t0 = time.perf_counter()
     src = open_samples(input, settings.columns)
     check_reserved_columns(src)
     cost_model = load_cost_model(settings.cost_model)
-    schema = output_schema(src)
+    output_schema(src)
     with ray_session(settings.ray_address) as ray:
         chunks = make_chunks(src.files)
         lengths_fn = ray.remote(num_cpus=1)(_lengths_task)
@@ -468,40 +528,15 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
         del plan, ids, costs
         t2 = time.perf_counter()
-        counts, _ = table.counts_and_loads()
-        R = table.num_ranks
-        num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        bounds = group_bounds(R, int(counts.sum()), num_cpus)
-        G = len(bounds) - 1
         with atomic_output(output, overwrite=settings.overwrite) as tmp:
-            out = str(tmp.resolve())
-            part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_task)
-            schema_ref = ray.put(schema)
-            pieces = []
-            for c in chunks:
-                sl = slice(c.offset, c.offset + c.num_rows)
-                refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, table.sample_id[sl],
-                                      table.step[sl], table.rank[sl], table.position[sl], bounds,
-                                      settings.bucket_compression)
-                pieces.append([refs] if G == 1 else refs)
-            write_fn = ray.remote(num_cpus=1)(_write_group_task)
-            write_refs = [write_fn.remote(out, schema_ref, table.num_steps, (int(bounds[g]), int(bounds[g + 1])),
-                                          *[p[g] for p in pieces]) for g in range(G)]
-            del pieces
-            written = _get(ray, write_refs)
-            groups = [g for g, _ in written]
-            records = [e for g in groups for e in g]
-            nodes |= {n for _, n in written}
-            t3 = time.perf_counter()
-            verify_fn = ray.remote(num_cpus=1)(_verify_group_task)
-            _get(ray, [verify_fn.remote(out, groups[g], counts[:, bounds[g]:bounds[g + 1]]) for g in range(G)])
+            records = write_ranks(src, table, tmp, settings, chunks=chunks, timings=t, nodes=nodes)
             t4 = time.perf_counter()
             m = finalize(tmp, table, records)
         t5 = time.perf_counter()
     m.path = str(output)
-    t.update(read_lengths=t1 - t0, plan=t2 - t1, write_ranks=t3 - t2, verify=t4 - t3, finalize=t5 - t4)
+    t.update(read_lengths=t1 - t0, plan=t2 - t1, finalize=t5 - t4)
+    t = {k: t[k] for k in ("read_lengths", "plan", "write_ranks", "verify", "finalize")}
     if timings is not None:
         timings.update(t)
-    log.info("ray engine: %d chunks, %d rank groups, tasks ran on %d Ray nodes; stage seconds %s",
-             len(chunks), G, len(nodes), t)
+    log.info("ray engine: tasks ran on %d Ray nodes; stage seconds %s", len(nodes), t)
     return m

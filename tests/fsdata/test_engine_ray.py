@@ -248,3 +248,16 @@ def test_two_node_cluster_via_ray_address(tmp_path):
     finally:
         _stop_cluster(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_stages_write_with_ray_engine(local_ray, small_chunks, tmp_path, capsys):
+    """``fsdata plan`` + ``fsdata write --engine ray`` + ``fsdata finalize`` = ``fsdata balance``."""
+    inp = write_samples(tmp_path / "in", n=1100, num_files=2, seed=9)
+    flags = ["--ranks", "4", "--batch-size-per-rank", "16", "--no-progress"]
+    assert main(["balance", str(inp), str(tmp_path / "local"), *flags]) == 0
+    assert main(["plan", str(inp), str(tmp_path / "plan.parquet"), *flags]) == 0
+    assert main(["write", str(inp), str(tmp_path / "plan.parquet"), str(tmp_path / "staged"), "--engine", "ray",
+                 "--no-progress"]) == 0
+    assert main(["finalize", str(tmp_path / "staged"), "--plan", str(tmp_path / "plan.parquet")]) == 0
+    capsys.readouterr()
+    assert _digests(tmp_path / "staged") == _digests(tmp_path / "local")
