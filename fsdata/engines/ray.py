@@ -485,8 +485,8 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         input: a Parquet file, a folder of Parquet files, or a glob.
         output: the OUTPUT folder (on storage every Ray node sees).
         settings: :class:`fsdata.balance.BalanceSettings` (``ray_address`` picks the cluster).
-        timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
-            ``verify``, ``finalize``).
+        timings: if given, filled with seconds per stage (``ray_connect``: starting or joining Ray;
+            ``read_lengths``, ``plan``, ``write_ranks``, ``verify``, ``finalize``).
 
     Returns:
         The written :class:`~fsdata.manifest.Manifest`, byte-identical to the local engine's.
@@ -512,7 +512,10 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     check_reserved_columns(src)
     cost_model = load_cost_model(settings.cost_model)
     output_schema(src)
+    tc = time.perf_counter()
     with ray_session(settings.ray_address) as ray:
+        t0 += time.perf_counter() - tc  # read_lengths excludes starting or joining Ray (ray_connect)
+        t["ray_connect"] = time.perf_counter() - tc
         chunks = make_chunks(src.files)
         lengths_fn = ray.remote(num_cpus=1)(_lengths_task)
         parts = _get(ray, [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps) for c in chunks])
@@ -535,7 +538,7 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         t5 = time.perf_counter()
     m.path = str(output)
     t.update(read_lengths=t1 - t0, plan=t2 - t1, finalize=t5 - t4)
-    t = {k: t[k] for k in ("read_lengths", "plan", "write_ranks", "verify", "finalize")}
+    t = {k: t[k] for k in ("ray_connect", "read_lengths", "plan", "write_ranks", "verify", "finalize")}
     if timings is not None:
         timings.update(t)
     log.info("ray engine: tasks ran on %d Ray nodes; stage seconds %s", len(nodes), t)

@@ -79,7 +79,7 @@ def test_byte_identical_multi_file_timestamps_remainder(local_ray, small_chunks,
     a, b = _digests(loc), _digests(ray_out)
     assert "_manifest.json" in a and "_dropped.parquet" in a and len(a) == 8 + 3
     assert a == b
-    assert set(timings) == {"read_lengths", "plan", "write_ranks", "verify", "finalize"}
+    assert set(timings) == {"ray_connect", "read_lengths", "plan", "write_ranks", "verify", "finalize"}
     assert verify(ray_out, inp)["num_samples_written"] == 2000 // 128 * 128
 
 
