@@ -196,7 +196,7 @@ def bench_size(n: int, a: argparse.Namespace, work: Path) -> dict:
                         a.lengths_from, "--layout", "event", "--max-seq-len", str(a.max_seq_len), "--no-progress"],
                        check=True, env=env)
     common = [str(inp), "--ranks", str(a.ranks), "--batch-size-per-rank", str(a.batch_size_per_rank),
-              "--no-progress", "--json", "--overwrite"]
+              "--no-progress", "--json", "--overwrite", "--bucket-compression", a.bucket_compression]
     row: dict = {"num_samples": n, "input_bytes": inp.stat().st_size}
     out_local, out_ray = work / f"out-local-{n}", work / f"out-ray-{n}"
     row["local"] = run_measured([py, "-m", "fsdata", "balance", common[0], str(out_local), *common[1:],
@@ -243,19 +243,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--object-store-mb", type=int, default=2048, help="Ray object store size (MiB)")
     p.add_argument("--work", default="bench-output/engines-work")
     p.add_argument("--out", default="bench-output")
+    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="passed to both engines (local: temporary buckets; ray: object-store pieces)")
     p.add_argument("--keep-outputs", action="store_true")
     a = p.parse_args(argv)
     work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    json_path = out / "bench_engines.json"
+    json_path = out / ("bench_engines.json" if a.bucket_compression == "none" else
+                       f"bench_engines-{a.bucket_compression}.json")
     for n in [int(x) for x in a.sizes.split(",") if x]:
         rows.append(bench_size(n, a, work))
         json_path.write_text(json.dumps({"settings": vars(a), "results": rows}, indent=2) + "\n")
     gib = 1024**3
     print(f"\nfsdata balance, R={a.ranks} B={a.batch_size_per_rank}, max_seq_len {a.max_seq_len}, "
-          f"{a.ray_cpus} CPUs, object store {a.object_store_mb} MiB")
+          f"{a.ray_cpus} CPUs, object store {a.object_store_mb} MiB, bucket compression {a.bucket_compression}")
     print("GiB columns: peak resident memory of the largest process (rss), and without shared pages (private:")
     print("the object store is shared memory, mapped by the raylet and every worker that touched it)")
     print(f"{'samples':>11} {'local s':>8} {'ray s':>8} {'ray/local':>9} {'local rss':>9} {'ray rss':>8} "
