@@ -172,9 +172,6 @@ def output_schema(src: SampleSource) -> pa.Schema:
     return pa.schema(fields)
 
 
-_output_schema = output_schema
-
-
 def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
     """The stored ``seq_len`` must equal ``len(item_ids)``: the plan was made from it."""
     items = batch.column(schema.get_field_index(S.ITEM_IDS))

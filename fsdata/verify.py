@@ -403,7 +403,7 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     in_hash = np.empty(len(in_ids), dtype=np.uint64)
     pos = 0
     for path in src.files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=65536):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=16384):
             t = pa.Table.from_batches([batch]).rename_columns(in_schema.names).cast(in_schema)
             in_hash[pos:pos + t.num_rows] = _row_hashes(t)
             pos += t.num_rows

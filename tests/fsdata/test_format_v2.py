@@ -227,7 +227,7 @@ def test_write_refuses_another_input(good, tmp_path, capsys):
 
 def test_write_rank_is_order_independent(good, tmp_path):
     """The per-rank writer gives the same bytes whatever the order and chunking of its rows."""
-    from fsdata.balance import output_schema, read_plan, write_plan, write_rank
+    from fsdata.balance import output_schema, read_plan, write_rank
     from fsdata.io import open_samples
 
     inp, out = good
@@ -246,7 +246,6 @@ def test_write_rank_is_order_independent(good, tmp_path):
     rec = write_rank(1, chunked, tmp_path / "w", schema, plan.num_steps)
     assert (tmp_path / "w" / rec.path).read_bytes() == (out / rec.path).read_bytes()
     assert rec.sha256 == _manifest(out)["files"][1]["sha256"]
-    del write_plan
 
 
 # ---- verify: each case of issue 9 ----------------------------------------------------------------
@@ -480,3 +479,20 @@ def test_plan_takes_every_planning_flag_of_balance():
     write_only = {"--num-workers", "--bucket-compression"}
     assert flags["balance"] - write_only == flags["plan"]
     assert write_only <= flags["write"]
+
+
+def test_finalize_refuses_files_that_do_not_match_the_plan(good, tmp_path, capsys):
+    inp, _ = good
+    plan = tmp_path / "plan.parquet"
+    assert main(["plan", str(inp), str(plan), "--ranks", str(R), "--batch-size-per-rank", str(B), "--no-progress"]) == 0
+    staged = tmp_path / "staged"
+    assert main(["write", str(inp), str(plan), str(staged), "--no-progress"]) == 0
+    (staged / "stray.txt").write_text("x")
+    assert main(["finalize", str(staged), "--plan", str(plan)]) == 2
+    assert "stray.txt" in capsys.readouterr().err and not (staged / "_manifest.json").exists()
+    (staged / "stray.txt").unlink()
+    f = staged / "rank-00001" / "part-00000.parquet"
+    t = pq.read_table(f)
+    pq.write_table(t.slice(0, t.num_rows - 1), f)
+    assert main(["finalize", str(staged), "--plan", str(plan)]) == 2
+    assert "rerun 'fsdata write'" in capsys.readouterr().err and not (staged / "_manifest.json").exists()
