@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-v3
+STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
@@ -15,9 +15,9 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train-cpu,report,test]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[train-cpu,report,ray,test]'
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --no-deps torchrec
-	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools"
+	$(PY) -c "import torchrec, fbgemm_gpu, polars, pyarrow, ortools, ray.data, psutil"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -10,6 +10,7 @@ tables to stdout and JSON under ``--out``:
 5. ``bench_pipeline``: exposed communication per step with and without overlap;
 6. ``bench_compose``: batch composition per dataset, R and B (bubble per window and the proven bound).
 7. ``bench_quality``: held-out NDCG@10/HR@10 per balancing setting, mean +- std over seeds (issue 10).
+8. ``bench_engines``: ``fsdata balance --engine local`` vs ``--engine ray`` (1M, 5M, 20M; 1M with --quick).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         ("compose", py + ["benchmarks.bench_compose", "--out", str(out)] + quick),
         ("quality", py + ["benchmarks.bench_quality", "--out", str(out), "--work", str(out / "quality-work"),
                           "--compose-windows", "4,16,64"] + quick),
+        ("engines", py + ["benchmarks.bench_engines", "--out", str(out), "--work", str(out / "engines-work"),
+                          "--sizes", "1000000" if a.quick else "1000000,5000000,20000000"]),
     ]
     failed = []
     for name, cmd in jobs:

@@ -76,6 +76,10 @@ class BalanceSettings:
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
+        engine: ``local`` (this process) or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
+            the output is byte-identical either way (not recorded in the manifest).
+        ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
+            ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
     """
 
     num_ranks: int
@@ -94,6 +98,8 @@ class BalanceSettings:
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
     overwrite: bool = False
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
     num_workers: int | None = None
 
     def __post_init__(self) -> None:
@@ -290,6 +296,19 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
+def plan_costs(costs: np.ndarray, settings: BalanceSettings) -> Plan:
+    """:func:`fsdata.plan.make_plan` under ``settings`` (the one call every engine plans with).
+
+    Args:
+        costs: shape ``[N]`` float64, per-sample cost in input order.
+        settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
+    """
+    return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
+                     seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
+                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
+                     compose_window=settings.compose_window)
+
+
 def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
                     timings: dict[str, float] | None = None) -> PlanTable:
     """Stage 1: read lengths, cost them, plan (:func:`fsdata.plan.make_plan`).
@@ -306,10 +325,7 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
     lengths, ids = src.lengths_and_ids()
     t1 = time.perf_counter()
     costs = cost_model.cost(lengths)
-    plan = make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
-                     seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
-                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
-                     compose_window=settings.compose_window)
+    plan = plan_costs(costs, settings)
     table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
     if timings is not None:
         timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
@@ -619,7 +635,9 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
 
 def balance(input: str | os.PathLike, output: str | os.PathLike, settings: BalanceSettings, *,
             timings: dict[str, float] | None = None) -> Manifest:
-    """``fsdata balance``: plan, write and finalize in one process, atomically.
+    """``fsdata balance``: plan, write and finalize in one process, atomically; with
+    ``settings.engine == "ray"`` the same stages as Ray tasks (:mod:`fsdata.engines.ray`,
+    docs/cluster.md), byte-identical output.
 
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
@@ -635,6 +653,10 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
     """
     check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
+    if settings.engine != "local":
+        from fsdata.engines import run as run_engine
+
+        return run_engine(input, output, settings, timings=timings)
     if Path(output).exists() and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
     src = open_samples(input, settings.columns)

@@ -34,6 +34,7 @@ _EPILOG_BALANCE = """examples:
   fsdata balance ml1m.parquet shards/ --ranks 256 --batch-size-per-rank 32
   fsdata balance ml1m.parquet baseline/ --ranks 256 --batch-size-per-rank 32 --strategy shuffle
   fsdata balance ml1m.parquet shards/ --ranks 16 --batch-size-per-rank 32 --cost-model calibrated.json
+  fsdata balance ml1m.parquet shards/ --ranks 256 --batch-size-per-rank 32 --engine ray --ray-address HEAD:6379
 """
 _EPILOG_STAGES = """the three stages of 'fsdata balance', run one by one (same output, byte for byte):
   fsdata plan ml1m.parquet plan.parquet --ranks 256 --batch-size-per-rank 32
@@ -90,6 +91,15 @@ def _add_write_opts(p: argparse.ArgumentParser) -> None:
                         "decoded input size; lz4/zstd: less disk, more CPU)")
 
 
+def _add_engine_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
+                        "the output is byte-identical")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
+                        "else a Ray instance on this machine)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
                                      "so every rank's cost per step is equal.")
@@ -144,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")
+    _add_engine_opts(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -165,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
     add_json_flag(p, "print the summary as JSON")
+    _add_engine_opts(p)
     _add_common(p)
 
     p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
@@ -265,7 +277,8 @@ def _settings_from_args(a: argparse.Namespace):
                            num_threads=getattr(a, "num_threads", 2),
                            bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
                            else a.bucket_compression,
-                           progress=not a.no_progress, overwrite=a.overwrite)
+                           progress=not a.no_progress, overwrite=a.overwrite,
+                           engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None))
 
 
 def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:
@@ -350,7 +363,10 @@ def _cmd_write(a: argparse.Namespace) -> int:
                           "rerun 'fsdata plan' on this input")
     settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
                                num_threads=a.num_threads, progress=not a.no_progress,
-                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
+                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
+                               engine=a.engine, ray_address=a.ray_address)
+    if settings.engine == "ray":
+        from fsdata.engines.ray import write_ranks
     with atomic_output(a.output, overwrite=a.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
     if a.json:

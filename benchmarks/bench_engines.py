@@ -1,0 +1,277 @@
+"""``fsdata balance --engine local`` vs ``--engine ray`` on generated inputs of growing size.
+
+Usage::
+
+    python -m benchmarks.bench_engines [--sizes 1000000,5000000,20000000] [--work DIR] [--out DIR]
+        [--ranks 256] [--batch-size-per-rank 32] [--max-seq-len 64] [--ray-cpus 2]
+        [--object-store-mb 2048]
+
+For each size: generates the input once (``fsdata synth``, lengths resampled from MovieLens-1M
+per-event lengths capped at ``--max-seq-len``, as ``bench_e2e``), then, side by side in one run:
+
+* ``local``: ``fsdata balance INPUT OUT --engine local`` in a child process;
+* ``ray``: a real Ray cluster started for the run (``ray start --head --num-cpus N
+  --object-store-memory M`` with its own temp dir), then ``fsdata balance ... --engine ray
+  --ray-address HEAD``; the cluster is stopped after (its processes, by pid).
+
+Measured: wall seconds of the command; peak resident memory of every process involved (sampled
+every 0.2 s with psutil: the CLI process and its children, and for Ray every process of the
+cluster: GCS, raylet with the object store, workers), reported as the largest process and the
+largest Ray worker; bytes spilled by Ray (``ray memory --stats-only`` before the cluster stops,
+and the peak size of the spill folder); and whether the two outputs are byte-identical (SHA-256
+of every file). Prints a table and writes ``OUT/bench_engines.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+DATASETS = Path(os.environ.get("FREESCALE_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Sampler:
+    """Peak RSS per process of a process tree plus every process whose command line names ``marker``."""
+
+    def __init__(self, root_pid: int, marker: str | None = None, spill_root: Path | None = None,
+                 interval: float = 0.2) -> None:
+        self.root_pid, self.marker, self.spill_root, self.interval = root_pid, marker, spill_root, interval
+        self.peak: dict[int, tuple[int, str]] = {}
+        self.peak_private: dict[int, tuple[int, str]] = {}
+        self.peak_spill_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _procs(self) -> list[psutil.Process]:
+        procs: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.root_pid)
+            procs[root.pid] = root
+            for c in root.children(recursive=True):
+                procs[c.pid] = c
+        except psutil.NoSuchProcess:
+            pass
+        if self.marker:  # the cluster's daemons name the temp dir; its workers are the raylet's children
+            for p in psutil.process_iter(["cmdline"]):
+                if any(self.marker in a for a in (p.info["cmdline"] or [])):
+                    procs[p.pid] = p
+                    try:
+                        for c in p.children(recursive=True):
+                            procs[c.pid] = c
+                    except psutil.NoSuchProcess:
+                        pass
+        return list(procs.values())
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for p in self._procs():
+                try:
+                    mi = p.memory_info()
+                    cmd = p.cmdline()
+                    name = cmd[0] if cmd and cmd[0].startswith("ray::") else p.name()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                if mi.rss > self.peak.get(p.pid, (0, ""))[0]:
+                    self.peak[p.pid] = (mi.rss, name)
+                private = mi.rss - mi.shared  # without shared pages (the Ray object store is shared memory)
+                if private > self.peak_private.get(p.pid, (0, ""))[0]:
+                    self.peak_private[p.pid] = (private, name)
+            if self.spill_root is not None:
+                total = 0
+                for d in self.spill_root.glob("session_*/ray_spilled_objects*"):
+                    for f in d.rglob("*"):
+                        try:
+                            total += f.stat().st_size
+                        except OSError:
+                            pass
+                self.peak_spill_bytes = max(self.peak_spill_bytes, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        procs = sorted(self.peak.values(), reverse=True)
+        private = sorted(self.peak_private.values(), reverse=True)
+        workers = [r for r, n in private if n.startswith("ray::")]
+        return {"num_processes": len(procs),
+                "max_process_rss_bytes": procs[0][0] if procs else 0,
+                "max_process_name": procs[0][1] if procs else "",
+                "max_process_private_bytes": private[0][0] if private else 0,
+                "max_private_process_name": private[0][1] if private else "",
+                "max_ray_worker_private_bytes": max(workers) if workers else None,
+                "top_processes_rss": [{"name": n, "peak_rss_bytes": r} for r, n in procs[:6]],
+                "top_processes_private": [{"name": n, "peak_private_bytes": r} for r, n in private[:6]]}
+
+
+def digests(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``root`` by relative path."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while b := f.read(1 << 22):
+                    h.update(b)
+            out[str(p.relative_to(root))] = h.hexdigest()
+    return out
+
+
+def run_measured(cmd: list[str], env: dict, marker: str | None = None, spill_root: Path | None = None) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with Sampler(proc.pid, marker, spill_root) as s:
+        out, err = proc.communicate()
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {err.strip()[-1500:]}")
+    stages = json.loads(out).get("stage_seconds", {})
+    return {"wall_seconds": wall, "stage_seconds": stages, **s.summary(), "peak_spill_dir_bytes": s.peak_spill_bytes}
+
+
+def stop_cluster(marker: str) -> None:
+    """End every process whose command line names ``marker`` (this run's Ray temp dir), by pid."""
+    procs = {}
+    for p in psutil.process_iter(["cmdline"]):
+        if any(marker in a for a in (p.info["cmdline"] or [])):
+            procs[p.pid] = p
+            for c in p.children(recursive=True):
+                procs[c.pid] = c
+    procs.pop(os.getpid(), None)
+    for p in procs.values():
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=20)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def spilled_from_ray_memory(ray_bin: str, addr: str, env: dict) -> dict:
+    r = subprocess.run([ray_bin, "memory", "--stats-only", f"--address={addr}"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    text = r.stdout + r.stderr
+    m = re.search(r"Spilled\s+([\d.]+)\s+MiB,\s+(\d+)\s+objects", text)
+    restored = re.search(r"Restored\s+([\d.]+)\s+MiB,\s+(\d+)\s+objects", text)
+    return {"spilled_mib": float(m.group(1)) if m else 0.0, "spilled_objects": int(m.group(2)) if m else 0,
+            "restored_mib": float(restored.group(1)) if restored else 0.0, "ray_memory_ok": r.returncode == 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_size(n: int, a: argparse.Namespace, work: Path) -> dict:
+    py = sys.executable
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}
+    env.pop("RAY_ADDRESS", None)
+    inp = work / f"synth-{n}-L{a.max_seq_len}.parquet"
+    if not inp.exists():
+        subprocess.run([py, "-m", "fsdata", "synth", str(inp), "--num-samples", str(n), "--lengths-from",
+                        a.lengths_from, "--layout", "event", "--max-seq-len", str(a.max_seq_len), "--no-progress"],
+                       check=True, env=env)
+    common = [str(inp), "--ranks", str(a.ranks), "--batch-size-per-rank", str(a.batch_size_per_rank),
+              "--no-progress", "--json", "--overwrite", "--bucket-compression", a.bucket_compression]
+    row: dict = {"num_samples": n, "input_bytes": inp.stat().st_size}
+    out_local, out_ray = work / f"out-local-{n}", work / f"out-ray-{n}"
+    row["local"] = run_measured([py, "-m", "fsdata", "balance", common[0], str(out_local), *common[1:],
+                                 "--engine", "local", "--num-workers", str(a.ray_cpus)], env)
+    print(f"  {n:,} local: {row['local']['wall_seconds']:.1f} s", flush=True)
+    ray_bin = str(Path(py).with_name("ray"))
+    temp_dir = tempfile.mkdtemp(prefix="fsbe-", dir="/tmp")
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    try:
+        t0 = time.perf_counter()
+        subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
+                        f"--temp-dir={temp_dir}", f"--num-cpus={a.ray_cpus}",
+                        f"--object-store-memory={a.object_store_mb * 1024 * 1024}", "--disable-usage-stats"],
+                       env=env, check=True, capture_output=True, timeout=300)
+        row["ray_cluster_start_seconds"] = time.perf_counter() - t0
+        row["ray"] = run_measured([py, "-m", "fsdata", "balance", common[0], str(out_ray), *common[1:],
+                                   "--engine", "ray", "--ray-address", addr], env, marker=temp_dir,
+                                  spill_root=Path(temp_dir))
+        row["ray"].update(spilled_from_ray_memory(ray_bin, addr, env))
+    finally:
+        stop_cluster(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    print(f"  {n:,} ray:   {row['ray']['wall_seconds']:.1f} s", flush=True)
+    da, db = digests(out_local), digests(out_ray)
+    row["byte_identical"] = da == db
+    row["num_files_compared"] = len(da)
+    row["ray_over_local_wall"] = row["ray"]["wall_seconds"] / row["local"]["wall_seconds"]
+    if not a.keep_outputs:
+        shutil.rmtree(out_local, ignore_errors=True)
+        shutil.rmtree(out_ray, ignore_errors=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_engines", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1000000,5000000,20000000", help="comma-separated sample counts")
+    p.add_argument("--ranks", type=int, default=256)
+    p.add_argument("--batch-size-per-rank", type=int, default=32)
+    p.add_argument("--max-seq-len", type=int, default=64)
+    p.add_argument("--lengths-from", default=str(DATASETS / "ml-1m_ensfm" / "sequences.txt"))
+    p.add_argument("--ray-cpus", type=int, default=os.cpu_count() or 2,
+                   help="CPUs of the Ray node, and threads of the local engine (--num-workers)")
+    p.add_argument("--object-store-mb", type=int, default=2048, help="Ray object store size (MiB)")
+    p.add_argument("--work", default="bench-output/engines-work")
+    p.add_argument("--out", default="bench-output")
+    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
+                   help="passed to both engines (local: temporary buckets; ray: object-store pieces)")
+    p.add_argument("--keep-outputs", action="store_true")
+    a = p.parse_args(argv)
+    work, out = Path(a.work), Path(a.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    json_path = out / ("bench_engines.json" if a.bucket_compression == "none" else
+                       f"bench_engines-{a.bucket_compression}.json")
+    for n in [int(x) for x in a.sizes.split(",") if x]:
+        rows.append(bench_size(n, a, work))
+        json_path.write_text(json.dumps({"settings": vars(a), "results": rows}, indent=2) + "\n")
+    gib = 1024**3
+    print(f"\nfsdata balance, R={a.ranks} B={a.batch_size_per_rank}, max_seq_len {a.max_seq_len}, "
+          f"{a.ray_cpus} CPUs, object store {a.object_store_mb} MiB, bucket compression {a.bucket_compression}")
+    print("GiB columns: peak resident memory of the largest process (rss), and without shared pages (private:")
+    print("the object store is shared memory, mapped by the raylet and every worker that touched it)")
+    print(f"{'samples':>11} {'local s':>8} {'ray s':>8} {'ray/local':>9} {'local rss':>9} {'ray rss':>8} "
+          f"{'ray private':>11} {'worker private':>14} {'spilled MiB':>11} {'identical':>9}")
+    for r in rows:
+        lw = r["ray"]["max_ray_worker_private_bytes"]
+        print(f"{r['num_samples']:>11,} {r['local']['wall_seconds']:>8.1f} {r['ray']['wall_seconds']:>8.1f} "
+              f"{r['ray_over_local_wall']:>9.2f} {r['local']['max_process_rss_bytes'] / gib:>9.2f} "
+              f"{r['ray']['max_process_rss_bytes'] / gib:>8.2f} {r['ray']['max_process_private_bytes'] / gib:>11.2f} "
+              f"{(lw or 0) / gib:>14.2f} {r['ray']['spilled_mib']:>11.0f} {str(r['byte_identical']):>9}")
+    print(f"JSON: {json_path}")
+    return 0 if all(r["byte_identical"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

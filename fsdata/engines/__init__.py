@@ -1,0 +1,42 @@
+"""Execution engines of ``fsdata balance`` (docs/cluster.md).
+
+* ``local`` (:mod:`fsdata.engines.local`): one process, threads for the rank files (the default).
+* ``ray`` (:mod:`fsdata.engines.ray`): the same stages as Ray tasks on a Ray cluster (or a local
+  Ray instance); the output is byte-identical to ``local`` for the same input, settings and seed.
+
+Both are reached through one call, :func:`fsdata.balance` with ``BalanceSettings(engine=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fsdata.errors import ConfigError
+
+ENGINES = ("local", "ray")
+
+
+def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timings: dict | None = None):
+    """Run ``fsdata balance`` with ``settings.engine``.
+
+    Args:
+        input: the sample input (Parquet file, folder, or glob).
+        output: the OUTPUT folder.
+        settings: :class:`fsdata.balance.BalanceSettings`.
+        timings: if given, filled with seconds per stage.
+
+    Returns:
+        The written :class:`fsdata.manifest.Manifest`.
+
+    Raises:
+        ConfigError: unknown engine, or ``ray`` without Ray installed.
+    """
+    if settings.engine == "local":
+        from fsdata.engines.local import run as run_local
+
+        return run_local(input, output, settings, timings=timings)
+    if settings.engine == "ray":
+        from fsdata.engines.ray import run as run_ray
+
+        return run_ray(input, output, settings, timings=timings)
+    raise ConfigError(f"unknown --engine '{settings.engine}'; use one of {', '.join(ENGINES)}")
