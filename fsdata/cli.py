@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from fsdata.cliutil import (add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
+from fsdata.cliutil import (add_engine_flags, add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
                             configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
@@ -91,15 +91,6 @@ def _add_write_opts(p: argparse.ArgumentParser) -> None:
                         "decoded input size; lz4/zstd: less disk, more CPU)")
 
 
-def _add_engine_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", default="local", choices=["local", "ray"],
-                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
-                        "the output is byte-identical")
-    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
-                        "else a Ray instance on this machine)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
                                      "so every rank's cost per step is equal.")
@@ -154,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")
-    _add_engine_opts(p)
+    add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -176,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
     add_json_flag(p, "print the summary as JSON")
-    _add_engine_opts(p)
+    add_engine_flags(p)
     _add_common(p)
 
     p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",

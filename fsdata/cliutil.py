@@ -228,3 +228,13 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+
+
+def add_engine_flags(p: argparse.ArgumentParser | argparse._ActionsContainer) -> None:
+    """``--engine local|ray`` and ``--ray-address`` (fsdata balance/write and the nightly job)."""
+    p.add_argument("--engine", default="local", choices=["local", "ray"],
+                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
+                        "the output is byte-identical")
+    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
+                        "else a Ray instance on this machine)")

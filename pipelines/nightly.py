@@ -52,7 +52,7 @@ from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
 from fsdata.balance import BalanceSettings, balance, sha256_file
-from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, configure_logging,
+from fsdata.cliutil import (add_common_flags, add_engine_flags, add_num_threads_flag, add_output_flag, configure_logging,
                             resolve_progress, run_main)
 from fsdata.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.convert import convert
@@ -368,7 +368,7 @@ def _validate(cfg: NightlyConfig) -> None:
 
 
 def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_threads: int,
-           bucket_compression: str | None) -> dict:
+           bucket_compression: str | None, engine: str = "local", ray_address: str | None = None) -> dict:
     """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last."""
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": _iso(created_ns),
             "built_at": _iso(_now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
@@ -392,7 +392,8 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
                                cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
                                batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
                                budget=cfg.budget, compose_window=cfg.compose_window, num_threads=num_threads,
-                               bucket_compression=bucket_compression, progress=progress)
+                               bucket_compression=bucket_compression, progress=progress,
+                               engine=engine, ray_address=ray_address)
     manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
     checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
     checked["warning"] = high_bubble_warning(manifest.to_json())
@@ -422,7 +423,8 @@ def _write_report(stage: Path, samples: str, columns: str | None) -> None:
 
 def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
                 num_threads: int = 2, bucket_compression: str | None = None,
-                lock_timeout_seconds: float = 0.0, num_workers: int | None = None) -> dict:
+                lock_timeout_seconds: float = 0.0, num_workers: int | None = None, engine: str = "local",
+                ray_address: str | None = None) -> dict:
     """Run (or skip) the nightly job under the work folder's lock.
 
     Args:
@@ -435,6 +437,9 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
         bucket_compression: codec of balance's temporary buckets (does not change the output).
         lock_timeout_seconds: wait this long for a concurrent run (0: fail at once).
         num_workers: deprecated name of ``num_threads`` (used when given).
+        engine: ``local`` or ``ray`` (``fsdata balance --engine``, docs/cluster.md): where balance
+            runs; the output is byte-identical, so the engine is not part of the run key.
+        ray_address: the Ray cluster for ``engine="ray"`` (None: ``RAY_ADDRESS`` or a local instance).
 
     Returns:
         Dict with ``run_dir``, ``run_key``, ``skipped`` (already complete and intact), ``rebuilt``
@@ -478,7 +483,7 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
             stage.mkdir()
             try:
                 _build(cfg, stage, key, created, progress=progress, num_threads=num_threads,
-                       bucket_compression=bucket_compression)
+                       bucket_compression=bucket_compression, engine=engine, ray_address=ray_address)
                 if run_dir.exists():
                     old = runs / f".{key}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
                     os.replace(run_dir, old)  # latest may dangle until the next rename (microseconds)
@@ -599,6 +604,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
+    add_engine_flags(b)  # the same --engine/--ray-address as fsdata balance
     j = p.add_argument_group("job")
     add_output_flag(j, metavar="DIR", deprecated=("--work-dir",),
                     help="work folder of runs/, latest and the lock (must not hold the input); required")
@@ -637,6 +643,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     r = run_nightly(cfg, a.output, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
                     num_threads=a.num_threads,
                     bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
+                    engine=a.engine, ray_address=a.ray_address,
                     lock_timeout_seconds=a.lock_timeout)
     if a.json:
         print(json.dumps({k: r[k] for k in ("run_dir", "run_key", "skipped", "rebuilt", "published",

@@ -263,3 +263,19 @@ def test_stages_write_with_ray_engine(local_ray, small_chunks, tmp_path, capsys)
     assert main(["finalize", str(tmp_path / "staged"), "--plan", str(tmp_path / "plan.parquet")]) == 0
     capsys.readouterr()
     assert _digests(tmp_path / "staged") == _digests(tmp_path / "local")
+
+
+def test_nightly_engine_ray_publishes_the_local_bytes(local_ray, small_chunks, tmp_path):
+    """`python -m pipelines.nightly --engine ray`: the published shards equal the local engine's,
+    and the engine is not part of the run key (same input and settings: the same run)."""
+    from pipelines import nightly
+
+    samples = write_samples(tmp_path / "s.parquet", n=900, seed=4)
+    common = ["--input", str(samples), "--format", "samples", "--ranks", "4", "--batch-size-per-rank", "8",
+              "--compose-window", "4", "--no-progress", "--json"]
+    assert nightly.main(common + ["--output", str(tmp_path / "local")]) == 0
+    assert nightly.main(common + ["--output", str(tmp_path / "ray"), "--engine", "ray"]) == 0
+    local = os.path.realpath(tmp_path / "local" / "latest")
+    on_ray = os.path.realpath(tmp_path / "ray" / "latest")
+    assert os.path.basename(local) == os.path.basename(on_ray)  # same run key
+    assert _digests(Path(local) / "shards") == _digests(Path(on_ray) / "shards")
