@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPRECATED = ("--out", "--work-dir", "--threads", "--num-workers")
 
 
+#: Named second outputs of a command that also has its main output location.
+SECOND_OUTPUTS = {"--holdout-output"}
+
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
@@ -71,7 +74,9 @@ def test_parser_follows_the_convention(name, parser, progress):
         assert flags["--no-progress"] is flags["--progress"] and flags["--progress"].dest == "progress", name
     for old in DEPRECATED:
         assert old not in flags, f"{name}: {old} is visible; use the convention's name"
-    out = [s for s in flags if "output" in s or s == "-o"]
+    # the output location is -o/--output; a command's second, named output is --<what>-output
+    # (fsdata convert --holdout-output), never a bare --out/--work-dir
+    out = [s for s in flags if (s.endswith("output") and s not in SECOND_OUTPUTS) or s == "-o"]
     assert not out or set(out) == {"-o", "--output"} and flags["-o"] is flags["--output"], (name, out)
     threads = [s for s in flags if "thread" in s or "worker" in s]
     assert threads in ([], ["--num-threads"]), (name, threads)
