@@ -78,7 +78,8 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
                    help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
     p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
+    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus time-bounded CP-SAT only on steps whose gap "
+                        "to the proven bound is worth it), "
                         "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
     p.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
@@ -131,20 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("output", help="OUTPUT folder (docs/format.md)")
     _add_input_opts(p)
-    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
-                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
-    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
-                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
-    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus CP-SAT on the worst steps when B <= 8), "
-                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
-    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
-                   help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
+    _add_plan_opts(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
-    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
-                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
-                        "decoded input size; lz4/zstd: less disk, more CPU)")
+    _add_write_opts(p)
     add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
