@@ -128,21 +128,17 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:  # plain `fstrain train` without torchrun: one process
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend=pg_backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_seconds),
+        timeout = datetime.timedelta(seconds=timeout_seconds)
+        store = None
+        if "MASTER_ADDR" not in os.environ and world == 1:  # plain `fstrain train` without torchrun
+            # bind the store to a port the OS picks (port 0) instead of probing a free port and
+            # binding it later: another process could take it in between (EADDRINUSE)
+            # (one process: no peer, so no watchdog connects to it and nothing goes into the environment)
+            store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout,
+                                  wait_for_workers=False)
+        dist.init_process_group(backend=pg_backend, rank=rank, world_size=world, timeout=timeout, store=store,
                                 device_id=device if backend == "nccl" else None)
     return DistEnv(rank, world, local, device, backend)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sum_allreduce_hook(process_group, bucket):  # unannotated: DDP checks annotations at runtime
