@@ -458,7 +458,8 @@ def default_html_path(output: str | os.PathLike) -> Path:
 
 
 def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | None = None, *,
-                 input_path: str | os.PathLike | None = None, column_map: str | None = None) -> dict:
+                 input_path: str | os.PathLike | None = None, column_map: str | None = None,
+                 label: str | None = None) -> dict:
     """One call: read a balance OUTPUT and write its HTML report and PNG figures.
 
     Args:
@@ -466,6 +467,8 @@ def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
         html_path: the page to write (default :func:`default_html_path`); PNGs go beside it.
         input_path: the balance INPUT, when the output's ``sample_id``s are not input row numbers.
         column_map: ``--columns`` mapping of the input.
+        label: how the page names the output and input (default: their paths as given; the nightly
+            job passes the published names, since it writes the page before the run is renamed).
 
     Returns:
         ``{"html": path, "png": [paths], "predicted_bubble_before": float,
@@ -475,8 +478,10 @@ def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
         InputError: see :func:`load_output` and :func:`write_page`.
     """
     d = load_output(output_dir, input_path, column_map)
+    if label is not None and input_path is not None:
+        d.before_source = d.before_source.replace(str(input_path), "the run's samples")
     hp = Path(html_path) if html_path is not None else default_html_path(output_dir)
-    res = write_page(hp, f"fsdata report: {output_dir}",
+    res = write_page(hp, f"fsdata report: {label or output_dir}",
                      [("Settings and counts", output_rows(d), []), ("Figures", [], output_figures(d))])
     res.update(predicted_bubble_before=bubble.run_bubble(d.before_loads),
                predicted_bubble_after=bubble.run_bubble(d.after_loads),

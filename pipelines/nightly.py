@@ -400,7 +400,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
     if checked["warning"]:
         log.warning(checked["warning"])
     (stage / "verify.json").write_text(json.dumps(checked, indent=2))
-    _write_report(stage, samples, columns)
+    _write_report(stage, key, samples, columns)
     summary = {"profile": report, "verify": checked}
     tmp_done = stage / f".{SUCCESS_NAME}.tmp"
     tmp_done.write_text(json.dumps({**summary, "files": _file_digests(stage)}))
@@ -408,7 +408,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
     return summary
 
 
-def _write_report(stage: Path, samples: str, columns: str | None) -> None:
+def _write_report(stage: Path, key: str, samples: str, columns: str | None) -> None:
     """``report.html`` (and its PNGs) next to the run's shards (:func:`fsdata.report.write_report`);
     skipped with a warning when the plotting extra is not installed (the run itself is complete)."""
     try:
@@ -418,7 +418,8 @@ def _write_report(stage: Path, samples: str, columns: str | None) -> None:
         return
     from fsdata.report import write_report  # noqa: PLC0415
 
-    write_report(stage / "shards", stage / "report.html", input_path=samples, column_map=columns)
+    write_report(stage / "shards", stage / "report.html", input_path=samples, column_map=columns,
+                 label=f"nightly run {key}")
 
 
 def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,

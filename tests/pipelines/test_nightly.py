@@ -303,7 +303,9 @@ def test_composition_warning_and_report_reach_the_run(tmp_path, capsys):
     m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
     assert m["settings"]["compose_window"] == 1 and m["lower_bound_kind"] == "pigeonhole"
     page = work / "latest" / "report.html"
-    assert page.read_text().count("<img ") == 4
+    text = page.read_text()
+    assert text.count("<img ") == 4 and "fsdata report: nightly run " in text
+    assert ".tmp-" not in text  # written in the staging folder, named as published
     verified = json.loads((work / "latest" / "verify.json").read_text())
     assert verified["predicted_bubble"] > 0.10  # heavy tail at B=2 without composition (50.8% when written)
     assert "warning:" in out and "--compose-window" in out and verified["warning"]
