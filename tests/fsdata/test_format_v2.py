@@ -496,3 +496,28 @@ def test_finalize_refuses_files_that_do_not_match_the_plan(good, tmp_path, capsy
     pq.write_table(t.slice(0, t.num_rows - 1), f)
     assert main(["finalize", str(staged), "--plan", str(plan)]) == 2
     assert "rerun 'fsdata write'" in capsys.readouterr().err and not (staged / "_manifest.json").exists()
+
+
+def test_verify_input_catches_a_sample_moved_out_of_its_composition_window(tmp_path):
+    """Composition may regroup samples only inside a window of W global batches: a row swapped with
+    an equal-length row of another window keeps every count, cost and bound, and is still caught."""
+    inp = write_samples(tmp_path / "in.parquet", n=N, with_timestamps=True)
+    out = tmp_path / "out"
+    assert _balance(inp, out, "--compose-window", "2") == 0
+    assert _manifest(out)["settings"]["compose_window"] == 2
+    verify(out, inp)
+    t = pq.read_table(out / "rank-00000" / "part-00000.parquet")
+    step = t.column("step").to_numpy()
+    lengths = np.array([len(x) for x in t.column(S.ITEM_IDS).to_pylist()])
+    pair = next(((i, j) for i in np.flatnonzero(step // 2 == 0) for j in np.flatnonzero(step // 2 > 0)
+                 if lengths[i] == lengths[j]), None)
+    assert pair is not None, "test data: no equal-length pair across windows"
+    i, j = pair
+    rows = t.to_pylist()
+    keep = {"step", "rank"}
+    for k in rows[i]:
+        if k not in keep:
+            rows[i][k], rows[j][k] = rows[j][k], rows[i][k]
+    _rewrite_rank_file(out, 0, pa.Table.from_pylist(rows, schema=t.schema))
+    verify(out)  # without the input nothing a reader relies on changed
+    _fails(out, inp, match="window of 2 steps")
