@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import schema
+from fsdata.shards import manifest as schema  # the shard format's file names
 from fsdata.cli import main as fsdata_main
 from fstrain.data import ShardReader, infer_num_items, load_manifest, load_step_counts
 from fstrain.errors import ShardError, ShardMismatchError
