@@ -30,7 +30,6 @@ from torch.autograd.profiler import record_function
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fsdata.shards import manifest as _M
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch, make_batch  # re-exported: fstrain.data.Batch keeps working
@@ -84,8 +83,7 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
             (step, rank) exactly once with at least one sample.
     """
     S, R = manifest.num_steps, manifest.num_ranks
-    stats_path = os.path.join(manifest.path, manifest.step_stats_file
-                              or _M.STEP_STATS_NAMES[manifest.format_version])
+    stats_path = manifest.step_stats_path()
     if manifest.batch_policy == "fixed" and not os.path.exists(stats_path):
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
     try:

@@ -52,7 +52,8 @@ from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
 from fsdata.engines import balance
-from fsdata.shards.writer import BalanceSettings, sha256_file
+from fsdata.shards.manifest import sha256_file
+from fsdata.shards.writer import BalanceSettings
 from fsdata.cliutil import (add_common_flags, add_engine_flags, add_num_threads_flag, add_output_flag, configure_logging,
                             resolve_progress, run_main)
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW

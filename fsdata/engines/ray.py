@@ -343,7 +343,7 @@ def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
     Raises:
         VerifyError: a violated invariant, naming the rank.
     """
-    from fsdata.shards.writer import sha256_file  # noqa: PLC0415
+    from fsdata.shards.manifest import sha256_file  # noqa: PLC0415
     from fsdata.errors import VerifyError  # noqa: PLC0415
 
     total = 0

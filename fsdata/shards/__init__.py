@@ -1,6 +1,6 @@
 """The shards layer: the on-disk shard format, its writer and its verifier (docs/format.md).
 
-* :mod:`~fsdata.shards.manifest`: the format itself: version, root file names, the
+* :mod:`~fsdata.shards.manifest`: the format itself: version, root file names, step stats, file digests, the
   :class:`~fsdata.shards.manifest.Manifest` dataclass with ``write``/``read`` (the one reader,
   also used by ``fstrain``);
 * :mod:`~fsdata.shards.writer`: the plan / write / finalize stages of ``fsdata balance``;

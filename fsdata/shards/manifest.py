@@ -1,9 +1,12 @@
-"""The shard format's manifest: one reader and one writer for ``_manifest.json`` (docs/format.md).
+"""The shard format: one reader and one writer for ``_manifest.json``, the step stats and the file
+digests (docs/format.md).
 
 Everything that reads or writes an ``fsdata balance`` OUTPUT's manifest goes through
 :class:`Manifest`: ``fsdata balance`` / ``fsdata finalize`` write it (:meth:`Manifest.write`),
 ``fsdata verify`` and ``fstrain`` read it (:meth:`Manifest.read`). This module imports neither
-torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer.
+torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer. The step stats
+(:func:`write_step_stats`, :meth:`Manifest.step_stats_path`) and the SHA-256 of the files
+(:func:`sha256_file`) are defined here too, so the writer, verify and the engines share one definition.
 
 Versions: format_version 2 (written today) names the root metadata ``_manifest.json``,
 ``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
@@ -13,6 +16,7 @@ Versions: format_version 2 (written today) names the root metadata ``_manifest.j
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,6 +45,40 @@ KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_siz
 _REQUIRED = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "files")
 _V2_KEYS = ("fsdata_version", "input_digest", "step_stats_sha256", "dropped_sha256")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Columns of the step stats, one row per (step, rank), sorted by step then rank.
+STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost")
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in ``chunk_bytes`` chunks (the digests the manifest records)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
+    """Write the step stats (``_step_stats.parquet``): one row per (step, rank), sorted by step then
+    rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64.
+
+    Args:
+        path: the file to write.
+        counts: shape ``[S x R]``, int; samples per (step, rank).
+        loads: shape ``[S x R]``, float64; predicted cost per (step, rank), seconds.
+    """
+    import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    S_, R = loads.shape
+    table = pa.table({
+        "step": pa.array(np.repeat(np.arange(S_, dtype=np.int32), R)),
+        "rank": pa.array(np.tile(np.arange(R, dtype=np.int32), S_)),
+        "num_samples": pa.array(counts.ravel().astype(np.int32)),
+        "predicted_cost": pa.array(loads.ravel()),
+    })
+    pq.write_table(table, str(path), compression="zstd")
 
 
 class ManifestError(FsdataError):
@@ -180,6 +218,10 @@ class Manifest:
     def rank_file(self, rank: int) -> str:
         """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path)."""
         return os.path.join(self.path, self.files[rank].path)
+
+    def step_stats_path(self) -> str:
+        """Path of the step-stats file (``step_stats_file``, else this version's default name)."""
+        return os.path.join(self.path, self.step_stats_file or STEP_STATS_NAMES[self.format_version])
 
     @property
     def raw(self) -> dict:

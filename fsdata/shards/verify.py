@@ -37,7 +37,6 @@ from tqdm import tqdm
 
 from fsdata.balancer import bubble
 from fsdata.samples import schema as S
-from fsdata.shards.writer import sha256_file
 from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.errors import FsdataError, InputError, VerifyError
 from fsdata.samples.io import open_samples, sorted_unique
@@ -48,6 +47,7 @@ from fsdata.shards.manifest import (
     is_sha256,
     rank_dir_name,
     rank_file_path,
+    sha256_file,
 )
 from fsdata.balancer.plan import BATCH_POLICIES, REMAINDER_POLICIES, STRATEGIES, shuffled_steps
 

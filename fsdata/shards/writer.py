@@ -43,6 +43,8 @@ from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.errors import ConfigError, InputError
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.io import SampleSource, open_samples
+from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
+from fsdata.shards.manifest import write_step_stats as _write_step_stats
 from fsdata.shards.manifest import DROPPED_NAME, FORMAT_VERSION, STEP_STATS_NAME, FileEntry, Manifest, rank_dir_name, rank_file_path
 from fsdata.balancer.plan import DEFAULT_PARTITIONER, Plan, make_plan
 
@@ -107,15 +109,6 @@ class BalanceSettings:
             warnings.warn("BalanceSettings(num_workers=) is deprecated; use num_threads=", DeprecationWarning,
                           stacklevel=3)
             self.num_threads, self.num_workers = self.num_workers, None
-
-
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file, read in ``chunk_bytes`` chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
 
 
 def input_digest(src: SampleSource) -> str:
@@ -537,20 +530,12 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
 
 
 def write_step_stats(path: Path, plan: Plan | PlanTable) -> None:
-    """``_step_stats.parquet``: one row per (step, rank), sorted by step then rank: ``step`` int32,
-    ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64."""
+    """``_step_stats.parquet`` of ``plan`` (the format: :func:`fsdata.shards.manifest.write_step_stats`)."""
     if isinstance(plan, PlanTable):
         counts, loads = plan.counts_and_loads()
     else:
         counts, loads = plan.counts, plan.loads
-    S_, R = loads.shape
-    table = pa.table({
-        "step": pa.array(np.repeat(np.arange(S_, dtype=np.int32), R)),
-        "rank": pa.array(np.tile(np.arange(R, dtype=np.int32), S_)),
-        "num_samples": pa.array(counts.ravel().astype(np.int32)),
-        "predicted_cost": pa.array(loads.ravel()),
-    })
-    pq.write_table(table, str(path), compression="zstd")
+    _write_step_stats(path, counts, loads)
 
 
 def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
