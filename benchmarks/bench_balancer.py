@@ -8,11 +8,11 @@ Rows: every dataset in ``../shared/datasets`` under two sample layouts (per-user
 user, length ``n - 1``; per-event: one sample per interaction, history capped at 512), every
 ``R in {8, 64, 256}`` and ``B in {4, 8, 32, 128}`` with at least one full step, then synthetic
 lengths resampled from MovieLens-1M per-event (10M samples), then 100M samples through
-:func:`fsdata.partition.partition_steps_chunked` in a child process (peak RSS of that process).
+:func:`fsdata.balancer.partitioners.partition_steps_chunked` in a child process (peak RSS of that process).
 Cost model: ``quadratic`` (``L^2 + 64 L``), plus the cost-budget headline on MovieLens-1M per-user
 with ``hstu`` and ``quadratic``.
 
-Columns: predicted run bubble (:func:`fsdata.bubble.run_bubble`), gap to the equal-count lower
+Columns: predicted run bubble (:func:`fsdata.balancer.bubble.run_bubble`), gap to the equal-count lower
 bound of the same steps in percentage points, samples per second (wall) and per CPU-second,
 tracemalloc peak (Python/NumPy heap; numba's per-thread scratch, O(R*B), is not traced).
 Slow methods (``lpt`` pure Python, ``kk``) run on a prefix of steps, ``lpt-swap-cpsat`` on fewer;
@@ -34,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdata.bubble import lower_bound_bubble, run_bubble
-from fsdata.cost import load_cost_model
-from fsdata.cost_budget import plan_cost_budget, step_rank_loads
+from fsdata.balancer.bubble import lower_bound_bubble, run_bubble
+from fsdata.balancer.cost import load_cost_model
+from fsdata.balancer.cost_budget import plan_cost_budget, step_rank_loads
 from fsdata.errors import ConfigError
-from fsdata.partition import partition_steps, per_rank_loads
-from fsdata.synth import read_lengths
+from fsdata.balancer.partition import per_rank_loads
+from fsdata.balancer.partitioners import partition_steps
+from fsdata.samples.synth import read_lengths
 
 DATASETS = Path(os.environ.get("FREESCALE_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 FILES = ["ml-1m_ensfm/sequences.txt", "ml-latest-small/ratings.csv", "amazon-beauty_bert4rec/beauty.txt",
@@ -125,8 +126,8 @@ def _peak_rss_mib() -> float:
 
 def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_threads: int) -> None:
     """Child process: ``num_samples`` synthetic costs through partition_steps_chunked; prints JSON."""
-    from fsdata.partition import partition_steps_chunked
-    from fsdata.synth import synth_lengths
+    from fsdata.balancer.partitioners import partition_steps_chunked
+    from fsdata.samples.synth import synth_lengths
 
     src = read_lengths(DATASETS / FILES[0], "event")
     cost = load_cost_model("quadratic")
@@ -140,7 +141,7 @@ def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_thread
 
     t0 = time.perf_counter()
     it = chunks()
-    from fsdata.partition_fast import lpt_swap_steps
+    from fsdata.balancer.partition_fast import lpt_swap_steps
 
     rss_first = None
     for C in it:
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
             print("cost-budget headline (ml-1m per-user, R=16, B=16):", json.dumps(headline[-1]), flush=True)
     # synthetic: lengths resampled from MovieLens-1M per-event
     if ml.exists() and synth_n:
-        from fsdata.synth import synth_lengths
+        from fsdata.samples.synth import synth_lengths
 
         costs = cost.cost(synth_lengths(synth_n, read_lengths(ml, "event"), seed=1))
         for R, B in ([(256, 32), (64, 8), (8, 4)] if not a.quick else [(256, 32)]):

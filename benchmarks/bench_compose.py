@@ -3,16 +3,16 @@
 Every visible dataset in ``../shared/datasets`` is converted per event (``fsdata convert ...
 --samples per-event --max-seq-len 512``, cached in ``--work``), costed with ``L^2 + 64L``
 (``--cost-model quadratic``) and planned exactly as ``fsdata balance`` plans it
-(:func:`fsdata.plan.make_plan`), for R in {8, 64, 256} and B in {4, 8, 32}:
+(:func:`fsdata.balancer.plan.make_plan`), for R in {8, 64, 256} and B in {4, 8, 32}:
 
 * ``shuffle``: today's practice (equal contiguous per-rank batches of the random global batch);
 * ``W=1``: per-step balancing only (no composition), with its proven (pigeonhole) bound;
-* ``W=w`` for every shipped window (:data:`fsdata.compose.SHIPPED_WINDOWS`), with the proven bound
+* ``W=w`` for every shipped window (:data:`fsdata.balancer.compose.SHIPPED_WINDOWS`), with the proven bound
   of the composed steps; a window larger than the data is all steps (rows deduplicated);
 * ``cost-budget``: variable per-rank counts (count range and step count given).
 
 Exact check of the bound: at R=8 (B=4, 8) the 8 steps furthest above their pigeonhole bound are
-solved exactly with CP-SAT (:func:`fsdata.cpsat.tighten_step_bounds`, 0.5 deterministic s each):
+solved exactly with CP-SAT (:func:`fsdata.balancer.cpsat.tighten_step_bounds`, 0.5 deterministic s each):
 proven optima confirm or raise the bound.
 
 The grid uses ``--partitioner lpt-swap`` (fast); the target rows (Amazon Beauty and Sports at
@@ -37,12 +37,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from fsdata.compose import DEFAULT_COMPOSE_WINDOW, SHIPPED_WINDOWS
-from fsdata.convert import convert
-from fsdata.cost import load_cost_model
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, SHIPPED_WINDOWS
+from fsdata.samples.convert import convert
+from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import FsdataError
-from fsdata.plan import make_plan
-from fsdata.synth import detect_format
+from fsdata.balancer.plan import make_plan
+from fsdata.samples.synth import detect_format
 
 DATASETS = Path(os.environ.get("FREESCALE_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 RANKS = (8, 64, 256)
@@ -110,8 +110,8 @@ def bench_setting(name: str, costs: np.ndarray, R: int, B: int, windows: tuple[i
 
 def exact_row(name: str, costs: np.ndarray, R: int, B: int) -> dict:
     """Per-step balancing (W=1, lpt-swap) with the bound tightened by exact CP-SAT on 8 steps."""
-    from fsdata import bubble
-    from fsdata.cpsat import tighten_step_bounds
+    from fsdata.balancer import bubble
+    from fsdata.balancer.cpsat import tighten_step_bounds
 
     p = make_plan(costs, num_ranks=R, batch_size_per_rank=B, compose_window=1, partitioner="lpt-swap")
     kept = np.flatnonzero(p.step >= 0)

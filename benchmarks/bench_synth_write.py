@@ -1,4 +1,4 @@
-"""Throughput and memory of :func:`fsdata.synth.write_synth_samples`.
+"""Throughput and memory of :func:`fsdata.samples.synth.write_synth_samples`.
 
 Usage::
 
@@ -16,7 +16,7 @@ import resource
 import time
 
 from benchmarks.bench_balancer import DATASETS
-from fsdata.synth import read_lengths, write_synth_samples
+from fsdata.samples.synth import read_lengths, write_synth_samples
 
 
 def main(argv=None) -> int:

@@ -151,7 +151,7 @@ def _event_replay(shards: str, model_kw: dict, repeats: int) -> dict:
     import numpy as np
     import torch
 
-    from fsdata.bubble import run_bubble
+    from fsdata.balancer.bubble import run_bubble
     from fstrain.data import ShardReader, infer_num_items, load_manifest
     from fstrain.model import with_negatives
     from fstrain.replay import make_replay_model
@@ -185,7 +185,7 @@ def check_replay(work: Path, quick: bool) -> dict:
     model_kw = dict(embedding_dim=64, num_layers=2, num_heads=2, num_negatives=128, max_seq_len=512)
     shards = _write_shards(work / "replay", ranks=8, steps=4 if quick else 10, batch=16, max_len=512)
     res = {name: _event_replay(path, model_kw, repeats=3) for name, path in shards.items()}
-    from fsdata.bubble import reduction
+    from fsdata.balancer.bubble import reduction
 
     res["measured_reduction"] = reduction(res["balanced"]["measured_bubble"], res["shuffle"]["measured_bubble"])
     cli = [sys.executable, "-m", "fstrain.cli", "replay", shards["balanced"], "--baseline", shards["shuffle"],

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_convert(a: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from fsdata.convert import convert
+    from fsdata.samples.convert import convert
 
     s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
                 item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
@@ -224,8 +224,8 @@ def _cmd_convert(a: argparse.Namespace) -> int:
 
 
 def _load_lengths(a: argparse.Namespace):
-    from fsdata.cost import load_cost_model
-    from fsdata.io import open_samples
+    from fsdata.balancer.cost import load_cost_model
+    from fsdata.samples.io import open_samples
 
     cost_model = load_cost_model(a.cost_model)
     src = open_samples(a.input, a.columns)
@@ -234,7 +234,7 @@ def _load_lengths(a: argparse.Namespace):
 
 
 def _cmd_profile(a: argparse.Namespace) -> int:
-    from fsdata.profile import format_report, profile
+    from fsdata.balancer.profile import format_report, profile
 
     _, cost_model, lengths, _ = _load_lengths(a)
     report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
@@ -244,9 +244,9 @@ def _cmd_profile(a: argparse.Namespace) -> int:
 
 
 def _settings_from_args(a: argparse.Namespace):
-    from fsdata.balance import BalanceSettings
-    from fsdata.compose import DEFAULT_COMPOSE_WINDOW, check_window
-    from fsdata.plan import DEFAULT_PARTITIONER, check_settings
+    from fsdata.shards.writer import BalanceSettings
+    from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window
+    from fsdata.balancer.plan import DEFAULT_PARTITIONER, check_settings
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
@@ -266,7 +266,7 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
-    from fsdata.plan import high_bubble_warning
+    from fsdata.balancer.plan import high_bubble_warning
 
     settings = m.get("settings") or {}
     summary["compose_window"] = settings.get("compose_window", 1)
@@ -295,7 +295,7 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
 
 
 def _cmd_balance(a: argparse.Namespace) -> int:
-    from fsdata.balance import balance
+    from fsdata.engines import balance
 
     settings = _settings_from_args(a)
     log.info("balancing %s for %d ranks x %d", a.input, a.ranks, a.batch_size_per_rank)
@@ -306,8 +306,8 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
-    from fsdata.balance import make_plan_table, write_plan
-    from fsdata.io import open_samples
+    from fsdata.shards.writer import make_plan_table, write_plan
+    from fsdata.samples.io import open_samples
 
     settings = _settings_from_args(a)
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
@@ -330,14 +330,14 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 def _cmd_write(a: argparse.Namespace) -> int:
     from fsdata.atomic import atomic_output
-    from fsdata.balance import BalanceSettings, read_plan, write_ranks
-    from fsdata.io import open_samples
+    from fsdata.shards.writer import BalanceSettings, read_plan, write_ranks
+    from fsdata.samples.io import open_samples
 
     check_output_apart(a.output, [a.input, a.plan], output_name="OUTPUT", input_name="INPUT or PLAN")
     plan = read_plan(a.plan)
     s = plan.meta.get("settings", {})
     src = open_samples(a.input, s.get("input_columns_renamed") or None)
-    from fsdata.balance import input_digest
+    from fsdata.shards.writer import input_digest
 
     if input_digest(src) != plan.meta.get("input_digest"):
         raise FsdataError(f"input {a.input} is not the input plan {a.plan} was made from (input digests differ); "
@@ -358,7 +358,7 @@ def _cmd_write(a: argparse.Namespace) -> int:
 
 
 def _cmd_finalize(a: argparse.Namespace) -> int:
-    from fsdata.balance import finalize, read_plan
+    from fsdata.shards.writer import finalize, read_plan
 
     if not Path(a.output).is_dir():
         raise FsdataError(f"output {a.output} does not exist; write it with 'fsdata write INPUT PLAN OUTPUT'")
@@ -368,7 +368,7 @@ def _cmd_finalize(a: argparse.Namespace) -> int:
 
 
 def _cmd_synth(a: argparse.Namespace) -> int:
-    from fsdata.synth import read_lengths, write_synth_samples
+    from fsdata.samples.synth import read_lengths, write_synth_samples
 
     check_output_apart(a.output, [a.lengths_from], output_name="output", input_name="--lengths-from")
     if Path(a.output).exists() and not a.overwrite:
@@ -387,7 +387,7 @@ def _cmd_synth(a: argparse.Namespace) -> int:
 
 
 def _cmd_verify(a: argparse.Namespace) -> int:
-    from fsdata.verify import verify
+    from fsdata.shards.verify import verify
 
     r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress)
     if a.json:

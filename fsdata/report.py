@@ -6,14 +6,14 @@ The page shows, for an ``fsdata balance`` OUTPUT (format v1 ``manifest.json`` or
 * the length histogram (log-spaced bins, log counts) and the cost per sample under the
   manifest's cost model;
 * the predicted per-rank load of every step *before* (today's practice: the same global batches
-  cut into equal contiguous per-rank batches, :func:`fsdata.partition.partition_shuffle`) and
+  cut into equal contiguous per-rank batches, :func:`fsdata.balancer.partition.partition_shuffle`) and
   *after* (the written assignment, ``step_stats``), as heat maps of load / step mean;
 * the bubble per step before and after, with the per-step lower bound
-  (:func:`fsdata.bubble.step_lower_bound`);
+  (:func:`fsdata.balancer.bubble.step_lower_bound`);
 * the settings and counts from the manifest.
 
 The "before" assignment needs each input row's cost in input order (the global batches are a
-seeded permutation of input rows, :func:`fsdata.plan.shuffled_steps`). It is recovered exactly
+seeded permutation of input rows, :func:`fsdata.balancer.plan.shuffled_steps`). It is recovered exactly
 either from ``input_path`` (the balance INPUT) or, without it, when the output's ``sample_id``s are
 the input's row numbers (as ``fsdata convert`` and ``fsdata synth`` write them); both are checked
 against the output's step membership and the manifest's ``baseline_predicted_bubble``.
@@ -36,12 +36,12 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from fsdata import bubble
-from fsdata import schema as S
-from fsdata.cost import load_cost_model
+from fsdata.balancer import bubble
+from fsdata.samples import schema as S
+from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import InputError
-from fsdata.partition import partition_shuffle, per_rank_loads
-from fsdata.plan import shuffled_steps
+from fsdata.balancer.partition import partition_shuffle, per_rank_loads
+from fsdata.balancer.plan import shuffled_steps
 
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
 STEP_STATS_NAMES = ("_step_stats.parquet", "step_stats.parquet")
@@ -180,7 +180,7 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     N = int(m["num_samples_input"])
     cost_model = load_cost_model(m["cost_model"])
     if input_path is not None:
-        from fsdata.io import open_samples  # noqa: PLC0415
+        from fsdata.samples.io import open_samples  # noqa: PLC0415
 
         in_lengths, in_ids = open_samples(input_path, column_map).lengths_and_ids()
         if len(in_ids) != N:

@@ -13,7 +13,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from fsdata import schema
+from fsdata.samples import schema
 
 #: KJT keys of a batch: the history and the label (one id per sample), looked up in one table.
 HISTORY_KEY = schema.ITEM_IDS

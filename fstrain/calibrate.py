@@ -10,7 +10,7 @@ by non-negative least squares on relative errors (each row divided by its measur
 ``b0`` is the per-batch overhead: every rank pays it once per step, so it cannot create a
 bubble and is not part of the per-sample model. The output JSON
 ``{"kind": "polynomial", "name": ..., "coefficients": [c0, c1, c2], ...}`` (seconds) is what
-``fsdata balance --cost-model PATH.json`` reads (:func:`fsdata.cost.load_cost_model`).
+``fsdata balance --cost-model PATH.json`` reads (:func:`fsdata.balancer.cost.load_cost_model`).
 """
 
 from __future__ import annotations

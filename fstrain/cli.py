@@ -293,7 +293,7 @@ def _replay_row(label: str, r: dict) -> str:
 
 
 def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fsdata.bubble import reduction
+    from fsdata.balancer.bubble import reduction
     from fstrain.metrics import write_json
     from fstrain.replay import replay
 

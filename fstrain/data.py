@@ -2,7 +2,7 @@
 
 :class:`ShardReader` opens the rank's file listed in the manifest (v2: ``rank-XXXXX/part-00000.parquet``),
 checks it against ``_manifest.json`` and ``_step_stats.parquet`` (v1: ``manifest.json``,
-``_step_stats.parquet``, read through :class:`fsdata.manifest.Manifest`) *before* any collective can run, streams its row
+``_step_stats.parquet``, read through :class:`fsdata.shards.manifest.Manifest`) *before* any collective can run, streams its row
 groups (a row group holds whole steps, so memory is bounded by one row group) and yields one
 :class:`Batch` per step: the item histories as a jagged :class:`KeyedJaggedTensor` (no padding),
 the targets, this rank's sample count and the step's global sample count (for loss
@@ -30,9 +30,8 @@ from torch.autograd.profiler import record_function
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from fsdata import manifest as _M
-from fsdata import schema
-from fsdata.manifest import Manifest, ManifestError
+from fsdata.samples import schema
+from fsdata.shards.manifest import Manifest, ManifestError
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch, make_batch  # re-exported: fstrain.data.Batch keeps working
 from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 
@@ -43,14 +42,14 @@ _READ_COLUMNS = [schema.STEP, schema.SAMPLE_ID, schema.ITEM_IDS, schema.TARGET_I
 
 def load_manifest(shards_dir: str) -> Manifest:
     """Read and validate an OUTPUT's manifest (``_manifest.json``; v1 ``manifest.json``) with
-    :meth:`fsdata.manifest.Manifest.read`, the one reader of the format.
+    :meth:`fsdata.shards.manifest.Manifest.read`, the one reader of the format.
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder.
 
     Returns:
-        The parsed :class:`fsdata.manifest.Manifest` (``files[r].path`` / ``.num_rows``,
-        :meth:`~fsdata.manifest.Manifest.rank_file`).
+        The parsed :class:`fsdata.shards.manifest.Manifest` (``files[r].path`` / ``.num_rows``,
+        :meth:`~fsdata.shards.manifest.Manifest.rank_file`).
 
     Raises:
         ShardError: missing, unreadable or malformed manifest, or a rank without a file.
@@ -84,8 +83,7 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
             (step, rank) exactly once with at least one sample.
     """
     S, R = manifest.num_steps, manifest.num_ranks
-    stats_path = os.path.join(manifest.path, manifest.step_stats_file
-                              or _M.STEP_STATS_NAMES[manifest.format_version])
+    stats_path = manifest.step_stats_path()
     if manifest.batch_policy == "fixed" and not os.path.exists(stats_path):
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
     try:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fsdata import schema
+from fsdata.samples import schema
 from fstrain.data import HISTORY_KEY, TARGET_KEY
 from fstrain.errors import ConfigError, FstrainError
 from fstrain.model import NEGATIVE_KEY

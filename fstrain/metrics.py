@@ -1,4 +1,4 @@
-"""Per-step, per-rank timings and the measured bubble (``fsdata.bubble.run_bubble``).
+"""Per-step, per-rank timings and the measured bubble (``fsdata.balancer.bubble.run_bubble``).
 
 A training step is timed in stages (:func:`fstrain.train.measured_step`):
 
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdata.bubble import reduction, run_bubble
+from fsdata.balancer.bubble import reduction, run_bubble
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 For each step ``s``, every rank's batch runs forward + backward (embedding lookup, dense tower,
 loss; no collective, no optimizer step) ``repeats`` times, the repeats interleaved over the ranks,
-after a warm-up; the median is ``C[s, r]``. The measured bubble is ``fsdata.bubble.run_bubble(C)``; the predicted
+after a warm-up; the median is ``C[s, r]``. The measured bubble is ``fsdata.balancer.bubble.run_bubble(C)``; the predicted
 bubble is the same formula on ``step_stats.parquet``'s ``predicted_cost`` of the replayed steps.
 This isolates the load-imbalance part of the bubble: a real run adds communication on top.
 
@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import torch
 from torch.autograd.profiler import record_function
 
-from fsdata.bubble import run_bubble, step_bubbles
+from fsdata.balancer.bubble import run_bubble, step_bubbles
 from fstrain.data import Batch, ShardReader, infer_num_items, load_manifest
 from fstrain.errors import ConfigError
 from fstrain.model import Config, SequentialRecommender, with_negatives

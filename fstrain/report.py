@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdata import bubble
+from fsdata.balancer import bubble
 from fsdata.report import Figure, pyplot, figure_png, load_output, output_figures, output_rows, write_page
 from fstrain.errors import ConfigError
 from fstrain.metrics import read_step_times, step_losses, timing_matrix

@@ -44,7 +44,7 @@ ML1M = DATASETS / "ml-1m_ensfm" / "sequences.txt"
 def synthetic_input(out_dir: Path, num_samples: int = 300_000, seed: int = 0) -> Path:
     """Generated samples whose lengths follow a lognormal (median ~55, capped at 512 like the
     MovieLens-1M per-event histories: the same cap users train with)."""
-    from fsdata.synth import write_synth_samples
+    from fsdata.samples.synth import write_synth_samples
 
     path = out_dir / "synthetic-samples.parquet"
     if not path.exists():

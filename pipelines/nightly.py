@@ -51,18 +51,20 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
-from fsdata.balance import BalanceSettings, balance, sha256_file
+from fsdata.engines import balance
+from fsdata.shards.manifest import sha256_file
+from fsdata.shards.writer import BalanceSettings
 from fsdata.cliutil import (add_common_flags, add_engine_flags, add_num_threads_flag, add_output_flag, configure_logging,
                             resolve_progress, run_main)
-from fsdata.compose import DEFAULT_COMPOSE_WINDOW
-from fsdata.convert import convert
-from fsdata.cost import load_cost_model
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
+from fsdata.samples.convert import convert
+from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import check_output_apart
-from fsdata.io import list_parquet_files, open_samples
-from fsdata.plan import DEFAULT_PARTITIONER, high_bubble_warning
-from fsdata.profile import profile
-from fsdata.verify import verify
+from fsdata.samples.io import list_parquet_files, open_samples
+from fsdata.balancer.plan import DEFAULT_PARTITIONER, high_bubble_warning
+from fsdata.balancer.profile import profile
+from fsdata.shards.verify import verify
 
 log = logging.getLogger("pipelines.nightly")
 

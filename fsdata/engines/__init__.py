@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from fsdata.errors import ConfigError
+from fsdata.guards import check_output_apart
 
 ENGINES = ("local", "ray")
 
@@ -22,11 +23,11 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     Args:
         input: the sample input (Parquet file, folder, or glob).
         output: the OUTPUT folder.
-        settings: :class:`fsdata.balance.BalanceSettings`.
+        settings: :class:`fsdata.shards.writer.BalanceSettings`.
         timings: if given, filled with seconds per stage.
 
     Returns:
-        The written :class:`fsdata.manifest.Manifest`.
+        The written :class:`fsdata.shards.manifest.Manifest`.
 
     Raises:
         ConfigError: unknown engine, or ``ray`` without Ray installed.
@@ -40,3 +41,27 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
 
         return run_ray(input, output, settings, timings=timings)
     raise ConfigError(f"unknown --engine '{settings.engine}'; use one of {', '.join(ENGINES)}")
+
+
+def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
+            timings: dict[str, float] | None = None):
+    """``fsdata balance``: plan, write and finalize, atomically, with ``settings.engine`` (``local``:
+    one process; ``ray``: the same stages as Ray tasks, :mod:`fsdata.engines.ray`, docs/cluster.md);
+    byte-identical output for either engine. Also reachable as :func:`fsdata.balance`.
+
+    Args:
+        input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
+        output: the OUTPUT folder; must not exist unless ``settings.overwrite``.
+        settings: every setting (:class:`fsdata.shards.writer.BalanceSettings`).
+        timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
+            ``finalize``).
+
+    Returns:
+        The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
+
+    Raises:
+        InputError: bad input. ConfigError: impossible settings, unknown engine, or OUTPUT exists
+            without overwrite.
+    """
+    check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
+    return run(input, output, settings, timings=timings)

@@ -7,9 +7,9 @@ Stages (docs/cluster.md has the commands and what runs where):
    else ``len(item_ids)``) plus the validation counts (nulls, empty histories, misaligned
    ``timestamps``). The driver gathers ``sample_id`` and length for every row (16 bytes per
    sample) and raises the local engine's errors, word for word.
-2. **plan** (driver): :func:`fsdata.plan.make_plan` on the gathered costs, exactly as the local
+2. **plan** (driver): :func:`fsdata.balancer.plan.make_plan` on the gathered costs, exactly as the local
    engine does (same seed, same global permutation, same partitioner), wrapped as a
-   :class:`~fsdata.balance.PlanTable`. This is the central part; its memory is O(N) today (see
+   :class:`~fsdata.shards.writer.PlanTable`. This is the central part; its memory is O(N) today (see
    docs/cluster.md, "Scaling", for the windowed plan that bounds it per window of steps).
 3. **partition** (Ray tasks, one per chunk): read the chunk's rows, check they are the plan's rows
    (``sample_id`` in plan order), cast to the rank-file schema, attach ``step``, ``rank`` and
@@ -18,11 +18,11 @@ Stages (docs/cluster.md has the commands and what runs where):
    ``--bucket-compression lz4|zstd`` stores them as compressed Arrow IPC, as the local engine's
    temporary buckets).
 4. **write** (Ray tasks, one per rank group): gather the group's pieces from every chunk and call
-   :func:`fsdata.balance.write_rank` once per rank, the same function the local engine calls, so
+   :func:`fsdata.shards.writer.write_rank` once per rank, the same function the local engine calls, so
    the rank files are byte-identical (whole-step row groups, zstd, statistics).
 5. **verify** (Ray tasks, one per rank group): re-read each written file's ``step`` column and
    bytes: rows ordered by step, the plan's count per step, the SHA-256 returned by the writer.
-6. **finalize** (driver): :func:`fsdata.balance.finalize` writes ``_step_stats.parquet``,
+6. **finalize** (driver): :func:`fsdata.shards.writer.finalize` writes ``_step_stats.parquet``,
    ``_dropped.parquet`` and, last, ``_manifest.json`` from the plan and the writers' records.
 
 The OUTPUT (and its temporary sibling) must be on storage every node sees (a shared file system);
@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from fsdata import schema as S
+from fsdata.samples import schema as S
 from fsdata.errors import ConfigError, FsdataError, InputError
 
 log = logging.getLogger("fsdata.engines.ray")
@@ -134,7 +134,7 @@ def _open_chunk(chunk: Chunk) -> pq.ParquetFile:
 
 def _unknown_null_columns(meta: pq.FileMetaData, row_groups: tuple[int, ...], rename: dict[str, str]) -> set[str]:
     """Contract-named columns whose null count the footer does not prove to be 0 in these row groups
-    (the rule of :meth:`fsdata.io.SampleSource._null_counts`)."""
+    (the rule of :meth:`fsdata.samples.io.SampleSource._null_counts`)."""
     unknown: set[str] = set()
     for rg in row_groups:
         group = meta.row_group(rg)
@@ -187,8 +187,8 @@ def _lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_t
 
 def _check_lengths(src, parts: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate the chunks' lengths and ids and raise the local engine's errors (same words as
-    :meth:`fsdata.io.SampleSource.lengths_and_ids`)."""
-    from fsdata.io import sorted_unique  # noqa: PLC0415
+    :meth:`fsdata.samples.io.SampleSource.lengths_and_ids`)."""
+    from fsdata.samples.io import sorted_unique  # noqa: PLC0415
 
     nulls = {c: 0 for c in src.columns}
     for p in parts:
@@ -245,7 +245,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
 
     Args:
         chunk: the rows to read.
-        schema: the rank-file schema (:func:`fsdata.balance.output_schema`).
+        schema: the rank-file schema (:func:`fsdata.shards.writer.output_schema`).
         rename: ``{their_name: contract_name}``.
         has_seq_len: check ``seq_len`` against ``len(item_ids)`` as the local engine does.
         sample_id, step, rank, position: the plan's entries for the chunk's rows, shape ``[n]``.
@@ -256,7 +256,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         ``G`` tables (rank-file columns plus ``position``; IPC bytes when compressed), the chunk's
         rows of each group.
     """
-    from fsdata.balance import _POS, _check_seq_len  # noqa: PLC0415
+    from fsdata.shards.writer import _POS, _check_seq_len  # noqa: PLC0415
 
     G = len(group_bounds) - 1
     n_in = len(schema) - 2  # input columns (the schema ends with step, rank)
@@ -310,10 +310,10 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
         pieces: the group's rows from every chunk (resolved from the object store by Ray).
 
     Returns:
-        ``(entries, node)``: one :class:`~fsdata.manifest.FileEntry` per rank of the group, by
+        ``(entries, node)``: one :class:`~fsdata.shards.manifest.FileEntry` per rank of the group, by
         rank, and the Ray node id the task ran on.
     """
-    from fsdata.balance import _POS, write_rank  # noqa: PLC0415
+    from fsdata.shards.writer import _POS, write_rank  # noqa: PLC0415
 
     pieces = [t for t in map(_unpack, pieces) if t.num_rows]
     table = pa.concat_tables(pieces) if pieces else schema.append(pa.field(_POS, pa.int32())).empty_table()
@@ -334,7 +334,7 @@ def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
 
     Args:
         output: the (temporary) OUTPUT folder.
-        entries: the writers' :class:`~fsdata.manifest.FileEntry` records of the group.
+        entries: the writers' :class:`~fsdata.shards.manifest.FileEntry` records of the group.
         counts: shape ``[S x len(entries)]``, the plan's samples per step of each rank.
 
     Returns:
@@ -343,7 +343,7 @@ def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
     Raises:
         VerifyError: a violated invariant, naming the rank.
     """
-    from fsdata.balance import sha256_file  # noqa: PLC0415
+    from fsdata.shards.manifest import sha256_file  # noqa: PLC0415
     from fsdata.errors import VerifyError  # noqa: PLC0415
 
     total = 0
@@ -421,25 +421,25 @@ def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: i
 def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[Chunk] | None = None,
                 timings: dict | None = None, nodes: set | None = None) -> list:
     """Stage 2 on Ray: the partition, write and verify tasks for every rank file of ``plan``
-    (the counterpart of :func:`fsdata.balance.write_ranks`; same files, byte for byte).
+    (the counterpart of :func:`fsdata.shards.writer.write_ranks`; same files, byte for byte).
 
     Args:
-        src: the validated input (:func:`fsdata.io.open_samples`).
-        plan: the :class:`~fsdata.balance.PlanTable` of ``src``.
+        src: the validated input (:func:`fsdata.samples.io.open_samples`).
+        plan: the :class:`~fsdata.shards.writer.PlanTable` of ``src``.
         output: an existing empty folder on storage every Ray node sees (OUTPUT's temporary).
-        settings: :class:`~fsdata.balance.BalanceSettings` (``bucket_compression``, ``ray_address``).
+        settings: :class:`~fsdata.shards.writer.BalanceSettings` (``bucket_compression``, ``ray_address``).
         chunks: the input's chunks (default: :func:`make_chunks`).
         timings: if given, filled with ``write_ranks`` and ``verify`` seconds.
         nodes: if given, the ids of the Ray nodes that ran tasks are added to it.
 
     Returns:
-        One :class:`~fsdata.manifest.FileEntry` per rank, by rank.
+        One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.
 
     Raises:
         InputError: the input does not match the plan, or a file fails to read midway.
         VerifyError: a written file does not read back as the plan says.
     """
-    from fsdata.balance import output_schema  # noqa: PLC0415
+    from fsdata.shards.writer import output_schema  # noqa: PLC0415
 
     t0 = time.perf_counter()
     schema = output_schema(src)
@@ -484,23 +484,23 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob.
         output: the OUTPUT folder (on storage every Ray node sees).
-        settings: :class:`fsdata.balance.BalanceSettings` (``ray_address`` picks the cluster).
+        settings: :class:`fsdata.shards.writer.BalanceSettings` (``ray_address`` picks the cluster).
         timings: if given, filled with seconds per stage (``ray_connect``: starting or joining Ray;
             ``read_lengths``, ``plan``, ``write_ranks``, ``verify``, ``finalize``).
 
     Returns:
-        The written :class:`~fsdata.manifest.Manifest`, byte-identical to the local engine's.
+        The written :class:`~fsdata.shards.manifest.Manifest`, byte-identical to the local engine's.
 
     Raises:
         InputError: bad input. ConfigError: impossible settings, OUTPUT exists without overwrite,
         Ray missing or unreachable.
     """
     from fsdata.atomic import atomic_output  # noqa: PLC0415
-    from fsdata.balance import check_reserved_columns, finalize, output_schema, plan_table_from_plan  # noqa: PLC0415
-    from fsdata.cost import load_cost_model  # noqa: PLC0415
-    from fsdata.io import open_samples  # noqa: PLC0415
-    from fsdata.balance import plan_costs  # noqa: PLC0415
-    from fsdata.plan import check_settings  # noqa: PLC0415
+    from fsdata.shards.writer import check_reserved_columns, finalize, output_schema, plan_table_from_plan  # noqa: PLC0415
+    from fsdata.balancer.cost import load_cost_model  # noqa: PLC0415
+    from fsdata.samples.io import open_samples  # noqa: PLC0415
+    from fsdata.shards.writer import plan_costs  # noqa: PLC0415
+    from fsdata.balancer.plan import check_settings  # noqa: PLC0415
 
     if Path(output).exists() and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")

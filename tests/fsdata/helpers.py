@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdata import schema as S
+from fsdata.samples import schema as S
 
 
 def heavy_tailed_lengths(n: int, seed: int = 0, max_len: int = 512) -> np.ndarray:

@@ -10,10 +10,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import schema as S
+from fsdata.samples import schema as S
 from fsdata.cli import main
 from fsdata.errors import VerifyError
-from fsdata.verify import verify
+from fsdata.shards.verify import verify
 from tests.conftest import REPO_ROOT, dataset_path
 from tests.fsdata.helpers import write_samples
 

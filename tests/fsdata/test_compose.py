@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsdata import bubble
+from fsdata.balancer import bubble
 from fsdata.cli import main
-from fsdata.compose import SHIPPED_WINDOWS, compose_steps
+from fsdata.balancer.compose import SHIPPED_WINDOWS, compose_steps
 from fsdata.errors import ConfigError
-from fsdata.partition import partition_steps, per_rank_loads
-from fsdata.plan import high_bubble_warning, make_plan, partition_auto, shuffled_steps
+from fsdata.balancer.partition import per_rank_loads
+from fsdata.balancer.partitioners import partition_steps
+from fsdata.balancer.plan import high_bubble_warning, make_plan, partition_auto, shuffled_steps
 from tests.fsdata.helpers import write_samples
 
 
@@ -203,7 +204,7 @@ def test_cli_compose_flag_manifest_and_profile(tmp_path, capsys):
 @settings(max_examples=15, deadline=None)
 @given(st.integers(2, 3), st.integers(1, 3), st.integers(0, 2**16))
 def test_cpsat_exact_bound_between_pigeonhole_and_optimum(R, B, seed):
-    from fsdata.cpsat import cpsat_step_bound
+    from fsdata.balancer.cpsat import cpsat_step_bound
 
     c = _heavy_costs(R * B, seed) + np.random.default_rng(seed).random(R * B)
     opt = _brute_force_optimum(c, R, B)

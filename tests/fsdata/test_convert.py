@@ -5,9 +5,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import schema as S
+from fsdata.samples import schema as S
 from fsdata.cli import main
-from fsdata.convert import CONVERT_META_KEY, convert
+from fsdata.samples.convert import CONVERT_META_KEY, convert
 from tests.conftest import dataset_path
 
 

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 
-from fsdata import bubble
+from fsdata.balancer import bubble
 from fsdata.cli import main
-from fsdata.cost import load_cost_model
+from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import ConfigError
-from fsdata.profile import profile
+from fsdata.balancer.profile import profile
 from tests.fsdata.helpers import write_samples
 
 

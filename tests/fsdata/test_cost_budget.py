@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsdata.bubble import lower_bound_bubble, run_bubble
-from fsdata.cost import load_cost_model
-from fsdata.cost_budget import default_budget, plan_cost_budget, step_rank_loads
+from fsdata.balancer.bubble import lower_bound_bubble, run_bubble
+from fsdata.balancer.cost import load_cost_model
+from fsdata.balancer.cost_budget import default_budget, plan_cost_budget, step_rank_loads
 from fsdata.errors import ConfigError
-from fsdata.synth import read_lengths
+from fsdata.samples.synth import read_lengths
 from tests.conftest import dataset_path
 
 

@@ -25,10 +25,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'freescale[ray]'")
 
 import fsdata  # noqa: E402
-from fsdata import schema as S  # noqa: E402
+from fsdata.samples import schema as S# noqa: E402
 from fsdata.cli import main  # noqa: E402
 from fsdata.engines import ray as ray_engine  # noqa: E402
-from fsdata.verify import verify  # noqa: E402
+from fsdata.shards.verify import verify  # noqa: E402
 from tests.fsdata.helpers import write_samples  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fsdata
-from fsdata import schema as S
-from fsdata.balance import sha256_file
+from fsdata.samples import schema as S
+from fsdata.shards.writer import sha256_file
 from fsdata.cli import main
 from fsdata.errors import InputError, VerifyError
-from fsdata.manifest import Manifest, ManifestError
-from fsdata.verify import verify
+from fsdata.shards.manifest import Manifest, ManifestError
+from fsdata.shards.verify import verify
 from tests.fsdata.helpers import write_samples
 
 N, R, B = 300, 2, 8  # 18 steps, 12 dropped
@@ -227,8 +227,8 @@ def test_write_refuses_another_input(good, tmp_path, capsys):
 
 def test_write_rank_is_order_independent(good, tmp_path):
     """The per-rank writer gives the same bytes whatever the order and chunking of its rows."""
-    from fsdata.balance import output_schema, read_plan, write_rank
-    from fsdata.io import open_samples
+    from fsdata.shards.writer import output_schema, read_plan, write_rank
+    from fsdata.samples.io import open_samples
 
     inp, out = good
     src = open_samples(inp)

@@ -6,10 +6,10 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import schema as S
+from fsdata.samples import schema as S
 from fsdata.cli import main
-from fsdata.convert import convert
-from fsdata.holdout import HOLDOUT_META_KEY
+from fsdata.samples.convert import convert
+from fsdata.samples.holdout import HOLDOUT_META_KEY
 from tests.conftest import dataset_path
 
 

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdata.bubble import lower_bound_bubble, run_bubble, step_lower_bound
+from fsdata.balancer.bubble import lower_bound_bubble, run_bubble, step_lower_bound
 from fsdata.errors import ConfigError
-from fsdata.kk import kk_equal_size
-from fsdata.partition import (METHODS, lpt_reference, partition_steps, partition_steps_chunked,
-                              per_rank_loads)
-from fsdata.partition_fast import lpt_swap_steps, snake_steps
+from fsdata.balancer.kk import kk_equal_size
+from fsdata.balancer.partition import METHODS, lpt_reference, per_rank_loads
+from fsdata.balancer.partitioners import partition_steps, partition_steps_chunked
+from fsdata.balancer.partition_fast import lpt_swap_steps, snake_steps
 
 FAST_METHODS = [m for m in METHODS if m != "lpt-swap-cpsat"]
 
@@ -169,7 +169,7 @@ def test_empty_input_and_errors():
 
 
 def test_movielens_per_event_r256_b32_within_0p01_points():
-    from fsdata.synth import read_lengths
+    from fsdata.samples.synth import read_lengths
     from tests.conftest import dataset_path
 
     lengths = read_lengths(dataset_path("ml-1m_ensfm/sequences.txt"), "event", max_seq_len=512)
@@ -182,7 +182,7 @@ def test_movielens_per_event_r256_b32_within_0p01_points():
 
 
 def test_partitioner_object_matches_functions():
-    from fsdata.partition import Partitioner, PartitionerConfig
+    from fsdata.balancer.partitioners import from_config as Partitioner, PartitionerConfig
 
     rng = np.random.default_rng(4)
     c = _quadratic(rng.integers(1, 300, size=(5, 32)))

@@ -7,10 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from fsdata.cpsat import cpsat_refine_step, cpsat_refine_steps
+from fsdata.balancer.cpsat import cpsat_refine_step, cpsat_refine_steps
 from fsdata.errors import ConfigError
-from fsdata.partition import partition_steps, per_rank_loads
-from fsdata.partition_fast import lpt_swap_steps
+from fsdata.balancer.partition import per_rank_loads
+from fsdata.balancer.partitioners import partition_steps
+from fsdata.balancer.partition_fast import lpt_swap_steps
 
 
 def _max_load(c, ranks, R):

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from fsdata.errors import ConfigError
-from fsdata.schema import sample_schema
-from fsdata.synth import (detect_format, per_event_lengths, read_lengths, synth_lengths,
+from fsdata.samples.schema import sample_schema
+from fsdata.samples.synth import (detect_format, per_event_lengths, read_lengths, synth_lengths,
                           user_item_counts, write_synth_samples)
 from tests.conftest import dataset_path
 

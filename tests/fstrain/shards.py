@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdata import schema
-from fsdata.partition import partition_steps
+from fsdata.shards import manifest as schema  # the shard format's file names
+from fsdata.balancer.partitioners import partition_steps
 
 
 def synthetic_steps(num_steps: int, global_batch: int, *, seed: int = 0, num_items: int = 50,

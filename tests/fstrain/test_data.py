@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import schema
+from fsdata.shards import manifest as schema  # the shard format's file names
 from fsdata.cli import main as fsdata_main
 from fstrain.data import ShardReader, infer_num_items, load_manifest, load_step_counts
 from fstrain.errors import ShardError, ShardMismatchError
@@ -133,7 +133,7 @@ def test_prefetch_thread_never_outlives_the_reader(tmp_path):
 @pytest.mark.parametrize("policy", ["fixed", "cost-budget"])
 def test_reads_fsdata_balance_output(tmp_path, policy):
     if policy == "cost-budget":
-        pytest.importorskip("fsdata.cost_budget", reason="fsdata's cost-budget policy is not merged yet")
+        pytest.importorskip("fsdata.balancer.cost_budget", reason="fsdata's cost-budget policy is not merged yet")
     inp = write_samples(tmp_path / "in.parquet", n=600, seed=1)
     out = tmp_path / policy
     assert fsdata_main(["balance", str(inp), str(out), "--ranks", "3", "--batch-size-per-rank", "8",

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from fsdata.bubble import run_bubble
-from fsdata.cost import load_cost_model
+from fsdata.balancer.bubble import run_bubble
+from fsdata.balancer.cost import load_cost_model
 from fstrain.calibrate import calibrate, fit_batch_times, nnls
 from fstrain.cli import main
 from fstrain.errors import ConfigError

@@ -1,0 +1,116 @@
+"""Leave-one-out held-out data for ``fsdata convert --holdout last`` (docs/format.md, "Evaluation file").
+
+As in SASRec (Kang & McAuley 2018, ``data_partition``) and BERT4Rec (Sun et al. 2019), the last
+interaction of each user is held out: it is removed from the user's sequence *before* training
+samples are built, so no training sample has it as a target nor in a history; the evaluation file
+holds, per held-out user, the history before it (the ``max_seq_len`` most recent items) and
+``target_item_id`` = the held-out item. Users with fewer than :data:`MIN_ITEMS_FOR_HOLDOUT` items
+are kept whole in training and not evaluated (SASRec's rule: with 2 items, holding one out would
+leave no training sample for that user).
+
+Evaluation file schema (one row per held-out user, in user order of the input):
+``user_id`` int64, ``item_ids`` list<int64> (chronological history, at most ``max_seq_len``),
+``target_item_id`` int64, ``seq_len`` int32 (``len(item_ids)``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fsdata.samples import schema as S
+from fsdata.atomic import atomic_output
+from fsdata.errors import ConfigError
+
+HOLDOUT_MODES = ("none", "last")
+#: Users with fewer items stay whole in training (SASRec's ``data_partition`` rule).
+MIN_ITEMS_FOR_HOLDOUT = 3
+#: Parquet key-value metadata key of the evaluation file's summary.
+HOLDOUT_META_KEY = b"freescale.holdout"
+
+
+@dataclass(kw_only=True, slots=True)
+class HoldoutSummary:
+    """What a leave-one-out split held out (stored in the evaluation file's metadata)."""
+
+    holdout: str
+    max_seq_len: int
+    num_users_evaluated: int
+    """Users with a held-out item (rows of the evaluation file)."""
+    num_users_kept_whole: int
+    """Users with fewer than ``MIN_ITEMS_FOR_HOLDOUT`` items: all their items stay in training."""
+    num_items_truncated: int
+    """History items cut by ``max_seq_len`` summed over evaluation rows."""
+
+
+def check_holdout_args(holdout: str, holdout_output: str | os.PathLike | None) -> None:
+    """Validate the ``--holdout`` / ``--holdout-output`` pair.
+
+    Raises:
+        ConfigError: unknown mode, ``last`` without an output, or an output without ``last``.
+    """
+    if holdout not in HOLDOUT_MODES:
+        raise ConfigError(f"unknown --holdout '{holdout}'; use one of {', '.join(HOLDOUT_MODES)}")
+    if holdout == "last" and not holdout_output:
+        raise ConfigError("--holdout last needs --holdout-output EVAL.parquet (where the held-out items go)")
+    if holdout == "none" and holdout_output:
+        raise ConfigError("--holdout-output is set but --holdout is 'none'; pass --holdout last")
+
+
+def split_last(users: pl.DataFrame, max_seq_len: int) -> tuple[pl.DataFrame, pa.Table, HoldoutSummary]:
+    """Hold out each user's last item.
+
+    Args:
+        users: ``user_id`` int64, ``item_ids`` list<int64> chronological, optional ``timestamps``
+            list<int64> (as returned by :func:`fsdata.samples.convert.read_sequences` / ``read_events``).
+        max_seq_len: keep at most this many most recent history items in the evaluation rows.
+
+    Returns:
+        ``(train_users, eval_table, summary)``: ``train_users`` has the same columns with the last
+        item (and timestamp) removed for every evaluated user; ``eval_table`` follows
+        :func:`eval_schema`.
+    """
+    n = users["item_ids"].list.len()
+    held = n >= MIN_ITEMS_FOR_HOLDOUT
+    ev = users.filter(held).select(
+        pl.col("user_id").cast(pl.Int64),
+        pl.col("item_ids").list.slice(0, pl.col("item_ids").list.len() - 1).list.tail(max_seq_len).alias("item_ids"),
+        pl.col("item_ids").list.last().cast(pl.Int64).alias("target_item_id"),
+        (pl.col("item_ids").list.len() - 1).alias("_full"))
+    ev = ev.with_columns(pl.col("item_ids").list.len().cast(pl.Int32).alias("seq_len"))
+    truncated = int((ev["_full"] - ev["seq_len"].cast(pl.Int64)).sum()) if ev.height else 0
+    drop = [c for c in ("item_ids", "timestamps") if c in users.columns]
+    train = users.with_columns([
+        pl.when(held).then(pl.col(c).list.slice(0, pl.col(c).list.len() - 1)).otherwise(pl.col(c)).alias(c)
+        for c in drop])
+    table = pa.table({
+        S.USER_ID: pa.array(ev["user_id"].to_numpy(), pa.int64()),
+        S.ITEM_IDS: ev["item_ids"].to_arrow().cast(pa.list_(pa.int64())),
+        S.TARGET_ITEM_ID: pa.array(ev["target_item_id"].to_numpy(), pa.int64()),
+        S.SEQ_LEN: pa.array(ev["seq_len"].to_numpy(), pa.int32()),
+    }, schema=eval_schema())
+    summary = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=ev.height,
+                             num_users_kept_whole=int((~held).sum()), num_items_truncated=truncated)
+    return train, table, summary
+
+
+def eval_schema() -> pa.Schema:
+    """Arrow schema of the evaluation file (module docstring)."""
+    return pa.schema([(S.USER_ID, pa.int64()), (S.ITEM_IDS, pa.list_(pa.int64())),
+                      (S.TARGET_ITEM_ID, pa.int64()), (S.SEQ_LEN, pa.int32())])
+
+
+def write_eval_file(table: pa.Table, path: str | os.PathLike, summary: HoldoutSummary, *, overwrite: bool) -> None:
+    """Write the evaluation table atomically with ``summary`` in its Parquet metadata.
+
+    Raises:
+        ConfigError: ``path`` exists and ``overwrite`` is False.
+    """
+    meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
+    with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression="zstd")

@@ -1,0 +1,377 @@
+"""The shard format: one reader and one writer for ``_manifest.json``, the step stats and the file
+digests (docs/format.md).
+
+Everything that reads or writes an ``fsdata balance`` OUTPUT's manifest goes through
+:class:`Manifest`: ``fsdata balance`` / ``fsdata finalize`` write it (:meth:`Manifest.write`),
+``fsdata verify`` and ``fstrain`` read it (:meth:`Manifest.read`). This module imports neither
+torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer. The step stats
+(:func:`write_step_stats`, :meth:`Manifest.step_stats_path`) and the SHA-256 of the files
+(:func:`sha256_file`) are defined here too, so the writer, verify and the engines share one definition.
+
+Versions: format_version 2 (written today) names the root metadata ``_manifest.json``,
+``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
+(still read) named them ``manifest.json``, ``step_stats.parquet``, ``dropped.parquet`` and
+``rank=00000``. Readers take every path from the manifest, never from a glob.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fsdata.errors import FsdataError
+
+#: Version written by this fsdata; :data:`READ_VERSIONS` are the versions it reads.
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+MANIFEST_NAMES = {2: "_manifest.json", 1: "manifest.json"}
+STEP_STATS_NAMES = {2: "_step_stats.parquet", 1: "step_stats.parquet"}
+DROPPED_NAMES = {2: "_dropped.parquet", 1: "dropped.parquet"}
+#: The root file names that this version writes.
+MANIFEST_NAME = MANIFEST_NAMES[FORMAT_VERSION]
+STEP_STATS_NAME = STEP_STATS_NAMES[FORMAT_VERSION]
+DROPPED_NAME = DROPPED_NAMES[FORMAT_VERSION]
+#: Key order of a written manifest (docs/format.md); unknown keys read from a file are kept after these.
+KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy",
+        "strategy", "num_samples_input", "num_samples_written", "num_samples_dropped", "remainder_policy",
+        "dropped_file", "cost_model", "seed", "predicted_bubble", "baseline_predicted_bubble",
+        "lower_bound_bubble", "columns", "step_stats_file", "step_stats_sha256", "dropped_sha256", "input_digest",
+        "files", "settings")
+_REQUIRED = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "files")
+_V2_KEYS = ("fsdata_version", "input_digest", "step_stats_sha256", "dropped_sha256")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Columns of the step stats, one row per (step, rank), sorted by step then rank.
+STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost")
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in ``chunk_bytes`` chunks (the digests the manifest records)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
+    """Write the step stats (``_step_stats.parquet``): one row per (step, rank), sorted by step then
+    rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64.
+
+    Args:
+        path: the file to write.
+        counts: shape ``[S x R]``, int; samples per (step, rank).
+        loads: shape ``[S x R]``, float64; predicted cost per (step, rank), seconds.
+    """
+    import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    S_, R = loads.shape
+    table = pa.table({
+        "step": pa.array(np.repeat(np.arange(S_, dtype=np.int32), R)),
+        "rank": pa.array(np.tile(np.arange(R, dtype=np.int32), S_)),
+        "num_samples": pa.array(counts.ravel().astype(np.int32)),
+        "predicted_cost": pa.array(loads.ravel()),
+    })
+    pq.write_table(table, str(path), compression="zstd")
+
+
+class ManifestError(FsdataError):
+    """A manifest is missing, unparsable, of an unknown version, or malformed.
+
+    Attributes:
+        kind: ``missing``, ``version`` or ``invalid``.
+    """
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def rank_dir_name(rank: int, version: int = FORMAT_VERSION) -> str:
+    """Folder of one rank's shard: ``rank-00000`` (v2; no ``=``, so no reader infers a hive
+    partition) or ``rank=00000`` (v1)."""
+    return f"rank={rank:05d}" if version == 1 else f"rank-{rank:05d}"
+
+
+def rank_file_path(rank: int, version: int = FORMAT_VERSION) -> str:
+    """Path of a rank file relative to OUTPUT: ``rank-00000/part-00000.parquet``."""
+    return f"{rank_dir_name(rank, version)}/part-00000.parquet"
+
+
+def find_manifest(output: str | os.PathLike) -> Path:
+    """The manifest file of an OUTPUT: ``_manifest.json`` (v2), else ``manifest.json`` (v1).
+
+    Raises:
+        ManifestError: (kind ``missing``) neither exists.
+    """
+    out = Path(output)
+    for version in sorted(MANIFEST_NAMES, reverse=True):
+        p = out / MANIFEST_NAMES[version]
+        if p.is_file():
+            return p
+    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} not found (nor the v1 manifest.json): "
+                        f"{out} is not an 'fsdata balance' OUTPUT; create one with 'fsdata balance INPUT OUTPUT "
+                        "--ranks R --batch-size-per-rank B'", kind="missing")
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One rank file: ``rank``, ``path`` (relative to OUTPUT), ``num_rows``, ``num_bytes``, ``sha256``."""
+
+    rank: int
+    path: str
+    num_rows: int
+    num_bytes: int | None = None
+    sha256: str | None = None
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "path": self.path, "num_rows": self.num_rows, "num_bytes": self.num_bytes,
+                "sha256": self.sha256}
+
+
+def _int(raw: dict, key: str, where: str, *, minimum: int = 0) -> int:
+    v = raw.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ManifestError(f"{where}: '{key}' is {v!r}, expected an integer >= {minimum}; rerun 'fsdata balance'")
+    return v
+
+
+def _float_or_none(raw: dict, key: str, where: str) -> float | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ManifestError(f"{where}: '{key}' is {v!r}, expected a number; rerun 'fsdata balance'")
+    return float(v)
+
+
+def _str(raw: dict, key: str, where: str, default: str | None = None) -> str:
+    v = raw.get(key, default)
+    if not isinstance(v, str):
+        raise ManifestError(f"{where}: '{key}' is {v!r}, expected a string; rerun 'fsdata balance'")
+    return v
+
+
+@dataclass(kw_only=True, slots=True)
+class Manifest:
+    """An OUTPUT's manifest (docs/format.md, "_manifest.json").
+
+    Attributes:
+        path: the OUTPUT folder (not stored in the file).
+        format_version: 1 or 2.
+        num_ranks: R, the world size the shards are for.
+        num_steps: steps per rank (equal on every rank).
+        batch_size_per_rank: B (fixed policy) or the nominal B (cost-budget).
+        batch_policy: ``fixed`` or ``cost-budget``.
+        strategy: ``balanced`` or ``shuffle`` ("" when absent).
+        files: one :class:`FileEntry` per rank, sorted by rank.
+        num_samples_input, num_samples_written, num_samples_dropped: row counts (None when absent).
+        remainder_policy: ``drop`` or ``error``.
+        dropped_file: name of the dropped-samples file, or None.
+        cost_model: the cost model's JSON form (``{}`` when absent).
+        seed: seed of the global-batch shuffle.
+        predicted_bubble, baseline_predicted_bubble, lower_bound_bubble: run bubbles (None when absent).
+        columns: columns of the rank files.
+        step_stats_file: name of the step-stats file.
+        step_stats_sha256, dropped_sha256: SHA-256 of the step-stats and dropped files (v2; the
+            latter None without a dropped file).
+        fsdata_version: the fsdata that wrote it (v2).
+        input_digest: digest of the input (v2; see :func:`fsdata.shards.writer.input_digest`).
+        settings: every creation setting.
+        extra: keys this fsdata does not know, kept as read (written back after the known keys).
+    """
+
+    path: str = ""
+    format_version: int = FORMAT_VERSION
+    num_ranks: int
+    num_steps: int
+    batch_size_per_rank: int
+    batch_policy: str
+    strategy: str = ""
+    files: list[FileEntry]
+    num_samples_input: int | None = None
+    num_samples_written: int | None = None
+    num_samples_dropped: int | None = None
+    remainder_policy: str = "drop"
+    dropped_file: str | None = None
+    cost_model: dict = field(default_factory=dict)
+    seed: int | None = None
+    predicted_bubble: float | None = None
+    baseline_predicted_bubble: float | None = None
+    lower_bound_bubble: float | None = None
+    columns: list[str] = field(default_factory=list)
+    step_stats_file: str | None = None
+    step_stats_sha256: str | None = None
+    dropped_sha256: str | None = None
+    fsdata_version: str | None = None
+    input_digest: str | None = None
+    settings: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    # ---- reading ----------------------------------------------------------------------------
+    def rank_file(self, rank: int) -> str:
+        """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path)."""
+        return os.path.join(self.path, self.files[rank].path)
+
+    def step_stats_path(self) -> str:
+        """Path of the step-stats file (``step_stats_file``, else this version's default name)."""
+        return os.path.join(self.path, self.step_stats_file or STEP_STATS_NAMES[self.format_version])
+
+    @property
+    def raw(self) -> dict:
+        """The manifest's JSON value (:meth:`to_json`)."""
+        return self.to_json()
+
+    def to_json(self) -> dict:
+        """The manifest as written: :data:`KEYS` in order (v2 keys omitted for a v1 manifest when
+        unset), then :attr:`extra`."""
+        out: dict[str, Any] = {}
+        for k in KEYS:
+            v = getattr(self, k)
+            if k == "files":
+                v = [f.to_json() for f in v]
+            if self.format_version == 1 and k in _V2_KEYS and v is None:
+                continue
+            out[k] = v
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any, *, path: str | os.PathLike = "", where: str = "manifest") -> "Manifest":
+        """Parse and check a manifest's JSON value.
+
+        Raises:
+            ManifestError: not a JSON object (kind ``invalid``), an unknown ``format_version`` (kind
+                ``version``), a missing or mistyped key, or a rank without exactly one file entry.
+        """
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{where} is a JSON {type(raw).__name__}, expected an object; rerun 'fsdata balance'")
+        version = raw.get("format_version")
+        if version not in READ_VERSIONS:
+            raise ManifestError(f"{where}: format_version {version!r} is not supported (this fsdata reads "
+                                f"{', '.join(map(str, READ_VERSIONS))}); rerun 'fsdata balance' with this version",
+                                kind="version")
+        missing = [k for k in _REQUIRED if k not in raw]
+        if missing:
+            raise ManifestError(f"{where} lacks keys {missing}; rerun 'fsdata balance'")
+        num_ranks = _int(raw, "num_ranks", where, minimum=1)
+        num_steps = _int(raw, "num_steps", where)
+        B = _int(raw, "batch_size_per_rank", where, minimum=1)
+        files_raw = raw["files"]
+        if not isinstance(files_raw, list):
+            raise ManifestError(f"{where}: 'files' is not a list; rerun 'fsdata balance'")
+        files: dict[int, FileEntry] = {}
+        for i, e in enumerate(files_raw):
+            w = f"{where}: files[{i}]"
+            if not isinstance(e, dict):
+                raise ManifestError(f"{w} is not an object; rerun 'fsdata balance'")
+            r = _int(e, "rank", w)
+            rel = _str(e, "path", w)
+            if os.path.isabs(rel) or ".." in Path(rel).parts or not rel:
+                raise ManifestError(f"{w}: path {rel!r} must be relative to OUTPUT and inside it; rerun 'fsdata balance'")
+            sha = e.get("sha256")
+            nbytes = e.get("num_bytes")
+            if sha is not None and not isinstance(sha, str):
+                raise ManifestError(f"{w}: sha256 is {sha!r}, expected a hex string; rerun 'fsdata balance'")
+            if nbytes is not None:
+                nbytes = _int(e, "num_bytes", w)
+            if r in files:
+                raise ManifestError(f"{where}: rank {r} has two file entries; rerun 'fsdata balance'")
+            files[r] = FileEntry(rank=r, path=rel, num_rows=_int(e, "num_rows", w), num_bytes=nbytes, sha256=sha)
+        absent = sorted(set(range(num_ranks)) - set(files))
+        outside = sorted(set(files) - set(range(num_ranks)))
+        if absent or outside:
+            raise ManifestError(f"{where}: num_ranks is {num_ranks} but the file entries cover ranks "
+                                f"{sorted(files)[:8]}{'...' if len(files) > 8 else ''} (missing {absent[:8]}, "
+                                f"outside {outside[:8]}); rerun 'fsdata balance'")
+        counts = {k: (_int(raw, k, where) if k in raw else None)
+                  for k in ("num_samples_input", "num_samples_written", "num_samples_dropped")}
+        seed = raw.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ManifestError(f"{where}: 'seed' is {seed!r}, expected an integer; rerun 'fsdata balance'")
+        cost_model = raw.get("cost_model") or {}
+        if not isinstance(cost_model, dict):
+            raise ManifestError(f"{where}: 'cost_model' is {cost_model!r}, expected an object; rerun 'fsdata balance'")
+        columns = raw.get("columns", [])
+        if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+            raise ManifestError(f"{where}: 'columns' is {columns!r}, expected a list of names; rerun 'fsdata balance'")
+        settings = raw.get("settings") or {}
+        if not isinstance(settings, dict):
+            raise ManifestError(f"{where}: 'settings' is not an object; rerun 'fsdata balance'")
+        for k in ("dropped_file", "step_stats_file", *_V2_KEYS):
+            v = raw.get(k)
+            if v is not None and not isinstance(v, str):
+                raise ManifestError(f"{where}: '{k}' is {v!r}, expected a string or null; rerun 'fsdata balance'")
+        for k in ("dropped_file", "step_stats_file"):
+            v = raw.get(k)
+            if v is not None and (os.path.isabs(v) or ".." in Path(v).parts or "/" in v or not v):
+                raise ManifestError(f"{where}: '{k}' {v!r} must be a file name inside OUTPUT; rerun 'fsdata balance'")
+        return cls(
+            path=str(path), format_version=version, num_ranks=num_ranks, num_steps=num_steps, batch_size_per_rank=B,
+            batch_policy=_str(raw, "batch_policy", where), strategy=_str(raw, "strategy", where, ""),
+            files=[files[r] for r in range(num_ranks)], **counts,
+            remainder_policy=_str(raw, "remainder_policy", where, "drop"), dropped_file=raw.get("dropped_file"),
+            cost_model=cost_model, seed=seed,
+            predicted_bubble=_float_or_none(raw, "predicted_bubble", where),
+            baseline_predicted_bubble=_float_or_none(raw, "baseline_predicted_bubble", where),
+            lower_bound_bubble=_float_or_none(raw, "lower_bound_bubble", where),
+            columns=list(columns), step_stats_file=raw.get("step_stats_file"),
+            step_stats_sha256=raw.get("step_stats_sha256"), dropped_sha256=raw.get("dropped_sha256"),
+            fsdata_version=raw.get("fsdata_version"), input_digest=raw.get("input_digest"), settings=settings,
+            extra={k: v for k, v in raw.items() if k not in KEYS})
+
+    @classmethod
+    def read(cls, output: str | os.PathLike) -> "Manifest":
+        """Read an OUTPUT's manifest (``_manifest.json``, else v1 ``manifest.json``).
+
+        Args:
+            output: an ``fsdata balance`` OUTPUT folder.
+
+        Returns:
+            The checked :class:`Manifest` with ``path = output``.
+
+        Raises:
+            ManifestError: missing (kind ``missing``), unknown version (kind ``version``), or
+                unparsable / malformed (kind ``invalid``); one line naming the file and the fix.
+        """
+        p = find_manifest(output)
+        try:
+            raw = json.loads(p.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ManifestError(f"{p} is not valid JSON ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
+        m = cls.from_json(raw, path=str(output), where=str(p))
+        expected_name = MANIFEST_NAMES[m.format_version]
+        if p.name != expected_name:
+            raise ManifestError(f"{p} says format_version {m.format_version}, whose manifest is named {expected_name}; "
+                                "rerun 'fsdata balance'")
+        return m
+
+    # ---- writing ----------------------------------------------------------------------------
+    def dumps(self) -> str:
+        """The file's text: indented JSON plus a newline (deterministic: same manifest, same bytes)."""
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    def write(self, output: str | os.PathLike) -> Path:
+        """Write ``OUTPUT/_manifest.json`` (the v2 name) atomically (temporary file, then rename).
+
+        Returns:
+            The path written.
+        """
+        if self.format_version != FORMAT_VERSION:
+            raise ValueError(f"this fsdata writes format_version {FORMAT_VERSION} only")
+        final = Path(output) / MANIFEST_NAMES[FORMAT_VERSION]
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp.write_text(self.dumps())
+        os.replace(tmp, final)
+        return final
+
+
+def is_sha256(value: Any) -> bool:
+    """Whether ``value`` is a lower-case hex SHA-256 digest."""
+    return isinstance(value, str) and bool(_SHA256.match(value))

@@ -1,0 +1,697 @@
+"""``fsdata balance`` and its three stages: plan, write, finalize (docs/fsdata.md, docs/format.md).
+
+Stages (the input is never held in memory whole):
+
+1. **plan** (:func:`make_plan_table`): read ``item_ids`` lengths and ``sample_id`` (validating
+   the input), cost per sample, global batches and the per-step assignment (:mod:`fsdata.balancer.plan`);
+   the result is a :class:`PlanTable`: ``sample_id``, ``step``, ``rank``, ``position`` per input
+   row plus the settings and predicted figures. ``fsdata plan`` stores it as Parquet
+   (:func:`write_plan` / :func:`read_plan`).
+2. **write** (:func:`write_ranks`): stream the input in record batches and append each row to its
+   rank's Arrow IPC bucket in a temporary folder (one sequential pass), then per rank (threads)
+   call :func:`write_rank`: sort by (step, position) and write ``rank-XXXXX/part-00000.parquet``
+   with row groups of whole steps. Returns one :class:`~fsdata.shards.manifest.FileEntry` per rank.
+3. **finalize** (:func:`finalize`): ``_step_stats.parquet``, ``_dropped.parquet`` and
+   ``_manifest.json`` from the plan and the rank files' records (written last).
+
+:func:`balance` runs the three in one process into a temporary folder moved into place at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from fsdata.samples import schema as S
+from fsdata.atomic import atomic_output
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
+from fsdata.balancer.cost import CostModel, load_cost_model
+from fsdata.errors import ConfigError, InputError
+from fsdata.guards import check_output_apart, raise_if_environment
+from fsdata.samples.io import SampleSource, open_samples
+from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
+from fsdata.shards.manifest import write_step_stats as _write_step_stats
+from fsdata.shards.manifest import DROPPED_NAME, FORMAT_VERSION, STEP_STATS_NAME, FileEntry, Manifest, rank_dir_name, rank_file_path
+from fsdata.balancer.plan import DEFAULT_PARTITIONER, Plan, make_plan
+
+_POS = "position"
+#: Target rows per Parquet row group in rank files (rounded to whole steps).
+ROW_GROUP_ROWS = 16384
+#: Version of the plan Parquet's layout (key ``fsdata.balancer.plan`` in its key-value metadata).
+PLAN_FORMAT_VERSION = 1
+PLAN_METADATA_KEY = b"fsdata.plan"
+
+
+@dataclass(kw_only=True, slots=True)
+class BalanceSettings:
+    """Every setting of ``fsdata balance`` (the CLI flags; recorded in the manifest's ``settings``).
+
+    Attributes:
+        num_ranks: R (``--ranks``).
+        batch_size_per_rank: B (``--batch-size-per-rank``).
+        cost_model: ``--cost-model`` spec (used by :func:`balance` / :func:`make_plan_table`).
+        columns: ``--columns`` mapping text, or None.
+        seed: seed of the global-batch shuffle.
+        strategy: ``balanced`` or ``shuffle`` (today's equal-count practice).
+        batch_policy: ``fixed`` or ``cost-budget``.
+        remainder: ``drop`` (recorded in ``_dropped.parquet``) or ``error``.
+        partitioner: per-step method (:data:`fsdata.balancer.plan.PARTITIONERS`).
+        budget: cost-budget per-rank per-step budget (None: chosen by the policy).
+        num_threads: threads writing rank files (``--num-threads``; does not change the output).
+        progress: show progress bars (does not change the output).
+        bucket_compression: codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs
+            temporary disk space about the decoded size of the input), ``lz4`` or ``zstd``.
+        overwrite: replace an existing OUTPUT atomically.
+        num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
+            ``DeprecationWarning``) and is reset to None.
+        engine: ``local`` (this process) or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
+            the output is byte-identical either way (not recorded in the manifest).
+        ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
+            ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
+    """
+
+    num_ranks: int
+    batch_size_per_rank: int
+    cost_model: str = "hstu"
+    columns: str | None = None
+    seed: int = 0
+    strategy: Literal["balanced", "shuffle"] = "balanced"
+    batch_policy: Literal["fixed", "cost-budget"] = "fixed"
+    remainder: Literal["drop", "error"] = "drop"
+    partitioner: str = DEFAULT_PARTITIONER
+    budget: float | None = None
+    compose_window: int = DEFAULT_COMPOSE_WINDOW
+    """W of :mod:`fsdata.balancer.compose` as requested (the plan records the window actually used; 1 = off)."""
+    num_threads: int = 2
+    progress: bool = True
+    bucket_compression: Literal["lz4", "zstd"] | None = None
+    overwrite: bool = False
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None:  # the old name (threads, not processes): still accepted
+            warnings.warn("BalanceSettings(num_workers=) is deprecated; use num_threads=", DeprecationWarning,
+                          stacklevel=3)
+            self.num_threads, self.num_workers = self.num_workers, None
+
+
+def input_digest(src: SampleSource) -> str:
+    """Digest of an input, cheap at any size: SHA-256 over, per file in input order, its size and
+    its Parquet footer (schema, row counts, row-group offsets and column statistics).
+
+    Rewriting any file changes its footer in practice; moving the input elsewhere does not change
+    the digest (paths are not part of it). Returns ``"sha256-footers:<hex>"``.
+
+    Raises:
+        InputError: a file cannot be read.
+    """
+    h = hashlib.sha256()
+    for path in src.files:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if size < 12:
+                    raise OSError("shorter than a Parquet file")
+                f.seek(size - 8)
+                tail = f.read(8)
+                footer_len = int.from_bytes(tail[:4], "little")
+                if tail[4:] != b"PAR1" or footer_len + 12 > size:
+                    raise OSError("no Parquet footer")
+                f.seek(size - 8 - footer_len)
+                footer = f.read(footer_len)
+        except OSError as e:
+            raise InputError(f"input file {path}: cannot read its Parquet footer ({e}); the file is corrupt or "
+                             "truncated: regenerate it") from None
+        h.update(size.to_bytes(8, "little"))
+        h.update(len(footer).to_bytes(8, "little"))
+        h.update(footer)
+    return "sha256-footers:" + h.hexdigest()
+
+
+def check_reserved_columns(src: SampleSource) -> None:
+    """Refuse an input column named like a column fsdata adds (``step``, ``rank``).
+
+    Raises:
+        InputError: one line naming the column and how to rename it.
+    """
+    for name in src.columns:
+        if name in S.RESERVED_COLUMNS:
+            theirs = next((k for k, v in src.rename.items() if v == name), name)
+            raise InputError(f"input {src.path}: column '{theirs}' would be named '{name}', a column fsdata adds to "
+                             f"every rank file ({', '.join(S.RESERVED_COLUMNS)} are reserved); rename it in the "
+                             f"input, or map it onto a sample-schema column with --columns (e.g. --columns "
+                             f"item_ids={theirs})")
+
+
+def output_schema(src: SampleSource) -> pa.Schema:
+    """Schema of every rank file: contract types for contract columns, others as in the input,
+    then ``step`` int32 and ``rank`` int32.
+
+    Raises:
+        InputError: an input column is named ``step`` or ``rank``.
+    """
+    check_reserved_columns(src)
+    first = pq.read_schema(src.files[0])
+    fields = []
+    contract = {**S.REQUIRED_COLUMNS, **S.OPTIONAL_COLUMNS}
+    for f in first:
+        name = src.rename.get(f.name, f.name)
+        fields.append(pa.field(name, contract.get(name, f.type)))
+    fields.append(pa.field(S.STEP, pa.int32()))
+    fields.append(pa.field(S.RANK, pa.int32()))
+    return pa.schema(fields)
+
+
+def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
+    """The stored ``seq_len`` must equal ``len(item_ids)``: the plan was made from it."""
+    items = batch.column(schema.get_field_index(S.ITEM_IDS))
+    stored = batch.column(schema.get_field_index(S.SEQ_LEN))
+    actual = pc.list_value_length(items).cast(pa.int64())
+    if not pc.all(pc.equal(actual, stored.cast(pa.int64()))).as_py():
+        raise InputError(f"input file {path}: column seq_len differs from len(item_ids) in some rows; "
+                         "drop the seq_len column or recompute it")
+
+
+# ---- the plan artifact ---------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class PlanTable:
+    """The plan of one input, one entry per input row in input order (docs/fsdata.md, "Stages").
+
+    Attributes:
+        sample_id: shape ``[N]`` int64.
+        step: shape ``[N]`` int32; -1 for a dropped row.
+        rank: shape ``[N]`` int32; -1 for a dropped row.
+        position: shape ``[N]`` int32, the row's index inside its (step, rank) per-rank batch
+            (0-based; rank files are ordered by step, then position); -1 for a dropped row.
+        cost: shape ``[N]`` float64, the predicted cost of each row under the cost model.
+        meta: settings and predicted figures (``num_ranks``, ``num_steps``, ``batch_size_per_rank``,
+            ``batch_policy``, ``strategy``, ``remainder_policy``, ``seed``, ``cost_model``,
+            ``predicted_bubble``, ``baseline_predicted_bubble``, ``lower_bound_bubble``,
+            ``num_samples_input``, ``input_digest``, ``fsdata_version``, ``settings``).
+    """
+
+    sample_id: np.ndarray
+    step: np.ndarray
+    rank: np.ndarray
+    position: np.ndarray
+    cost: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.meta["num_ranks"])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.meta["num_steps"])
+
+    def counts_and_loads(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64
+        (summed in input order, so equal bit for bit to :attr:`fsdata.balancer.plan.Plan.loads`)."""
+        S_, R = self.num_steps, self.num_ranks
+        kept = self.step >= 0
+        flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
+        loads = np.bincount(flat, weights=self.cost[kept], minlength=S_ * R).reshape(S_, R)
+        counts = np.bincount(flat, minlength=S_ * R).reshape(S_, R).astype(np.int32)
+        return counts, loads
+
+
+def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.ndarray:
+    """Index of each row inside its (step, rank) batch, ordered by ``order_key``; -1 when dropped."""
+    pos = np.full(len(step), -1, dtype=np.int32)
+    kept = np.flatnonzero(step >= 0)
+    if not len(kept):
+        return pos
+    order = kept[np.lexsort((order_key[kept], rank[kept], step[kept]))]
+    grp = step[order].astype(np.int64) * (int(rank.max()) + 1) + rank[order]
+    starts = np.flatnonzero(np.concatenate([[True], grp[1:] != grp[:-1]]))
+    first = np.repeat(starts, np.diff(np.append(starts, len(order))))
+    pos[order] = (np.arange(len(order)) - first).astype(np.int32)
+    return pos
+
+
+def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
+    return {"partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
+            "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
+            "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
+            "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
+            "budget_used": plan.budget_used, "compose_window": plan.compose_window, "compose": plan.compose_info}
+
+
+def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, costs: np.ndarray,
+                         cost_model: CostModel, settings: BalanceSettings) -> PlanTable:
+    """Wrap an in-memory :class:`~fsdata.balancer.plan.Plan` as a :class:`PlanTable`.
+
+    Args:
+        src: the validated input.
+        plan: the plan for ``src``'s rows.
+        sample_ids: shape ``[N]`` int64, in input order.
+        costs: shape ``[N]`` float64, the costs the plan was made from.
+        cost_model: the model ``costs`` came from.
+        settings: the settings recorded with the plan.
+    """
+    from fsdata import __version__
+
+    meta = {
+        "plan_format_version": PLAN_FORMAT_VERSION,
+        "num_ranks": plan.num_ranks, "num_steps": plan.num_steps,
+        "batch_size_per_rank": plan.batch_size_per_rank, "batch_policy": settings.batch_policy,
+        "strategy": settings.strategy, "remainder_policy": settings.remainder, "seed": settings.seed,
+        "cost_model": cost_model.to_json(),
+        "predicted_bubble": plan.predicted_bubble, "baseline_predicted_bubble": plan.baseline_bubble,
+        "lower_bound_bubble": plan.lower_bound_bubble,
+        "num_samples_input": int(len(plan.step)), "input_digest": input_digest(src),
+        "fsdata_version": __version__, "settings": _recorded_settings(settings, plan, src),
+        "manifest_extra": {"lower_bound_kind": "pigeonhole",
+                           "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
+                           "per_rank_count": plan.count_distribution()},
+    }
+    return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32),
+                     rank=plan.rank.astype(np.int32), position=_positions(plan.step, plan.rank, plan.order_key),
+                     cost=np.asarray(costs, dtype=np.float64), meta=meta)
+
+
+def plan_costs(costs: np.ndarray, settings: BalanceSettings) -> Plan:
+    """:func:`fsdata.balancer.plan.make_plan` under ``settings`` (the one call every engine plans with).
+
+    Args:
+        costs: shape ``[N]`` float64, per-sample cost in input order.
+        settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
+    """
+    return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
+                     seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
+                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
+                     compose_window=settings.compose_window)
+
+
+def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
+                    timings: dict[str, float] | None = None) -> PlanTable:
+    """Stage 1: read lengths, cost them, plan (:func:`fsdata.balancer.plan.make_plan`).
+
+    ``timings``, if given, receives seconds for ``read_lengths`` and ``plan``.
+
+    Raises:
+        InputError: bad input (including a reserved column name).
+        ConfigError: impossible settings or an unknown cost model.
+    """
+    check_reserved_columns(src)
+    cost_model = load_cost_model(settings.cost_model)
+    t0 = time.perf_counter()
+    lengths, ids = src.lengths_and_ids()
+    t1 = time.perf_counter()
+    costs = cost_model.cost(lengths)
+    plan = plan_costs(costs, settings)
+    table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    if timings is not None:
+        timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
+    return table
+
+
+def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = False) -> None:
+    """Write a plan as Parquet (docs/fsdata.md): columns ``sample_id`` int64, ``step`` int32,
+    ``rank`` int32, ``position`` int32, ``cost`` float64 in input row order; :attr:`PlanTable.meta`
+    as JSON under the key-value metadata key ``fsdata.balancer.plan``. Atomic.
+
+    Raises:
+        ConfigError: ``path`` exists and ``overwrite`` is False.
+    """
+    t = pa.table({S.SAMPLE_ID: table.sample_id, S.STEP: table.step, S.RANK: table.rank, _POS: table.position,
+                  "cost": table.cost})
+    t = t.replace_schema_metadata({PLAN_METADATA_KEY: json.dumps(table.meta).encode()})
+    with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+        pq.write_table(t, str(tmp), compression="zstd")
+
+
+def read_plan(path: str | os.PathLike) -> PlanTable:
+    """Read a plan written by :func:`write_plan`.
+
+    Raises:
+        InputError: missing, unreadable, or not an fsdata plan.
+    """
+    try:
+        t = pq.read_table(str(path))
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); write it with 'fsdata plan'") from None
+    raw = (t.schema.metadata or {}).get(PLAN_METADATA_KEY)
+    need = {S.SAMPLE_ID: pa.int64(), S.STEP: pa.int32(), S.RANK: pa.int32(), _POS: pa.int32(), "cost": pa.float64()}
+    if raw is None or any(n not in t.schema.names or t.schema.field(n).type != ty for n, ty in need.items()):
+        raise InputError(f"plan {path} is not an fsdata plan (columns {list(need)} and metadata key "
+                         f"{PLAN_METADATA_KEY.decode()} expected); write it with 'fsdata plan'")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError:
+        raise InputError(f"plan {path}: its {PLAN_METADATA_KEY.decode()} metadata is not JSON; rewrite it with "
+                         "'fsdata plan'") from None
+    if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
+        raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
+                         f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
+    col = lambda n: t.column(n).to_numpy()  # noqa: E731
+    return PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
+                     cost=col("cost"), meta=meta)
+
+
+# ---- stage 2: write ------------------------------------------------------------------------------
+
+def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: Path, progress: bool,
+            compression: str | None = None) -> None:
+    R = plan.num_ranks
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    ipc_schema = schema.append(pa.field(_POS, pa.int32()))
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    offset = 0
+    n_in = len(schema) - 2  # input columns (schema ends with step, rank)
+    bar = tqdm(total=src.num_rows, unit="row", desc="bucket by rank", disable=not progress)
+    try:
+        for path in src.files:
+            try:
+                pf = pq.ParquetFile(path)
+                batches = pf.iter_batches(batch_size=32768)
+                for batch in batches:
+                    n = batch.num_rows
+                    idx = np.arange(offset, offset + n)
+                    offset += n
+                    sid = batch.column(schema.get_field_index(S.SAMPLE_ID)).to_numpy(zero_copy_only=False)
+                    if offset > len(plan.sample_id) or not np.array_equal(sid.astype(np.int64), plan.sample_id[idx]):
+                        raise InputError(f"input file {path}: rows differ from the plan's sample_id order; the plan "
+                                         "was made from another input: rerun 'fsdata plan' on this input")
+                    rank = plan.rank[idx]
+                    keep = rank >= 0
+                    order = np.argsort(rank, kind="stable")
+                    order = order[keep[order]]
+                    if not len(order):
+                        bar.update(n)
+                        continue
+                    cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
+                    if src.has_seq_len:
+                        _check_seq_len(batch, schema, path)
+                    cols.append(pa.array(plan.step[idx], type=pa.int32()))
+                    cols.append(pa.array(rank, type=pa.int32()))
+                    cols.append(pa.array(plan.position[idx], type=pa.int32()))
+                    table = pa.RecordBatch.from_arrays(cols, schema=ipc_schema).take(pa.array(order))
+                    sorted_ranks = rank[order]
+                    bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
+                    starts = np.concatenate([[0], bounds])
+                    ends = np.concatenate([bounds, [len(order)]])
+                    for a, b in zip(starts, ends):
+                        r = int(sorted_ranks[a])
+                        w = writers.get(r)
+                        if w is None:
+                            w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
+                                                             options=options)
+                        w.write_batch(table.slice(a, b - a))
+                    bar.update(n)
+            except (pa.ArrowException, OSError) as e:
+                # a full disk or read-only bucket folder is the machine's fault, not the input's
+                raise_if_environment(e, bucket_dir)
+                raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
+                                 "the file is corrupt or truncated: regenerate it") from None
+    except BaseException:
+        for w in writers.values():
+            try:
+                w.close()  # may fail again (disk full); the first error is the one to report
+            except (pa.ArrowException, OSError):
+                pass
+        raise
+    else:
+        for w in writers.values():
+            w.close()
+    finally:
+        bar.close()
+    if offset != len(plan.sample_id):
+        raise InputError(f"input {src.path} has {offset} rows but the plan has {len(plan.sample_id)}; the plan was "
+                         "made from another input: rerun 'fsdata plan' on this input")
+    if len(writers) != R:
+        raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
+
+
+def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int) -> FileEntry:
+    """Write one rank's file; the unit a distributed engine calls once per rank.
+
+    Contract (byte-identical output for the same rows, whatever their order or chunking):
+
+    * ``table`` holds exactly this rank's rows, in any order and chunking, with the columns of
+      ``schema`` (the rank-file schema from :func:`output_schema`: input columns, ``step`` int32,
+      ``rank`` int32) plus ``position`` int32 (the row's index in its (step, rank) batch, from
+      the plan); extra columns are ignored.
+    * Rows are sorted by (``step``, ``position``), ``position`` is dropped, and the file is
+      written to ``output/rank-XXXXX/part-00000.parquet`` (the folder is created) with zstd
+      compression, column statistics, and row groups of whole steps: each row group ends at the
+      first step boundary at or past :data:`ROW_GROUP_ROWS` rows.
+    * Nothing else is written; the caller collects the returned records for :func:`finalize`.
+
+    Args:
+        rank: the rank, ``0 <= rank < R``.
+        table: this rank's rows (see above).
+        output: the OUTPUT folder (or its temporary stand-in).
+        schema: the rank-file schema.
+        num_steps: S; every step ``0..S-1`` must hold at least one row.
+
+    Returns:
+        The file's :class:`~fsdata.shards.manifest.FileEntry` (path relative to ``output``, rows, bytes, SHA-256).
+
+    Raises:
+        ValueError: rows of another rank, a missing step, or a repeated (step, position).
+    """
+    table = table.select([*schema.names, _POS])
+    table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
+    table = table.drop_columns([_POS]).cast(schema)
+    step = table.column(S.STEP).to_numpy()
+    ranks = table.column(S.RANK).to_numpy()
+    if len(ranks) and (ranks != rank).any():
+        raise ValueError(f"write_rank({rank}): the table holds rows of other ranks")
+    counts = np.bincount(step, minlength=num_steps) if len(step) else np.zeros(num_steps, np.int64)
+    if len(counts) != num_steps or (counts == 0).any():
+        raise ValueError(f"write_rank({rank}): steps must cover 0..{num_steps - 1} with rows in each")
+    rel = rank_file_path(rank)
+    out = Path(output)
+    (out / rank_dir_name(rank)).mkdir(exist_ok=True)
+    ends = np.cumsum(counts)
+    path = out / rel
+    with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=True) as w:
+        start = 0
+        while start < table.num_rows:
+            # whole steps per row group: the first step end at or past start + ROW_GROUP_ROWS
+            j = int(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"))
+            stop = int(ends[min(j, len(ends) - 1)])
+            w.write_table(table.slice(start, stop - start), row_group_size=stop - start)
+            start = stop
+    n = table.num_rows
+    del table
+    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path))
+
+
+def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path, schema: pa.Schema) -> FileEntry:
+    with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
+        table = pa.ipc.open_file(source).read_all()
+    return write_rank(r, table, out_dir, schema, plan.num_steps)
+
+
+def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
+    """Stage 2: write every rank file of ``plan`` into the existing folder ``output``.
+
+    Returns:
+        One :class:`~fsdata.shards.manifest.FileEntry` per rank, sorted by rank.
+
+    Raises:
+        InputError: an input file fails to read midway, or the input does not match the plan.
+    """
+    schema = output_schema(src)
+    out = Path(output)
+    bucket_dir = out / ".buckets"
+    bucket_dir.mkdir()
+    _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
+    files: list[FileEntry] = []
+    bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
+    with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
+        for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema), range(plan.num_ranks)):
+            files.append(info)
+            bar.update(1)
+    bar.close()
+    shutil.rmtree(bucket_dir)
+    return files
+
+
+def write_step_stats(path: Path, plan: Plan | PlanTable) -> None:
+    """``_step_stats.parquet`` of ``plan`` (the format: :func:`fsdata.shards.manifest.write_step_stats`)."""
+    if isinstance(plan, PlanTable):
+        counts, loads = plan.counts_and_loads()
+    else:
+        counts, loads = plan.counts, plan.loads
+    _write_step_stats(path, counts, loads)
+
+
+def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
+    """Records of rank files already written under ``output`` (row count from the footer, size, SHA-256).
+
+    Raises:
+        InputError: a rank file is missing or unreadable.
+    """
+    out = Path(output)
+    records = []
+    for r in range(num_ranks):
+        rel = rank_file_path(r)
+        path = out / rel
+        try:
+            n = pq.read_metadata(str(path)).num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+        records.append(FileEntry(rank=r, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
+    return records
+
+
+def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry] | None = None) -> Manifest:
+    """Stage 3: write ``_step_stats.parquet``, ``_dropped.parquet`` (when rows were dropped) and,
+    last, ``_manifest.json`` into ``output``, from the plan and the rank files' records.
+
+    Args:
+        output: the folder holding the rank files (OUTPUT or its temporary stand-in).
+        plan: the plan the rank files were written from.
+        records: the :func:`write_rank` results, one per rank; None: recomputed from the files.
+
+    Returns:
+        The written :class:`~fsdata.shards.manifest.Manifest`.
+
+    Raises:
+        InputError: the rank files do not match the plan (missing rank, other row counts, other
+            columns), or something other than rank files lies in ``output``.
+    """
+    out = Path(output)
+    R = plan.num_ranks
+    if records is None:
+        records = file_records(out, R)
+    records = sorted(records, key=lambda f: f.rank)
+    counts, _ = plan.counts_and_loads()
+    if [f.rank for f in records] != list(range(R)):
+        raise InputError(f"{out}: rank file records cover ranks {[f.rank for f in records][:8]}, the plan has "
+                         f"{R} ranks; rerun 'fsdata write' with this plan")
+    for f in records:
+        if f.num_rows != int(counts[:, f.rank].sum()):
+            raise InputError(f"{out / f.path}: {f.num_rows} rows but the plan gives rank {f.rank} "
+                             f"{int(counts[:, f.rank].sum())}; rerun 'fsdata write' with this plan")
+    expected = {rank_dir_name(f.rank) for f in records}
+    extra = sorted(p.name for p in out.iterdir() if p.name not in expected and not p.name.startswith("_")
+                   and not p.name.startswith("."))
+    if extra:
+        raise InputError(f"{out} holds {extra[:5]} besides the rank files; write into an empty OUTPUT")
+    columns = pq.read_schema(str(out / records[0].path)).names
+    write_step_stats(out / STEP_STATS_NAME, plan)
+    meta = plan.meta
+    dropped = np.flatnonzero(plan.step < 0)
+    dropped_file = None
+    if len(dropped):
+        dropped_file = DROPPED_NAME
+        pq.write_table(pa.table({S.SAMPLE_ID: pa.array(plan.sample_id[dropped], type=pa.int64()),
+                                 "reason": pa.array(["remainder"] * len(dropped))}),
+                       str(out / dropped_file), compression="zstd")
+    m = Manifest(
+        path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
+        num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
+        batch_policy=meta["batch_policy"], strategy=meta["strategy"],
+        num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
+        num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
+        dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
+        predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
+        lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
+        step_stats_sha256=sha256_file(out / STEP_STATS_NAME),
+        dropped_sha256=sha256_file(out / dropped_file) if dropped_file else None,
+        input_digest=meta["input_digest"], files=records, settings=meta["settings"],
+        extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
+    m.write(out)
+    return m
+
+
+def balance_local(input: str | os.PathLike, output: str | os.PathLike, settings: BalanceSettings, *,
+                  timings: dict[str, float] | None = None) -> Manifest:
+    """``fsdata balance`` in this process: plan, write and finalize, atomically (the ``local`` engine;
+    :func:`fsdata.engines.balance` is the entry point over every engine).
+
+    Args:
+        input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
+        output: the OUTPUT folder; must not exist unless ``settings.overwrite``.
+        settings: every setting (:class:`BalanceSettings`); ``settings.engine`` is not read here.
+        timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
+            ``finalize``).
+
+    Returns:
+        The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
+
+    Raises:
+        InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
+    """
+    check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
+    if Path(output).exists() and not settings.overwrite:
+        raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
+    src = open_samples(input, settings.columns)
+    stage: dict[str, float] = {}
+    plan = make_plan_table(src, settings, timings=stage)
+    t1 = time.perf_counter()
+    with atomic_output(output, overwrite=settings.overwrite) as tmp:
+        files = write_ranks(src, plan, tmp, settings)
+        t2 = time.perf_counter()
+        m = finalize(tmp, plan, files)
+    m.path = str(output)
+    if timings is not None:
+        timings.update(**stage, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
+    return m
+
+
+def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sample_ids: np.ndarray,
+                   cost_model: CostModel, settings: BalanceSettings, *, overwrite: bool = False,
+                   timings: dict[str, float] | None = None, costs: np.ndarray | None = None) -> dict:
+    """Write and finalize an already computed plan, atomically (kept for callers that plan
+    themselves; new code calls :func:`balance`).
+
+    Args:
+        src: the validated input.
+        output: OUTPUT folder (must not exist unless ``overwrite``).
+        plan: the plan for ``src``'s rows.
+        sample_ids: shape ``[N]`` int64, ``sample_id`` of each input row.
+        cost_model: the model the plan's costs came from.
+        settings: recorded in the manifest.
+        overwrite: replace an existing OUTPUT atomically.
+        timings: if given, filled with seconds per stage (``write_ranks``, ``finish``).
+        costs: shape ``[N]`` float64, the costs the plan was made from (default: recomputed from
+            the input lengths under ``cost_model``).
+
+    Returns:
+        The manifest (dict, as written).
+
+    Raises:
+        ConfigError: OUTPUT exists and ``overwrite`` is False, or it equals, contains or lies inside
+            the input.
+        InputError: an input file fails to read midway, or a reserved column name.
+        EnvironmentFailure: the disk filled up, or the location is read-only or not permitted
+            (:mod:`fsdata.guards`); nothing is left behind.
+    """
+    check_output_apart(output, [src.path, *src.files], output_name="OUTPUT", input_name="INPUT")
+    check_reserved_columns(src)
+    if costs is None:
+        lengths, _ = src.lengths_and_ids()
+        costs = cost_model.cost(lengths)
+    table = plan_table_from_plan(src, plan, sample_ids, costs, cost_model, settings)
+    with atomic_output(output, overwrite=overwrite) as tmp:
+        t1 = time.perf_counter()
+        files = write_ranks(src, table, tmp, settings)
+        t2 = time.perf_counter()
+        m = finalize(tmp, table, files)
+    if timings is not None:
+        timings.update(write_ranks=t2 - t1, finish=time.perf_counter() - t2)
+    return m.to_json()
