@@ -42,9 +42,9 @@ from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import InputError
 from fsdata.balancer.partition import partition_shuffle, per_rank_loads
 from fsdata.balancer.plan import shuffled_steps
+from fsdata.shards.manifest import Manifest, ManifestError
 
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
-STEP_STATS_NAMES = ("_step_stats.parquet", "step_stats.parquet")
 SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 
@@ -127,14 +127,6 @@ def read_manifest_any(output: str | os.PathLike) -> dict:
     return m
 
 
-def _step_stats_path(output: Path, m: dict) -> Path:
-    names = ([m["step_stats_file"]] if m.get("step_stats_file") else []) + list(STEP_STATS_NAMES)
-    for name in names:
-        if (output / name).is_file():
-            return output / name
-    raise InputError(f"{output} has no step stats file ({', '.join(names)}); rerun 'fsdata balance'")
-
-
 def _read_rank_files(output: Path, m: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(sample_id, step, length)`` of every written row, each ``[N_written]`` int64."""
     ids, steps, lengths = [], [], []
@@ -173,7 +165,10 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     out = Path(output)
     m = read_manifest_any(out)
     R, B, S_ = int(m["num_ranks"]), int(m["batch_size_per_rank"]), int(m["num_steps"])
-    stats = pq.read_table(_step_stats_path(out, m), columns=["step", "rank", "predicted_cost"])
+    try:  # the format module's one step-stats reader (v1 and v2 names)
+        stats = Manifest.read(out).read_step_stats(columns=["step", "rank", "predicted_cost"])
+    except ManifestError as e:
+        raise InputError(str(e)) from None
     after = np.zeros((S_, R))
     after[stats.column("step").to_numpy(), stats.column("rank").to_numpy()] = stats.column("predicted_cost").to_numpy()
     ids, out_steps, lengths = _read_rank_files(out, m)

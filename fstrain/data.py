@@ -87,9 +87,9 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     if manifest.batch_policy == "fixed" and not os.path.exists(stats_path):
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
     try:
-        t = pq.read_table(stats_path, columns=["step", "rank", "num_samples"])
-    except (OSError, pa.ArrowException) as e:
-        raise ShardError(f"{stats_path}: cannot read ({e}); re-run fsdata balance") from None
+        t = manifest.read_step_stats(columns=["step", "rank", "num_samples"])
+    except ManifestError as e:
+        raise ShardError(str(e)) from None
     step = t.column("step").to_numpy().astype(np.int64)
     rank = t.column("rank").to_numpy().astype(np.int64)
     n = t.column("num_samples").to_numpy().astype(np.int64)

@@ -24,13 +24,13 @@ import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 from torch.autograd.profiler import record_function
 
 from fsdata.balancer.bubble import run_bubble, step_bubbles
+from fsdata.errors import FsdataError
 from fstrain.data import Batch, ShardReader, infer_num_items, load_manifest
-from fstrain.errors import ConfigError
+from fstrain.errors import ConfigError, ShardError
 from fstrain.model import Config, SequentialRecommender, with_negatives
 
 logger = logging.getLogger(__name__)
@@ -107,10 +107,16 @@ def make_replay_model(num_items: int, model: dict | None, seed: int, device: tor
 
 
 def predicted_costs(shards: str, num_steps: int) -> np.ndarray:
-    """``[S x R]`` predicted per-rank costs of the first ``num_steps`` steps (step_stats.parquet)."""
+    """``[S x R]`` predicted per-rank costs of the first ``num_steps`` steps (the step stats).
+
+    Raises:
+        ShardError: the step stats are missing, unreadable or malformed.
+    """
     m = load_manifest(shards)
-    t = pq.read_table(os.path.join(shards, m.raw.get("step_stats_file") or "step_stats.parquet"),
-                      columns=["step", "rank", "predicted_cost"], filters=[("step", "<", num_steps)])
+    try:
+        t = m.read_step_stats(columns=["step", "rank", "predicted_cost"], filters=[("step", "<", num_steps)])
+    except FsdataError as e:  # fsdata's ManifestError: missing, unreadable or malformed step stats
+        raise ShardError(str(e)) from None
     c = np.zeros((num_steps, m.num_ranks))
     c[t.column("step").to_numpy(), t.column("rank").to_numpy()] = t.column("predicted_cost").to_numpy()
     return c

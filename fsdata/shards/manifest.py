@@ -35,6 +35,8 @@ DROPPED_NAMES = {2: "_dropped.parquet", 1: "dropped.parquet"}
 #: The root file names that this version writes.
 MANIFEST_NAME = MANIFEST_NAMES[FORMAT_VERSION]
 STEP_STATS_NAME = STEP_STATS_NAMES[FORMAT_VERSION]
+#: Columns of the step stats, in order, with their Arrow types (docs/format.md).
+STEP_STATS_TYPES = {"step": "int32", "rank": "int32", "num_samples": "int32", "predicted_cost": "double"}
 DROPPED_NAME = DROPPED_NAMES[FORMAT_VERSION]
 #: Key order of a written manifest (docs/format.md); unknown keys read from a file are kept after these.
 KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy",
@@ -222,6 +224,38 @@ class Manifest:
     def step_stats_path(self) -> str:
         """Path of the step-stats file (``step_stats_file``, else this version's default name)."""
         return os.path.join(self.path, self.step_stats_file or STEP_STATS_NAMES[self.format_version])
+
+    def read_step_stats(self, columns: list[str] | None = None, filters: list | None = None):
+        """Read the step stats (the one reader of that file for verify, the report and fstrain).
+
+        Args:
+            columns: subset of ``step``, ``rank``, ``num_samples``, ``predicted_cost`` (None: all).
+            filters: pyarrow row filters, e.g. ``[("step", "<", 8)]``.
+
+        Returns:
+            ``pyarrow.Table`` with the requested columns (written with the types of
+            :data:`STEP_STATS_TYPES`; any integer or float width is accepted here).
+
+        Raises:
+            ManifestError: the file is missing, unreadable, or a column is missing or of another type.
+        """
+        import pyarrow as pa  # noqa: PLC0415 (kept out of the import of the manifest reader)
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        path = self.step_stats_path()
+        want = list(STEP_STATS_TYPES) if columns is None else list(columns)
+        try:
+            t = pq.read_table(path, columns=want, filters=filters)
+        except (OSError, pa.ArrowException) as e:
+            raise ManifestError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'",
+                                kind="missing") from None
+        for name in want:  # readers take any integer / float width; verify insists on the exact types
+            typ = t.schema.field(name).type
+            ok = pa.types.is_floating(typ) if name == "predicted_cost" else pa.types.is_integer(typ)
+            if not ok:
+                raise ManifestError(f"{path}: column {name} is {typ}, expected {STEP_STATS_TYPES[name]}; "
+                                    "rerun 'fsdata balance'")
+        return t
 
     @property
     def raw(self) -> dict:

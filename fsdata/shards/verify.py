@@ -176,9 +176,9 @@ def _read_step_stats(out: Path, m: Manifest, check_checksums: bool = True) -> pa
     path = out / m.step_stats_file
     _check_sha(path, m.step_stats_sha256, check_checksums)
     try:
-        t = pq.read_table(str(path))
-    except (OSError, pa.ArrowException) as e:
-        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
+        t = m.read_step_stats()
+    except ManifestError as e:
+        raise VerifyError(str(e)) from None
     need = {"step": pa.int32(), "rank": pa.int32(), "num_samples": pa.int32(), "predicted_cost": pa.float64()}
     if t.schema.names != list(need) or any(t.schema.field(k).type != v for k, v in need.items()):
         raise VerifyError(f"{path}: columns {t.schema} differ from step int32, rank int32, num_samples int32, "
