@@ -188,29 +188,16 @@ def _lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_t
 def _check_lengths(src, parts: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate the chunks' lengths and ids and raise the local engine's errors (same words as
     :meth:`fsdata.samples.io.SampleSource.lengths_and_ids`)."""
-    from fsdata.samples.io import sorted_unique  # noqa: PLC0415
+    from fsdata.samples.io import check_lengths_and_ids  # noqa: PLC0415
 
     nulls = {c: 0 for c in src.columns}
     for p in parts:
         for c, n in p["nulls"].items():
             nulls[c] = nulls.get(c, 0) + n
-    bad = {k: v for k, v in nulls.items() if v}
-    if bad:
-        raise InputError(f"input {src.path}: null values {bad}; the sample schema allows no nulls: "
-                         "drop or fill those rows")
     lengths = np.concatenate([p["lengths"] for p in parts])
     ids = np.concatenate([p["ids"] for p in parts])
-    if len(lengths) and lengths.min() == 0:
-        raise InputError(f"input {src.path}: {int((lengths == 0).sum())} samples have empty item_ids; "
-                         "every sample needs a non-empty history: drop them")
-    mis = sum(p["tlen_mismatch"] for p in parts)
-    if mis:
-        raise InputError(f"input {src.path}: {mis} samples have timestamps not aligned with item_ids "
-                         "(different lengths); fix or drop the timestamps column")
-    _, duplicates = sorted_unique(ids)
-    if duplicates:
-        raise InputError(f"input {src.path}: sample_id is not unique ({duplicates} "
-                         "duplicates); give every sample its own id")
+    check_lengths_and_ids(src.path, lengths, ids, nulls=nulls,
+                          timestamp_mismatches=sum(p["tlen_mismatch"] for p in parts))
     return lengths, ids
 
 

@@ -168,25 +168,41 @@ class SampleSource:
             raise_if_environment(e, self.path, action="read")
             raise InputError(f"input {self.path}: cannot read ({str(e).splitlines()[0]}); "
                              "the file is corrupt or not Parquet: regenerate it") from None
-        bad = {k: v for k, v in nulls.items() if v}
-        if bad:
-            raise InputError(f"input {self.path}: null values {bad}; the sample schema allows no nulls: "
-                             "drop or fill those rows")
         lengths = df["_len"].to_numpy()
         ids = df[S.SAMPLE_ID].to_numpy()
-        if len(lengths) and lengths.min() == 0:
-            raise InputError(f"input {self.path}: {int((lengths == 0).sum())} samples have empty item_ids; "
-                             "every sample needs a non-empty history: drop them")
-        if self.has_timestamps:
-            mis = int((df["_tlen"].to_numpy() != lengths).sum())
-            if mis:
-                raise InputError(f"input {self.path}: {mis} samples have timestamps not aligned with item_ids "
-                                 "(different lengths); fix or drop the timestamps column")
-        _, duplicates = sorted_unique(ids)
-        if duplicates:
-            raise InputError(f"input {self.path}: sample_id is not unique ({duplicates} "
-                             "duplicates); give every sample its own id")
+        mismatched = int((df["_tlen"].to_numpy() != lengths).sum()) if self.has_timestamps else 0
+        check_lengths_and_ids(self.path, lengths, ids, nulls=nulls, timestamp_mismatches=mismatched)
         return lengths, ids
+
+
+def check_lengths_and_ids(path: str, lengths: np.ndarray, ids: np.ndarray, *, nulls: dict[str, int],
+                          timestamp_mismatches: int) -> None:
+    """The input checks every engine makes on the lengths it read (one wording for all engines).
+
+    Args:
+        path: the input, for the message.
+        lengths: shape ``[N]``, int64, ``len(item_ids)`` per sample.
+        ids: shape ``[N]``, int64, ``sample_id`` per sample.
+        nulls: null count per column.
+        timestamp_mismatches: samples whose ``timestamps`` length differs from ``item_ids``'.
+
+    Raises:
+        InputError: nulls, an empty history, misaligned timestamps, or a repeated ``sample_id``.
+    """
+    bad = {k: v for k, v in nulls.items() if v}
+    if bad:
+        raise InputError(f"input {path}: null values {bad}; the sample schema allows no nulls: "
+                         "drop or fill those rows")
+    if len(lengths) and lengths.min() == 0:
+        raise InputError(f"input {path}: {int((lengths == 0).sum())} samples have empty item_ids; "
+                         "every sample needs a non-empty history: drop them")
+    if timestamp_mismatches:
+        raise InputError(f"input {path}: {timestamp_mismatches} samples have timestamps not aligned with item_ids "
+                         "(different lengths); fix or drop the timestamps column")
+    _, duplicates = sorted_unique(ids)
+    if duplicates:
+        raise InputError(f"input {path}: sample_id is not unique ({duplicates} "
+                         "duplicates); give every sample its own id")
 
 
 def _is_int(t: pa.DataType) -> bool:
