@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 
+from tests.importgraph import assert_no_cycle
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: Layers bottom to top; a module may import its own layer or a lower one.
@@ -81,20 +83,7 @@ def test_no_upward_import_in_fsdata():
 def test_no_import_cycle_in_fsdata():
     graph = _fsdata_graph()
     edges = {m: {d for d in deps if d in graph and d != "fsdata"} for m, deps in graph.items() if m != "fsdata"}
-    state: dict[str, int] = {}
-
-    def visit(m, stack):
-        state[m] = 1
-        for d in sorted(edges.get(m, ())):
-            if state.get(d) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(d):], d]))
-            if d not in state:
-                visit(d, [*stack, d])
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [m])
+    assert_no_cycle(edges)
 
 
 def test_the_project_uses_no_deprecated_path():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.fstrain.shards import write_shards
+from tests.importgraph import assert_no_cycle
 
 MODEL = dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=1)
 
@@ -113,20 +114,7 @@ def test_no_import_cycle_in_fstrain():
     known = set(graph)
     # explicit edges (a package's __init__ re-exporting its submodules is the usual pattern, not a cycle)
     edges = {m: {d for d in deps if d in known and d != m} for m, deps in graph.items()}
-    state: dict[str, int] = {}
-
-    def visit(m, stack):
-        state[m] = 1
-        for d in sorted(edges[m]):
-            if state.get(d) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(d):], d]))
-            if d not in state:
-                visit(d, [*stack, d])
-        state[m] = 2
-
-    for m in sorted(edges):
-        if m not in state:
-            visit(m, [m])
+    assert_no_cycle(edges)
 
 
 def test_old_import_paths_still_work_with_a_deprecation_warning():
