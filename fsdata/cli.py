@@ -78,6 +78,9 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
                    help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
     p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
+    p.add_argument("--plan-window", type=int, default=None, metavar="K",
+                   help="steps planned together (rounded up to a multiple of --compose-window; default 1024): "
+                        "bounds the planning memory per window, the unit of a Ray plan task (docs/cluster.md)")
     p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus time-bounded CP-SAT only on steps whose gap "
                         "to the proven bound is worth it), "
                         "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
@@ -246,7 +249,7 @@ def _cmd_profile(a: argparse.Namespace) -> int:
 def _settings_from_args(a: argparse.Namespace):
     from fsdata.shards.writer import BalanceSettings
     from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window
-    from fsdata.balancer.plan import DEFAULT_PARTITIONER, check_settings
+    from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_settings
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
@@ -259,7 +262,8 @@ def _settings_from_args(a: argparse.Namespace):
                            bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
                            else a.bucket_compression,
                            progress=not a.no_progress, overwrite=a.overwrite,
-                           engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None))
+                           engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None),
+                           plan_window=DEFAULT_PLAN_WINDOW if getattr(a, "plan_window", None) is None else a.plan_window)
 
 
 def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:

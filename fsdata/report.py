@@ -41,7 +41,7 @@ from fsdata.samples import schema as S
 from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import InputError
 from fsdata.balancer.partition import partition_shuffle, per_rank_loads
-from fsdata.balancer.plan import shuffled_steps
+from fsdata.balancer.plan import LEGACY_SHUFFLE, shuffled_steps
 from fsdata.shards.manifest import Manifest, ManifestError
 
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
@@ -198,7 +198,8 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
         row_lengths[ids] = lengths
         source = (f"exact: global batches recomputed from the seed ({m.get('seed', 0)}); sample_id = input row "
                   "(as written by fsdata convert/synth)")
-    steps, _ = shuffled_steps(N, R, B, int(m.get("seed", 0)))
+    steps, _ = shuffled_steps(N, R, B, int(m.get("seed", 0)),
+                              shuffle=(m.get("settings") or {}).get("shuffle", LEGACY_SHUFFLE))
     step_lengths = row_lengths[steps]
     fix = "pass --input INPUT (the balance INPUT)" if input_path is None else "pass the same INPUT as 'fsdata balance'"
     if (step_lengths < 0).any():

@@ -1,3 +1,3 @@
 """fstrain: a lean torchrec runtime that trains on fsdata's pre-balanced shards."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -57,6 +57,7 @@ from fsdata.shards.writer import BalanceSettings
 from fsdata.cliutil import (add_common_flags, add_engine_flags, add_num_threads_flag, add_output_flag, configure_logging,
                             resolve_progress, run_main)
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
+from fsdata.balancer.plan import DEFAULT_PLAN_WINDOW
 from fsdata.samples.convert import convert
 from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import ConfigError, FsdataError
@@ -108,6 +109,8 @@ class NightlyConfig:
     remainder: str = "drop"
     compose_window: int = DEFAULT_COMPOSE_WINDOW
     """``--compose-window`` W of ``fsdata balance`` (docs/balancer.md, "Composition"); 1 = off."""
+    plan_window: int = DEFAULT_PLAN_WINDOW
+    """``--plan-window`` K of ``fsdata balance`` (steps planned together)."""
     extra: dict | None = None
     """Anything else a caller wants in the key (e.g. a dataset version tag)."""
 
@@ -393,7 +396,8 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
     settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
                                cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
                                batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
-                               budget=cfg.budget, compose_window=cfg.compose_window, num_threads=num_threads,
+                               budget=cfg.budget, compose_window=cfg.compose_window, plan_window=cfg.plan_window,
+                               num_threads=num_threads,
                                bucket_compression=bucket_compression, progress=progress,
                                engine=engine, ray_address=ray_address)
     manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
@@ -604,6 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="regroup the samples of W consecutive random global batches so heavy samples share "
                         f"steps in multiples of R (B per rank kept); 1 = off (default {DEFAULT_COMPOSE_WINDOW}, "
                         "see docs/balancer.md)")
+    b.add_argument("--plan-window", type=int, default=DEFAULT_PLAN_WINDOW, metavar="K",
+                   help=f"steps planned together (rounded up to a multiple of --compose-window; default "
+                        f"{DEFAULT_PLAN_WINDOW}): bounds the planning memory per window, the unit of a Ray plan task")
     add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
@@ -642,7 +649,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         has_header=a.has_header, columns=a.columns, num_ranks=a.ranks,
                         batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model, seed=a.seed,
                         strategy=a.strategy, batch_policy=a.batch_policy, budget=a.budget,
-                        partitioner=a.partitioner, remainder=a.remainder, compose_window=a.compose_window)
+                        partitioner=a.partitioner, remainder=a.remainder, compose_window=a.compose_window,
+                        plan_window=a.plan_window)
     r = run_nightly(cfg, a.output, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
                     num_threads=a.num_threads,
                     bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,

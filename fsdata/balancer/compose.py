@@ -143,7 +143,7 @@ def check_window(compose_window: int) -> None:
 
 
 def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,
-                  compose_window: int, seed: int = 0, return_info: bool = False):
+                  compose_window: int, seed: int = 0, first_window: int = 0, return_info: bool = False):
     """Regroup the samples of each window of ``W`` global batches into ``W`` new global batches.
 
     Args:
@@ -153,6 +153,10 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         batch_size_per_rank: B.
         compose_window: W, global batches per window (1: unchanged; larger than S: all steps).
         seed: seed of the tie-breaking and step-order randomness (same seed, same output).
+        first_window: global index of the first window of ``steps``: window ``w`` draws its
+            randomness from ``default_rng([seed, tag, first_window + w])``, so composing a run's
+            windows in separate calls (one per plan window, :func:`fsdata.balancer.plan.plan_one_window`)
+            gives the same steps as one call over all of them.
 
         return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed",
             "heavy_steps", "sub_window_sizes_used"}``: windows regrouped, steps built around heavy
@@ -179,10 +183,8 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         out = steps.astype(np.int64, copy=True)
         return (out, info) if return_info else out
     n = R * B
-    rng = np.random.default_rng([seed, 0x636F6D70])  # independent of the global-batch shuffle stream
     flat = steps.ravel().astype(np.int64)
     c = np.asarray(costs, dtype=np.float64)[flat]
-    rand = rng.random(max(1, 4 * B * W))
     out = flat.copy()
     sizes_used: dict[int, int] = {}
     for w0 in range(0, S, W):
@@ -191,6 +193,9 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         before = _bound_gap(c[a:b].reshape(Wn, n), R, B)
         if Wn == 1 or before <= MIN_BOUND_GAIN:
             continue  # nothing to gain: the window keeps its random global batches
+        # one stream per window, independent of the shuffle and of the other windows
+        rng = np.random.default_rng([seed, 0x636F6D70, first_window + w0 // W])
+        rand = rng.random(max(1, 4 * B * Wn))
         # candidates: the window composed whole, or as aligned sub-windows of W/4, W/16, ... steps
         # (still inside the window); the lowest proven bound wins, the smallest size among equals
         best = None

@@ -201,6 +201,201 @@ def _check_lengths(src, parts: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return lengths, ids
 
 
+# ---- windowed planning (fixed policy): the central part holds one window's worth, never N rows ----
+
+#: Rows per duplicate-``sample_id`` bucket task (ids are routed to buckets by a hash of the id).
+ID_BUCKET_ROWS = 4_000_000
+
+
+def _id_bucket(ids: np.ndarray, num_buckets: int) -> np.ndarray:
+    """Bucket of each ``sample_id`` (SplitMix64 of the id, modulo ``num_buckets``): equal ids meet."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(num_buckets)).astype(np.int64)
+
+
+def _windowed_lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_timestamps: bool,
+                           cost_model: str, layout, seed: int, num_id_buckets: int) -> list:
+    """Lengths, costs and shuffled positions of one chunk, routed to plan windows (a Ray task with
+    ``num_returns = 1 + num_windows + num_id_buckets``).
+
+    Returns:
+        ``[stats, *window_pieces, *id_pieces]``: ``stats`` holds the validation counts (``nulls``,
+        ``num_empty``, ``tlen_mismatch``), ``node``, and the dropped rows (``dropped_rows``,
+        ``dropped_ids``: positions past the last whole step); window piece ``w``:
+        ``(positions int64, costs float64, rows int64)`` of the chunk's rows in plan window ``w``;
+        id piece ``b``: the chunk's ``sample_id`` values in duplicate bucket ``b``.
+    """
+    from fsdata.balancer.cost import load_cost_model  # noqa: PLC0415
+    from fsdata.balancer.order import shuffled_positions  # noqa: PLC0415
+
+    part = _lengths_task(chunk, rename, has_seq_len, has_timestamps)
+    lengths, ids = part["lengths"], part["ids"]
+    rows = chunk.offset + np.arange(len(ids), dtype=np.int64)
+    costs = load_cost_model(cost_model).cost(lengths)
+    pos = shuffled_positions(rows, layout.num_samples, seed)
+    dropped = pos >= layout.num_steps * layout.per_step
+    stats = {"nulls": part["nulls"], "num_empty": int((lengths == 0).sum()), "tlen_mismatch": part["tlen_mismatch"],
+             "node": part["node"], "dropped_rows": rows[dropped], "dropped_ids": ids[dropped]}
+    win = layout.window_of(pos)
+    order = np.argsort(win, kind="stable")
+    cuts = np.searchsorted(win[order], np.arange(layout.num_windows + 1), side="left")
+    windows = [(pos[o], costs[o], rows[o]) for o in (order[cuts[w]:cuts[w + 1]] for w in range(layout.num_windows))]
+    bucket = _id_bucket(ids, num_id_buckets)
+    border = np.argsort(bucket, kind="stable")
+    bcuts = np.searchsorted(bucket[border], np.arange(num_id_buckets + 1), side="left")
+    id_pieces = [ids[border[bcuts[b]:bcuts[b + 1]]] for b in range(num_id_buckets)]
+    return [stats, *windows, *id_pieces]
+
+
+def _duplicates_task(*pieces: np.ndarray) -> int:
+    """Repeated ``sample_id`` values in one bucket (runs as a Ray task): ``n - distinct``."""
+    from fsdata.samples.io import sorted_unique  # noqa: PLC0415
+
+    ids = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    return int(sorted_unique(ids)[1]) if len(ids) else 0
+
+
+def _plan_window_task(window: int, layout, seed: int, strategy: str, partitioner: str, chunk_starts: np.ndarray,
+                      *pieces: tuple) -> list:
+    """Plan one window of steps from its samples (a Ray task with ``num_returns = 1 + num_chunks``):
+    :func:`fsdata.balancer.plan.plan_one_window`, the function the local engine calls per window.
+
+    Args:
+        window: w.
+        layout: the run's :class:`~fsdata.balancer.plan.PlanLayout`.
+        seed, strategy, partitioner: the run's settings.
+        chunk_starts: shape ``[C+1]``, first input row of every chunk, then N.
+        pieces: ``(positions, costs, rows)`` of the window's rows from every chunk.
+
+    Returns:
+        ``[summary, *chunk_pieces]``: the :meth:`~fsdata.balancer.plan.WindowPlan.summary` and, per
+        chunk, ``(rows, step, rank, position)`` of the chunk's rows in this window.
+    """
+    from fsdata.balancer.plan import plan_one_window  # noqa: PLC0415
+
+    pos = np.concatenate([p[0] for p in pieces])
+    costs = np.concatenate([p[1] for p in pieces])
+    rows = np.concatenate([p[2] for p in pieces])
+    del pieces
+    order = np.argsort(pos, kind="stable")
+    p0, p1 = layout.window_positions(window)
+    if len(order) != p1 - p0 or not np.array_equal(pos[order], np.arange(p0, p1)):
+        raise AssertionError(f"plan window {window}: positions are not exactly {p0}..{p1 - 1}")
+    wp = plan_one_window(costs[order], rows[order], window, layout, seed=seed, strategy=strategy,
+                         partitioner=partitioner)
+    del pos, costs, rows, order
+    chunk_of = np.searchsorted(chunk_starts, wp.rows, side="right") - 1
+    o = np.argsort(chunk_of, kind="stable")
+    cuts = np.searchsorted(chunk_of[o], np.arange(len(chunk_starts)), side="left")
+    out = [(wp.rows[i], wp.step[i], wp.rank[i], wp.position[i]) for i in (o[cuts[c]:cuts[c + 1]]
+                                                                       for c in range(len(chunk_starts) - 1))]
+    return [wp.summary(), *out]
+
+
+def _partition_windowed_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has_seq_len: bool,
+                             group_bounds: np.ndarray, compression: str | None, *plan_pieces: tuple) -> list:
+    """:func:`_partition_task` with the chunk's plan gathered from every plan window's task.
+
+    Raises:
+        AssertionError: the windows do not cover every row of the chunk exactly once.
+    """
+    n = chunk.num_rows
+    step = np.full(n, -2, dtype=np.int32)
+    rank = np.full(n, -1, dtype=np.int32)
+    position = np.full(n, -1, dtype=np.int32)
+    covered = 0
+    for rows, st, rk, ps in plan_pieces:
+        i = rows - chunk.offset
+        step[i], rank[i], position[i] = st, rk, ps
+        covered += len(rows)
+    if covered != n or (step == -2).any():
+        raise AssertionError(f"chunk at row {chunk.offset}: plan windows cover {covered} of its {n} rows")
+    del plan_pieces
+    return _partition_task(chunk, schema, rename, has_seq_len, None, step, rank, position, group_bounds, compression)
+
+
+def plan_windowed(ray, src, settings, chunks: list[Chunk], num_cpus: int, timings: dict | None = None):
+    """Stage 1 on Ray without a central copy of the rows: lengths tasks route (position, cost, row)
+    to plan windows, one task per window plans it, the driver combines the window summaries.
+
+    Args:
+        ray: the joined Ray module.
+        src: the validated input (its row count from the footers).
+        settings: :class:`~fsdata.shards.writer.BalanceSettings` (fixed policy or shuffle strategy).
+        chunks: the input's chunks.
+        num_cpus: the cluster's CPUs (sizes the duplicate-id buckets).
+        timings: if given, filled with ``read_lengths`` and ``plan`` seconds.
+
+    Returns:
+        ``(table, chunk_plans, nodes)``: a :class:`~fsdata.shards.writer.PlanTable` holding the
+        run's counts, loads, dropped ids and figures but no per-row arrays; per chunk, the object
+        refs of its plan pieces (one per window); the Ray node ids that ran tasks.
+
+    Raises:
+        InputError: the local engine's input errors, word for word. ConfigError: impossible settings.
+    """
+    from fsdata.balancer.cost import load_cost_model  # noqa: PLC0415
+    from fsdata.balancer.plan import Plan, check_policies, combine_windows, plan_layout  # noqa: PLC0415
+    from fsdata.samples.io import check_input_counts  # noqa: PLC0415
+    from fsdata.shards.writer import plan_table_from_plan  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    N, R, B = src.num_rows, settings.num_ranks, settings.batch_size_per_rank
+    check_policies(settings.strategy, settings.batch_policy, settings.remainder)
+    layout = plan_layout(N, R, B, compose=settings.strategy == "balanced" and settings.batch_policy == "fixed",
+                         compose_window=settings.compose_window, plan_window=settings.plan_window)
+    nw = layout.num_windows
+    nb = max(num_cpus, -(-N // ID_BUCKET_ROWS))
+    lengths_fn = ray.remote(num_cpus=1, num_returns=1 + nw + nb)(_windowed_lengths_task)
+    outs = [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps, settings.cost_model, layout,
+                              settings.seed, nb) for c in chunks]
+    stats = _get(ray, [o[0] for o in outs])
+    nulls = {c: 0 for c in src.columns}
+    for st in stats:
+        for c, k in st["nulls"].items():
+            nulls[c] = nulls.get(c, 0) + k
+    dup_fn = ray.remote(num_cpus=1)(_duplicates_task)
+    dups = _get(ray, [dup_fn.remote(*[o[1 + nw + b] for o in outs]) for b in range(nb)])
+    check_input_counts(src.path, nulls=nulls, num_empty=sum(st["num_empty"] for st in stats),
+                       timestamp_mismatches=sum(st["tlen_mismatch"] for st in stats), num_duplicate_ids=sum(dups))
+    dropped_rows = np.concatenate([st["dropped_rows"] for st in stats])
+    dropped_ids = np.concatenate([st["dropped_ids"] for st in stats])
+    nodes = {st["node"] for st in stats}
+    del stats
+    if len(dropped_rows) and settings.remainder == "error":
+        raise ConfigError(f"{len(dropped_rows)} samples do not fill a whole step of {R}x{B}; "
+                          "pass --remainder drop to record and drop them, or change --ranks/--batch-size-per-rank")
+    t1 = time.perf_counter()
+    chunk_starts = np.array([c.offset for c in chunks] + [N], dtype=np.int64)
+    plan_fn = ray.remote(num_cpus=1, num_returns=1 + len(chunks))(_plan_window_task)
+    planned = [plan_fn.remote(w, layout, settings.seed, settings.strategy, settings.partitioner, chunk_starts,
+                              *[o[1 + w] for o in outs]) for w in range(nw)]
+    del outs
+    windows = _get(ray, [p[0] for p in planned])
+    chunk_plans = [[p[1 + c] for p in planned] for c in range(len(chunks))]
+    del planned
+    totals = combine_windows(windows, layout, settings.compose_window)
+    del windows
+    o = np.argsort(dropped_rows, kind="stable")
+    plan = Plan(num_ranks=R, batch_size_per_rank=B, num_steps=layout.num_steps, step=np.empty(0, np.int32),
+                rank=np.empty(0, np.int32), order_key=np.empty(0, np.int64), dropped=dropped_rows[o],
+                loads=totals.loads, counts=totals.counts, baseline_loads=totals.baseline_loads,
+                lower_bound_bubble=totals.lower_bound_bubble, partition_info=totals.partition_info,
+                lower_bound_bubble_simple=totals.lower_bound_bubble_simple, compose_window=layout.compose_window,
+                compose_info=totals.compose_info, plan_window=layout.plan_window)
+    if plan.counts.min() == 0:
+        raise AssertionError("plan left a rank without samples in a step")
+    table = plan_table_from_plan(src, plan, np.empty(0, np.int64), np.empty(0), load_cost_model(settings.cost_model),
+                                 settings, num_samples=N, dropped_sample_id=dropped_ids[o])
+    if timings is not None:
+        timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
+    return table, chunk_plans, nodes
+
+
 def _pack(table: pa.Table, compression: str | None) -> pa.Table | bytes:
     """A piece as it goes into the object store: the table itself, or Arrow IPC stream bytes
     compressed with ``compression`` (``lz4``/``zstd``: less object-store memory and spill)."""
@@ -235,7 +430,8 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         schema: the rank-file schema (:func:`fsdata.shards.writer.output_schema`).
         rename: ``{their_name: contract_name}``.
         has_seq_len: check ``seq_len`` against ``len(item_ids)`` as the local engine does.
-        sample_id, step, rank, position: the plan's entries for the chunk's rows, shape ``[n]``.
+        sample_id, step, rank, position: the plan's entries for the chunk's rows, shape ``[n]``
+            (``sample_id`` None: the plan was made from this very read, nothing to check).
         group_bounds: shape ``[G+1]``, group ``g`` holds ranks ``group_bounds[g] .. group_bounds[g+1]-1``.
         compression: None, or ``lz4``/``zstd`` to store the pieces as compressed Arrow IPC.
 
@@ -257,7 +453,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
             sl = slice(start, start + n)
             start += n
             sid = batch.column(schema.get_field_index(S.SAMPLE_ID)).to_numpy(zero_copy_only=False)
-            if start > len(sample_id) or not np.array_equal(sid.astype(np.int64), sample_id[sl]):
+            if start > len(step) or (sample_id is not None and not np.array_equal(sid.astype(np.int64), sample_id[sl])):
                 raise InputError(f"input file {chunk.path}: rows differ from the plan's sample_id order; the plan "
                                  "was made from another input: rerun 'fsdata plan' on this input")
             r = rank[sl]
@@ -406,7 +602,7 @@ def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: i
 
 
 def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[Chunk] | None = None,
-                timings: dict | None = None, nodes: set | None = None) -> list:
+                timings: dict | None = None, nodes: set | None = None, chunk_plans: list | None = None) -> list:
     """Stage 2 on Ray: the partition, write and verify tasks for every rank file of ``plan``
     (the counterpart of :func:`fsdata.shards.writer.write_ranks`; same files, byte for byte).
 
@@ -418,6 +614,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         chunks: the input's chunks (default: :func:`make_chunks`).
         timings: if given, filled with ``write_ranks`` and ``verify`` seconds.
         nodes: if given, the ids of the Ray nodes that ran tasks are added to it.
+        chunk_plans: per chunk, the object refs of its plan pieces from :func:`plan_windowed`
+            (then ``plan`` holds no per-row arrays and this must run in the same Ray session).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.
@@ -431,7 +629,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     t0 = time.perf_counter()
     schema = output_schema(src)
     chunks = chunks if chunks is not None else make_chunks(src.files)
-    if sum(c.num_rows for c in chunks) != len(plan.sample_id):
+    if chunk_plans is None and sum(c.num_rows for c in chunks) != len(plan.sample_id):
         raise InputError(f"input {src.path} has {sum(c.num_rows for c in chunks)} rows but the plan has "
                          f"{len(plan.sample_id)}; the plan was made from another input: rerun 'fsdata plan' on this input")
     counts, _ = plan.counts_and_loads()
@@ -440,14 +638,21 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         bounds = group_bounds(plan.num_ranks, int(counts.sum()), num_cpus)
         G = len(bounds) - 1
-        part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_task)
         schema_ref = ray.put(schema)
         pieces = []
-        for c in chunks:
-            sl = slice(c.offset, c.offset + c.num_rows)
-            refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, plan.sample_id[sl], plan.step[sl],
-                                  plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
-            pieces.append([refs] if G == 1 else refs)
+        if chunk_plans is not None:
+            part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_windowed_task)
+            for c, refs_c in zip(chunks, chunk_plans):
+                refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, bounds, settings.bucket_compression,
+                                      *refs_c)
+                pieces.append([refs] if G == 1 else refs)
+        else:
+            part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_task)
+            for c in chunks:
+                sl = slice(c.offset, c.offset + c.num_rows)
+                refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, plan.sample_id[sl], plan.step[sl],
+                                      plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
+                pieces.append([refs] if G == 1 else refs)
         write_fn = ray.remote(num_cpus=1)(_write_group_task)
         write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])),
                                       *[p[g] for p in pieces]) for g in range(G)]
@@ -505,20 +710,35 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         t0 += time.perf_counter() - tc  # read_lengths excludes starting or joining Ray (ray_connect)
         t["ray_connect"] = time.perf_counter() - tc
         chunks = make_chunks(src.files)
-        lengths_fn = ray.remote(num_cpus=1)(_lengths_task)
-        parts = _get(ray, [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps) for c in chunks])
-        lengths, ids = _check_lengths(src, parts)
-        nodes = {p["node"] for p in parts}
-        del parts
-        t1 = time.perf_counter()
-        costs = cost_model.cost(lengths)
-        del lengths
-        plan = plan_costs(costs, settings)  # the local engine's planning call, composition included
-        table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
-        del plan, ids, costs
-        t2 = time.perf_counter()
+        chunk_plans = None
+        windowed = settings.batch_policy == "fixed" or settings.strategy == "shuffle"
+        if windowed:
+            try:
+                check_settings(src.num_rows, settings.num_ranks, settings.batch_size_per_rank)
+            except InputError:
+                windowed = False  # the central path raises the input's own errors first, as the local engine does
+        if windowed:
+            num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+            table, chunk_plans, nodes = plan_windowed(ray, src, settings, chunks, num_cpus, timings=t)
+            t0 = time.perf_counter() - t["read_lengths"] - t["plan"]
+            t1 = t0 + t["read_lengths"]
+            t2 = time.perf_counter()
+        else:  # cost-budget plans the run as one sequence: central, O(N) (docs/cluster.md)
+            lengths_fn = ray.remote(num_cpus=1)(_lengths_task)
+            parts = _get(ray, [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps) for c in chunks])
+            lengths, ids = _check_lengths(src, parts)
+            nodes = {p["node"] for p in parts}
+            del parts
+            t1 = time.perf_counter()
+            costs = cost_model.cost(lengths)
+            del lengths
+            plan = plan_costs(costs, settings)  # the local engine's planning call
+            table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+            del plan, ids, costs
+            t2 = time.perf_counter()
         with atomic_output(output, overwrite=settings.overwrite) as tmp:
-            records = write_ranks(src, table, tmp, settings, chunks=chunks, timings=t, nodes=nodes)
+            records = write_ranks(src, table, tmp, settings, chunks=chunks, timings=t, nodes=nodes,
+                                  chunk_plans=chunk_plans)
             t4 = time.perf_counter()
             m = finalize(tmp, table, records)
         t5 = time.perf_counter()

@@ -189,19 +189,37 @@ def check_lengths_and_ids(path: str, lengths: np.ndarray, ids: np.ndarray, *, nu
     Raises:
         InputError: nulls, an empty history, misaligned timestamps, or a repeated ``sample_id``.
     """
+    _, duplicates = sorted_unique(ids) if len(ids) else (None, 0)
+    check_input_counts(path, nulls=nulls, num_empty=int((lengths == 0).sum()) if len(lengths) else 0,
+                       timestamp_mismatches=timestamp_mismatches, num_duplicate_ids=duplicates)
+
+
+def check_input_counts(path: str, *, nulls: dict[str, int], num_empty: int, timestamp_mismatches: int,
+                       num_duplicate_ids: int) -> None:
+    """:func:`check_lengths_and_ids` on counts an engine gathered piecewise (same words, same order).
+
+    Args:
+        path: the input, for the message.
+        nulls: null count per column.
+        num_empty: samples with an empty ``item_ids``.
+        timestamp_mismatches: samples whose ``timestamps`` length differs from ``item_ids``'.
+        num_duplicate_ids: ``N`` minus the number of distinct ``sample_id`` values.
+
+    Raises:
+        InputError: nulls, an empty history, misaligned timestamps, or a repeated ``sample_id``.
+    """
     bad = {k: v for k, v in nulls.items() if v}
     if bad:
         raise InputError(f"input {path}: null values {bad}; the sample schema allows no nulls: "
                          "drop or fill those rows")
-    if len(lengths) and lengths.min() == 0:
-        raise InputError(f"input {path}: {int((lengths == 0).sum())} samples have empty item_ids; "
+    if num_empty:
+        raise InputError(f"input {path}: {num_empty} samples have empty item_ids; "
                          "every sample needs a non-empty history: drop them")
     if timestamp_mismatches:
         raise InputError(f"input {path}: {timestamp_mismatches} samples have timestamps not aligned with item_ids "
                          "(different lengths); fix or drop the timestamps column")
-    _, duplicates = sorted_unique(ids)
-    if duplicates:
-        raise InputError(f"input {path}: sample_id is not unique ({duplicates} "
+    if num_duplicate_ids:
+        raise InputError(f"input {path}: sample_id is not unique ({num_duplicate_ids} "
                          "duplicates); give every sample its own id")
 
 

@@ -49,7 +49,7 @@ from fsdata.shards.manifest import (
     rank_file_path,
     sha256_file,
 )
-from fsdata.balancer.plan import BATCH_POLICIES, REMAINDER_POLICIES, STRATEGIES, shuffled_steps
+from fsdata.balancer.plan import BATCH_POLICIES, LEGACY_SHUFFLE, REMAINDER_POLICIES, STRATEGIES, shuffled_steps
 
 _HASH_SEED = 0x5EEDF5DA7A
 
@@ -425,7 +425,7 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     R, B, N = m.num_ranks, m.batch_size_per_rank, len(in_ids)
     if N < R * B:
         raise VerifyError(f"the input has {N} samples, fewer than one step of {R}x{B}")
-    gsteps, _ = shuffled_steps(N, R, B, m.seed)
+    gsteps, _ = shuffled_steps(N, R, B, m.seed, shuffle=(m.settings or {}).get("shuffle", LEGACY_SHUFFLE))
     costs = cost_model.cost(lengths)
     step_costs = costs[gsteps]
     baseline_ranks = np.broadcast_to(np.arange(R * B, dtype=np.int32) // B, gsteps.shape)

@@ -46,7 +46,8 @@ from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
 from fsdata.shards.manifest import write_step_stats as _write_step_stats
 from fsdata.shards.manifest import DROPPED_NAME, FORMAT_VERSION, STEP_STATS_NAME, FileEntry, Manifest, rank_dir_name, rank_file_path
-from fsdata.balancer.plan import DEFAULT_PARTITIONER, Plan, make_plan
+from fsdata.balancer.order import SHUFFLE
+from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, make_plan
 
 _POS = "position"
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
@@ -96,6 +97,9 @@ class BalanceSettings:
     budget: float | None = None
     compose_window: int = DEFAULT_COMPOSE_WINDOW
     """W of :mod:`fsdata.balancer.compose` as requested (the plan records the window actually used; 1 = off)."""
+    plan_window: int = DEFAULT_PLAN_WINDOW
+    """K, steps planned together (``--plan-window``; :class:`fsdata.balancer.plan.PlanLayout`): bounds the
+    planning memory per window (the Ray engine plans one window per task)."""
     num_threads: int = 2
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
@@ -202,6 +206,10 @@ class PlanTable:
         position: shape ``[N]`` int32, the row's index inside its (step, rank) per-rank batch
             (0-based; rank files are ordered by step, then position); -1 for a dropped row.
         cost: shape ``[N]`` float64, the predicted cost of each row under the cost model.
+        counts, loads: ``[S x R]`` per-(step, rank) counts and predicted costs, when known without
+            the per-row arrays (a plan assembled from window summaries; then the per-row arrays may
+            be empty); None: computed by :meth:`counts_and_loads`.
+        dropped_sample_id: shape ``[D]`` int64, when the per-row arrays are not held.
         meta: settings and predicted figures (``num_ranks``, ``num_steps``, ``batch_size_per_rank``,
             ``batch_policy``, ``strategy``, ``remainder_policy``, ``seed``, ``cost_model``,
             ``predicted_bubble``, ``baseline_predicted_bubble``, ``lower_bound_bubble``,
@@ -214,6 +222,9 @@ class PlanTable:
     position: np.ndarray
     cost: np.ndarray
     meta: dict = field(default_factory=dict)
+    counts: np.ndarray | None = None
+    loads: np.ndarray | None = None
+    dropped_sample_id: np.ndarray | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -224,14 +235,28 @@ class PlanTable:
         return int(self.meta["num_steps"])
 
     def counts_and_loads(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64
-        (summed in input order, so equal bit for bit to :attr:`fsdata.balancer.plan.Plan.loads`)."""
+        """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64.
+
+        Costs are summed in ``position`` order inside each (step, rank) (the rank files' row
+        order), as :func:`fsdata.balancer.plan.plan_one_window` sums them, so the figures are equal bit for
+        bit to :attr:`fsdata.balancer.plan.Plan.loads` whichever engine planned. A plan assembled
+        from window summaries (the Ray engine) carries them precomputed.
+        """
+        if self.counts is not None and self.loads is not None:
+            return self.counts, self.loads
         S_, R = self.num_steps, self.num_ranks
-        kept = self.step >= 0
+        kept = np.flatnonzero(self.step >= 0)
+        kept = kept[np.lexsort((self.position[kept], self.rank[kept], self.step[kept]))]
         flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
         loads = np.bincount(flat, weights=self.cost[kept], minlength=S_ * R).reshape(S_, R)
         counts = np.bincount(flat, minlength=S_ * R).reshape(S_, R).astype(np.int32)
         return counts, loads
+
+    def dropped_sample_ids(self) -> np.ndarray:
+        """``sample_id`` of the dropped rows (the remainder), in input order; shape ``[D]`` int64."""
+        if self.dropped_sample_id is not None:
+            return self.dropped_sample_id
+        return self.sample_id[self.step < 0]
 
 
 def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.ndarray:
@@ -253,11 +278,13 @@ def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource)
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
             "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
-            "budget_used": plan.budget_used, "compose_window": plan.compose_window, "compose": plan.compose_info}
+            "budget_used": plan.budget_used, "compose_window": plan.compose_window, "compose": plan.compose_info,
+            "shuffle": SHUFFLE, "plan_window": plan.plan_window}
 
 
 def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, costs: np.ndarray,
-                         cost_model: CostModel, settings: BalanceSettings) -> PlanTable:
+                         cost_model: CostModel, settings: BalanceSettings, *, num_samples: int | None = None,
+                         dropped_sample_id: np.ndarray | None = None) -> PlanTable:
     """Wrap an in-memory :class:`~fsdata.balancer.plan.Plan` as a :class:`PlanTable`.
 
     Args:
@@ -267,6 +294,10 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
         costs: shape ``[N]`` float64, the costs the plan was made from.
         cost_model: the model ``costs`` came from.
         settings: the settings recorded with the plan.
+        num_samples: N, when ``plan`` holds no per-row arrays (a plan assembled from window
+            summaries by a distributed engine; ``sample_ids`` and ``costs`` are then empty and
+            the table carries ``plan.counts`` / ``plan.loads``).
+        dropped_sample_id: shape ``[D]`` int64, the dropped rows' ids, with ``num_samples``.
     """
     from fsdata import __version__
 
@@ -278,14 +309,21 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
         "cost_model": cost_model.to_json(),
         "predicted_bubble": plan.predicted_bubble, "baseline_predicted_bubble": plan.baseline_bubble,
         "lower_bound_bubble": plan.lower_bound_bubble,
-        "num_samples_input": int(len(plan.step)), "input_digest": input_digest(src),
+        "num_samples_input": int(len(plan.step) if num_samples is None else num_samples),
+        "input_digest": input_digest(src),
         "fsdata_version": __version__, "settings": _recorded_settings(settings, plan, src),
         "manifest_extra": {"lower_bound_kind": "pigeonhole",
                            "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
                            "per_rank_count": plan.count_distribution()},
     }
+    if num_samples is not None:  # window summaries only: no per-row arrays
+        e32 = np.empty(0, dtype=np.int32)
+        return PlanTable(sample_id=np.empty(0, dtype=np.int64), step=e32, rank=e32, position=e32,
+                         cost=np.empty(0), meta=meta, counts=plan.counts, loads=plan.loads,
+                         dropped_sample_id=np.asarray(dropped_sample_id, dtype=np.int64))
+    position = plan.position if plan.position is not None else _positions(plan.step, plan.rank, plan.order_key)
     return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32),
-                     rank=plan.rank.astype(np.int32), position=_positions(plan.step, plan.rank, plan.order_key),
+                     rank=plan.rank.astype(np.int32), position=position.astype(np.int32),
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
@@ -299,7 +337,7 @@ def plan_costs(costs: np.ndarray, settings: BalanceSettings) -> Plan:
     return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
                      seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
-                     compose_window=settings.compose_window)
+                     compose_window=settings.compose_window, plan_window=settings.plan_window)
 
 
 def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
@@ -594,11 +632,11 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
     columns = pq.read_schema(str(out / records[0].path)).names
     write_step_stats(out / STEP_STATS_NAME, plan)
     meta = plan.meta
-    dropped = np.flatnonzero(plan.step < 0)
+    dropped = plan.dropped_sample_ids()
     dropped_file = None
     if len(dropped):
         dropped_file = DROPPED_NAME
-        pq.write_table(pa.table({S.SAMPLE_ID: pa.array(plan.sample_id[dropped], type=pa.int64()),
+        pq.write_table(pa.table({S.SAMPLE_ID: pa.array(dropped, type=pa.int64()),
                                  "reason": pa.array(["remainder"] * len(dropped))}),
                        str(out / dropped_file), compression="zstd")
     m = Manifest(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -73,9 +74,11 @@ def _both(inp, tmp_path: Path, **kw) -> tuple[Path, Path, dict]:
     return tmp_path / "local", tmp_path / "ray", timings
 
 
-def test_byte_identical_multi_file_timestamps_remainder(local_ray, small_chunks, tmp_path):
+@pytest.mark.parametrize("plan_window", [1024, 3])
+def test_byte_identical_multi_file_timestamps_remainder(local_ray, small_chunks, tmp_path, plan_window):
     inp = write_samples(tmp_path / "in", n=2000, num_files=3, with_timestamps=True)
-    loc, ray_out, timings = _both(inp, tmp_path, num_ranks=8, batch_size_per_rank=16, seed=7)
+    loc, ray_out, timings = _both(inp, tmp_path, num_ranks=8, batch_size_per_rank=16, seed=7, compose_window=1,
+                                  plan_window=plan_window)
     a, b = _digests(loc), _digests(ray_out)
     assert "_manifest.json" in a and "_dropped.parquet" in a and len(a) == 8 + 3
     assert a == b
@@ -90,6 +93,10 @@ def test_byte_identical_multi_file_timestamps_remainder(local_ray, small_chunks,
     {"bucket_compression": "lz4"},
     {"compose_window": 1},
     {"compose_window": 4},
+    # several plan windows: one Ray plan task each, the driver never holds the rows
+    {"compose_window": 2, "plan_window": 2},
+    {"compose_window": 1, "plan_window": 3, "partitioner": "auto"},
+    {"strategy": "shuffle", "plan_window": 1},
 ])
 def test_byte_identical_other_policies_and_row_groups(local_ray, small_chunks, tmp_path, kw):
     """Many row groups (one chunk each) in one file with seq_len; shuffle, cost-budget, kk."""
@@ -246,6 +253,8 @@ def test_two_node_cluster_via_ray_address(tmp_path):
         assert probe.stdout.strip().splitlines()[-1] == "2", probe.stderr[-2000:]
         fsdata.balance(inp, tmp_path / "local", fsdata.BalanceSettings(num_ranks=4, batch_size_per_rank=16,
                                                                        progress=False))
+        m_ray, m_local = (json.loads((o / "_manifest.json").read_text()) for o in (out, tmp_path / "local"))
+        assert m_ray == m_local
         assert _digests(out) == _digests(tmp_path / "local")
     finally:
         _stop_cluster(temp_dir)

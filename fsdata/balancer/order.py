@@ -1,0 +1,98 @@
+"""The seeded shuffle of the input rows, computable for any row on its own (windowed planning).
+
+Global batches are consecutive runs of ``R*B`` positions of a seeded pseudo-random permutation
+``P`` of the input rows ``[0, N)``: row ``i`` goes to position ``P(i)``. ``P`` is a keyed
+pseudo-random permutation (a format-preserving "small-domain" cipher): a balanced Feistel network
+over ``2h`` bits (``2^(2h) >= N``) with :data:`ROUNDS` rounds, restricted to ``[0, N)`` by
+cycle-walking (apply the network again while the result is ``>= N``; a permutation of the larger
+domain restricted this way is a permutation of ``[0, N)``: Black and Rogaway, "Ciphers with
+Arbitrary Finite Domains", CT-RSA 2002, section 3). Round function: the SplitMix64 finalizer of
+the right half XOR a round key (Steele, Lea, Flood, "Fast splittable pseudorandom number
+generators", OOPSLA 2014); round keys from ``numpy.random.SeedSequence(seed)`` (stable across
+numpy versions by NumPy's policy).
+
+Why not ``numpy.random.default_rng(seed).permutation(N)`` (fsdata 0.1): a Fisher-Yates
+shuffle cannot be computed for one range of positions without the whole array, so every engine
+had to hold ``N`` entries centrally. With ``P`` a Ray task computes the positions of its own rows
+(``P(offset + j)``) and routes them to their window of steps; the plan of a window needs only that
+window's rows. The two shuffles give different global batches for the same seed (same
+distribution: a uniformly random-looking order); the manifest records ``shuffle``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Name of this shuffle, recorded in the manifest's ``settings.shuffle``.
+SHUFFLE = "feistel-v1"
+#: Feistel rounds (4 already give a pseudo-random permutation, Luby-Rackoff; 6 for margin).
+ROUNDS = 6
+
+def _round_keys(seed: int) -> np.ndarray:
+    return np.random.SeedSequence([int(seed), 0x66656973]).generate_state(ROUNDS, dtype=np.uint64)
+
+
+def _half_bits(num_samples: int) -> int:
+    bits = max(2, int(num_samples - 1).bit_length()) if num_samples > 1 else 2
+    return (bits + 1) // 2
+
+
+@njit(cache=True)
+def _positions(rows, n, h, keys):
+    """``P(rows)``: the Feistel network over ``2h`` bits, cycle-walked into ``[0, n)``."""
+    mask = np.uint64((1 << h) - 1)
+    sh = np.uint64(h)
+    g, m1, m2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    for i in range(rows.shape[0]):
+        x = np.uint64(rows[i])
+        while True:  # cycle-walking: expected passes <= 4 (the domain is < 4n)
+            left = x >> sh
+            right = x & mask
+            for k in keys:
+                z = (right ^ k) + g  # SplitMix64 finalizer of right ^ key
+                z = (z ^ (z >> s30)) * m1
+                z = (z ^ (z >> s27)) * m2
+                z = z ^ (z >> s31)
+                t = left ^ (z & mask)
+                left = right
+                right = t
+            x = (left << sh) | right
+            if x < n:
+                break
+        out[i] = np.int64(x)
+    return out
+
+
+def shuffled_positions(rows: np.ndarray, num_samples: int, seed: int) -> np.ndarray:
+    """Position of each input row in the seeded shuffle: ``P(rows)``.
+
+    Args:
+        rows: shape ``[n]``, integer input-row indices in ``[0, num_samples)`` (any subset, any order).
+        num_samples: N, the number of input rows.
+        seed: the shuffle's seed (``--seed``).
+
+    Returns:
+        shape ``[n]``, int64 positions in ``[0, N)``; over ``rows = arange(N)`` a permutation.
+
+    Raises:
+        ValueError: a row outside ``[0, N)``.
+    """
+    rows = np.asarray(rows)
+    if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= num_samples):
+        raise ValueError(f"rows must lie in [0, {num_samples})")
+    return _positions(rows.astype(np.int64), np.uint64(num_samples), _half_bits(num_samples), _round_keys(seed))
+
+
+def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
+    """The input row at each position of the seeded shuffle (the inverse of :func:`shuffled_positions`).
+
+    Returns:
+        shape ``[N]``, int64, a permutation of ``[0, N)``.
+    """
+    pos = shuffled_positions(np.arange(num_samples, dtype=np.int64), num_samples, seed)
+    order = np.empty(num_samples, dtype=np.int64)
+    order[pos] = np.arange(num_samples, dtype=np.int64)
+    return order
