@@ -326,3 +326,26 @@ def location_key(path: PathLike) -> tuple[str, str] | None:
         return None
     r = resolve(path)
     return r.fs.type_name, r.path.rstrip("/")
+
+
+def read_parquet_metadata(path: PathLike):
+    """A Parquet footer (``pyarrow.parquet.FileMetaData``) of a local path or URI."""
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    fs, where = filesystem_and_path(path)
+    return pq.read_metadata(where, filesystem=fs)
+
+
+def scan_parquet(files: list[str]):
+    """Lazy Polars frame over Parquet files: ``polars.scan_parquet`` for local paths; for URIs a
+    PyArrow dataset on their :mod:`pyarrow.fs` file system (so the same credentials apply; Polars'
+    own cloud readers would need theirs configured separately)."""
+    import polars as pl  # noqa: PLC0415
+
+    if files and is_remote(files[0]):
+        import pyarrow.dataset as ds  # noqa: PLC0415
+
+        r = resolve(files[0])
+        return pl.scan_pyarrow_dataset(ds.dataset([resolve(f).path for f in files], filesystem=r.fs,
+                                                  format="parquet"))
+    return pl.scan_parquet(files)
