@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fsdata import fsio
-from fsdata.errors import ConfigError
+from fsdata.errors import ConfigError, FsdataError
+from fsdata.guards import EnvironmentFailure, environment_error
 
 
 def _tmp_prefix(final: Path) -> str:
@@ -73,9 +74,17 @@ def _remote_output(final: str, *, overwrite: bool) -> Iterator[str]:
         fsio.delete(final)
     try:
         yield final
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):  # the first error is the one to report
             fsio.delete(final)
+        if isinstance(e, OSError) and not isinstance(e, FsdataError):
+            cause = getattr(e, "cause", None) or e  # a Ray task's error carries the task's exception
+            env = environment_error(cause, final, action="write")
+            if env is not None:
+                raise env from None
+            raise EnvironmentFailure(f"cannot write {final.split('?', 1)[0]}: {str(cause).splitlines()[0]}; check "
+                                     "the object store's credentials, permissions and endpoint; nothing was "
+                                     "written") from None
         raise
 
 

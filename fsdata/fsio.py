@@ -34,6 +34,8 @@ from typing import BinaryIO
 
 import pyarrow.fs as pafs
 
+from fsdata.errors import ConfigError
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: Schemes whose FileSystem path is ``bucket/key`` (so a child needs no new ``from_uri``).
 _BUCKET_SCHEMES = ("s3", "gs", "gcs")
@@ -77,9 +79,20 @@ class RemotePath:
         return f"{self.prefix}/{p}{self.query}"
 
 
+def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError; network/credential failures OSError
+        shown = uri.split("?", 1)[0]
+        raise ConfigError(f"cannot open {shown} ({str(e).splitlines()[0]}); pass a local path or a URI pyarrow.fs "
+                          "understands (s3://bucket/prefix, gs://, hdfs://, file:///abs/path) and check its "
+                          "credentials and endpoint (for s3:// the AWS_* environment variables, e.g. "
+                          "AWS_ENDPOINT_URL, or ?endpoint_override=HOST:PORT&scheme=http)") from None
+
+
 @functools.lru_cache(maxsize=64)
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    return pafs.FileSystem.from_uri(uri)
+    return _from_uri(uri)
 
 
 def resolve(uri: str) -> RemotePath:
@@ -90,7 +103,8 @@ def resolve(uri: str) -> RemotePath:
 
     Raises:
         ValueError: ``uri`` is not remote.
-        pyarrow.ArrowInvalid / OSError: the URI names an unknown scheme or cannot be resolved.
+        ConfigError: the URI names an unknown scheme or cannot be resolved (e.g. the bucket's
+            region cannot be looked up); one line naming the URI and the fix.
     """
     if not is_remote(uri):
         raise ValueError(f"{uri!r} is not a remote URI")
@@ -102,7 +116,7 @@ def resolve(uri: str) -> RemotePath:
         bucket = parts.hostname if parts.hostname is not None else parts.netloc
         key = urllib.parse.unquote(parts.path).strip("/")
         return RemotePath(fs=fs, path=f"{bucket}/{key}".rstrip("/"), prefix=f"{scheme}://", query=query)
-    fs, inner = pafs.FileSystem.from_uri(uri)
+    fs, inner = _from_uri(uri)
     root = f"{parts.scheme}://{parts.netloc}"
     return RemotePath(fs=fs, path=inner.rstrip("/") or "/", prefix=root, query=query)
 

@@ -164,7 +164,11 @@ def test_existing_output_prefix_is_refused_then_replaced_with_overwrite(s3, s3_i
     assert s3.digests(f"{b}/taken") == _local_digests(local_out)
 
 
-def test_failure_mid_write_leaves_no_manifest_and_nothing_written(s3, s3_input, monkeypatch, capsys):
+@pytest.mark.parametrize("error, words", [
+    (OSError(5, "Input/output error (injected)"), "input/output error (EIO)"),
+    (OSError("AWS Error ACCESS_DENIED during PutObject operation: Access Denied (injected)"), "ACCESS_DENIED"),
+])
+def test_failure_mid_write_leaves_no_manifest_and_nothing_written(s3, s3_input, monkeypatch, capsys, error, words):
     b, inp = s3_input
     real = writer.write_rank
     seen: list[list[str]] = []
@@ -172,13 +176,14 @@ def test_failure_mid_write_leaves_no_manifest_and_nothing_written(s3, s3_input, 
     def fail_at_rank_2(rank, *args, **kwargs):
         if rank == 2:
             seen.append(s3.keys(f"{b}/out"))
-            raise OSError(5, "Input/output error (injected)")
+            raise error
         return real(rank, *args, **kwargs)
 
     monkeypatch.setattr(writer, "write_rank", fail_at_rank_2)
     assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--num-threads", "1"]) == 2
     err = capsys.readouterr().err
-    assert "input/output error" in err and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"fsdata: error: cannot write s3://{b}/out") and words in err
+    assert "nothing was written" in err and len(err.strip().splitlines()) == 1
     assert seen == [[f"rank-{r:05d}/part-00000.parquet" for r in range(2)]]  # written before the failure
     assert s3.keys(f"{b}/out") == []  # ... and deleted; no manifest, nothing left
 
