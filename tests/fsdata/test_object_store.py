@@ -258,3 +258,14 @@ def test_ray_engine_s3_to_s3_is_byte_identical(s3, s3_input, local_out, monkeypa
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert s3.digests(f"{b}/rayout") == _local_digests(local_out)
+
+
+def test_fstrain_reads_an_s3_output_and_refuses_one_without_manifest(s3, s3_input):
+    data = pytest.importorskip("fstrain.data", reason="fstrain needs torch: pip install 'freescale[train-cpu]'")
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
+    reader = data.ShardReader(f"s3://{b}/out", 1, 4)
+    assert [batch.step for batch in reader] == list(range(15))
+    s3.fs.delete_file(f"{b}/out/_manifest.json")
+    with pytest.raises(data.ShardError, match="holds rank files but no manifest, so it is an incomplete OUTPUT"):
+        data.ShardReader(f"s3://{b}/out", 1, 4)
