@@ -161,6 +161,7 @@ def exists(path: PathLike) -> bool:
 
 
 def is_file(path: PathLike) -> bool:
+    """Whether a file (an object) is there."""
     path = normalize(path)
     if not is_remote(path):
         return Path(path).is_file()
@@ -284,6 +285,7 @@ def open_input(path: PathLike) -> Iterator[BinaryIO]:
 
 
 def read_bytes(path: PathLike) -> bytes:
+    """A whole file's bytes."""
     with open_input(path) as f:
         return f.read()
 
