@@ -191,6 +191,7 @@ def test_failure_mid_write_leaves_no_manifest_and_nothing_written(s3, s3_input, 
 def test_stages_on_s3_and_a_prefix_without_manifest_is_incomplete(s3, s3_input, local_out, capsys):
     b, inp = s3_input
     plan, out = f"s3://{b}/plan.parquet", f"s3://{b}/staged"
+    assert main(["profile", inp, "--ranks", "4", "--batch-size-per-rank", "16", "--json"]) == 0
     assert main(["plan", inp, plan, *_BALANCE]) == 0
     assert main(["write", inp, plan, out, "--no-progress"]) == 0
     assert s3.keys(f"{b}/staged") == [f"rank-{r:05d}/part-00000.parquet" for r in range(4)]
