@@ -2,6 +2,12 @@
 
 A run that fails or is killed midway leaves no OUTPUT (and no half-overwritten one); the hidden
 temporary sibling it leaves behind is removed by the next run once its owner process is gone.
+
+Object stores (``s3://``, ``gs://``, ... URIs, :mod:`fsdata.fsio`) have no rename, so there the
+publish is different (docs/cluster.md, "Object stores"): everything is written directly under the
+final prefix, the OUTPUT's ``_manifest.json`` is written last and is the commit marker (readers
+refuse a prefix without it as incomplete), an existing prefix is refused unless ``overwrite`` (then
+it is deleted first, its manifest first: not atomic), and a failure deletes what was written.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from fsdata.errors import ConfigError
+from fsdata import fsio
+from fsdata.errors import ConfigError, FsdataError
+from fsdata.guards import EnvironmentFailure, environment_error
 
 
 def _tmp_prefix(final: Path) -> str:
@@ -47,9 +55,46 @@ def clean_stale_tmp(final: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+#: Names deleted first when an object-store OUTPUT is overwritten (the commit markers, v2 and v1).
+COMMIT_MARKERS = ("_manifest.json", "manifest.json")
+
+
 @contextlib.contextmanager
-def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: bool = True) -> Iterator[Path]:
+def _remote_output(final: str, *, overwrite: bool) -> Iterator[str]:
+    """The object-store publish (module docstring): yields ``final`` itself."""
+    r = fsio.resolve(final)
+    if r.prefix.endswith("://") and "/" not in r.path:
+        raise ConfigError(f"output {final} is a whole bucket; write into a prefix inside it, e.g. "
+                          f"{r.prefix}{r.path}/shards")
+    if fsio.exists(final):
+        if not overwrite:
+            raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")
+        for name in COMMIT_MARKERS:  # readers see the old output as incomplete from here on
+            fsio.delete(fsio.join(final, name))
+        fsio.delete(final)
+    try:
+        yield final
+    except BaseException as e:
+        with contextlib.suppress(Exception):  # the first error is the one to report
+            fsio.delete(final)
+        if isinstance(e, OSError) and not isinstance(e, FsdataError):
+            cause = getattr(e, "cause", None) or e  # a Ray task's error carries the task's exception
+            env = environment_error(cause, final, action="write")
+            if env is not None:
+                raise env from None
+            raise EnvironmentFailure(f"cannot write {final.split('?', 1)[0]}: {str(cause).splitlines()[0]}; check "
+                                     "the object store's credentials, permissions and endpoint; nothing was "
+                                     "written") from None
+        raise
+
+
+@contextlib.contextmanager
+def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: bool = True) -> Iterator[Path | str]:
     """Yield a temporary path next to ``final``; move it to ``final`` when the block succeeds.
+
+    For an object-store URI (``s3://...``; :func:`fsdata.fsio.is_remote`) it yields ``final``
+    itself (a ``str``): the caller writes there directly and writes its commit marker (the
+    manifest) last; on failure everything under ``final`` is deleted (module docstring).
 
     Args:
         final: the output path the caller wants.
@@ -63,6 +108,11 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
     Raises:
         ConfigError: ``final`` exists and ``overwrite`` is False.
     """
+    final = fsio.normalize(final)
+    if fsio.is_remote(final):
+        with _remote_output(final, overwrite=overwrite) as out:
+            yield out
+        return
     final = Path(final)
     if final.exists() and not overwrite:
         raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")

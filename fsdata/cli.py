@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from fsdata import fsio
 from fsdata.cliutil import (add_engine_flags, add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
                             configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError
@@ -314,8 +315,9 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     from fsdata.samples.io import open_samples
 
     settings = _settings_from_args(a)
+    a.input, a.plan = fsio.normalize(a.input), fsio.normalize(a.plan)
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
-    if Path(a.plan).exists() and not a.overwrite:
+    if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
     table = make_plan_table(open_samples(a.input, a.columns), settings)
     write_plan(a.plan, table, overwrite=a.overwrite)
@@ -337,6 +339,7 @@ def _cmd_write(a: argparse.Namespace) -> int:
     from fsdata.shards.writer import BalanceSettings, read_plan, write_ranks
     from fsdata.samples.io import open_samples
 
+    a.input, a.plan, a.output = fsio.normalize(a.input), fsio.normalize(a.plan), fsio.normalize(a.output)
     check_output_apart(a.output, [a.input, a.plan], output_name="OUTPUT", input_name="INPUT or PLAN")
     plan = read_plan(a.plan)
     s = plan.meta.get("settings", {})
@@ -364,7 +367,7 @@ def _cmd_write(a: argparse.Namespace) -> int:
 def _cmd_finalize(a: argparse.Namespace) -> int:
     from fsdata.shards.writer import finalize, read_plan
 
-    if not Path(a.output).is_dir():
+    if not fsio.is_dir(a.output):
         raise FsdataError(f"output {a.output} does not exist; write it with 'fsdata write INPUT PLAN OUTPUT'")
     m = finalize(a.output, read_plan(a.plan))
     _print_manifest_summary(a, m.to_json(), None)

@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from fsdata import fsio
 from fsdata.errors import ConfigError, FsdataError
 
 
@@ -39,9 +40,11 @@ def _real(path: str | os.PathLike) -> str:
 def _input_paths(path: str | os.PathLike) -> list[str]:
     """What an input names on disk: the path itself, or for a glob the files it matches plus the
     fixed folder before the first wildcard when the glob is recursive (``**``)."""
-    p = os.fspath(path)
-    if not any(ch in p for ch in "*?["):
+    p = os.fspath(fsio.normalize(path))
+    if not fsio.has_glob(p):
         return [p]
+    if fsio.is_remote(p):
+        return [*fsio.glob_remote(p), *([fsio.glob_base(p)] if "**" in p else [])]
     out = sorted(glob.glob(p, recursive=True))
     if "**" in p:
         head = re.split(r"[*?\[]", p, maxsplit=1)[0]
@@ -71,8 +74,23 @@ def overlap(output: str | os.PathLike, input_path: str | os.PathLike) -> str | N
     """How ``output`` overlaps ``input_path``: ``"is"``, ``"lies inside"``, ``"contains"`` or None.
 
     Both are resolved to real paths (symlinks followed, ``..`` removed); where they exist, folders
-    are also compared by device and inode, which catches hard links and bind mounts.
+    are also compared by device and inode, which catches hard links and bind mounts. URIs
+    (:mod:`fsdata.fsio`) are compared by file system type and normalized path inside it (the
+    query, e.g. an endpoint, is ignored: same bucket and key means the same place); a URI never
+    overlaps a local path.
     """
+    output, input_path = fsio.normalize(output), fsio.normalize(input_path)
+    if fsio.is_remote(output) or fsio.is_remote(input_path):
+        a, b = fsio.location_key(output), fsio.location_key(input_path)
+        if a is None or b is None or a[0] != b[0]:
+            return None
+        if a[1] == b[1]:
+            return "is"
+        if a[1].startswith(b[1] + "/"):
+            return "lies inside"
+        if b[1].startswith(a[1] + "/"):
+            return "contains"
+        return None
     out, inp = _real(output), _real(input_path)
     if out == inp:
         return "is"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from fsdata import fsio
 from fsdata.errors import ConfigError
 from fsdata.guards import check_output_apart
 
@@ -50,8 +51,9 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
     byte-identical output for either engine. Also reachable as :func:`fsdata.balance`.
 
     Args:
-        input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md).
-        output: the OUTPUT folder; must not exist unless ``settings.overwrite``.
+        input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md);
+            a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md).
+        output: the OUTPUT folder (local path or URI); must not exist unless ``settings.overwrite``.
         settings: every setting (:class:`fsdata.shards.writer.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``).
@@ -63,5 +65,6 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
         InputError: bad input. ConfigError: impossible settings, unknown engine, or OUTPUT exists
             without overwrite.
     """
+    input, output = fsio.normalize(input), fsio.normalize(output)
     check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
     return run(input, output, settings, timings=timings)

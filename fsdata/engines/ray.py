@@ -25,10 +25,12 @@ Stages (docs/cluster.md has the commands and what runs where):
 6. **finalize** (driver): :func:`fsdata.shards.writer.finalize` writes ``_step_stats.parquet``,
    ``_dropped.parquet`` and, last, ``_manifest.json`` from the plan and the writers' records.
 
-The OUTPUT (and its temporary sibling) must be on storage every node sees (a shared file system);
-the input is read through :mod:`pyarrow.fs` (``FileSystem.from_uri`` for URIs such as ``s3://``).
-Nothing is written when any stage fails: the temporary folder is removed and pending tasks are
-cancelled.
+The OUTPUT (and its temporary sibling) must be on storage every node sees: a shared file system,
+or an object store named by a URI (``s3://bucket/prefix``; :mod:`fsdata.fsio`), which the write and
+verify tasks reach through :mod:`pyarrow.fs` (then published as :mod:`fsdata.atomic` describes for
+object stores). The input is read through :mod:`pyarrow.fs` too (``FileSystem.from_uri`` for URIs).
+Nothing is written when any stage fails: the temporary folder (or the written prefix) is removed
+and pending tasks are cancelled.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from fsdata import fsio
 from fsdata.samples import schema as S
 from fsdata.errors import ConfigError, FsdataError, InputError
 
@@ -72,11 +75,10 @@ def filesystem_and_path(path: str) -> tuple[pafs.FileSystem, str]:
     """The :mod:`pyarrow.fs` filesystem of ``path`` and the path inside it.
 
     ``scheme://...`` goes through :meth:`pyarrow.fs.FileSystem.from_uri` (``s3://``, ``gs://``,
-    ``hdfs://``, ``file://``); anything else is a local path.
+    ``hdfs://``; resolved once per file system, :func:`fsdata.fsio.resolve_fs`); anything else,
+    and ``file://``, is a local path.
     """
-    if "://" in path:
-        return pafs.FileSystem.from_uri(path)
-    return pafs.LocalFileSystem(), os.path.abspath(path)
+    return fsio.resolve_fs(path)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -531,14 +533,15 @@ def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
 
     total = 0
     for i, e in enumerate(entries):
-        path = Path(output) / e.path
-        step = pq.read_table(str(path), columns=[S.STEP]).column(0).to_numpy()
+        path = fsio.join(output, e.path) if fsio.is_remote(output) else Path(output) / e.path
+        fs, where = fsio.filesystem_and_path(str(path))
+        step = pq.read_table(where, columns=[S.STEP], filesystem=fs).column(0).to_numpy()
         if len(step) and (np.diff(step) < 0).any():
             raise VerifyError(f"rank {e.rank}: rows of {path} are not ordered by step")
         got = np.bincount(step, minlength=len(counts))
         if len(got) != len(counts) or (got != counts[:, i]).any():
             raise VerifyError(f"rank {e.rank}: samples per step of {path} differ from the plan")
-        if sha256_file(path) != e.sha256 or path.stat().st_size != e.num_bytes:
+        if sha256_file(path) != e.sha256 or fsio.size(path) != e.num_bytes:
             raise VerifyError(f"rank {e.rank}: {path} changed after it was written")
         total += len(step)
     return total
@@ -609,7 +612,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     Args:
         src: the validated input (:func:`fsdata.samples.io.open_samples`).
         plan: the :class:`~fsdata.shards.writer.PlanTable` of ``src``.
-        output: an existing empty folder on storage every Ray node sees (OUTPUT's temporary).
+        output: an existing empty folder on storage every Ray node sees (OUTPUT's temporary), or
+            an object-store URI (``s3://bucket/prefix``) every node can reach.
         settings: :class:`~fsdata.shards.writer.BalanceSettings` (``bucket_compression``, ``ray_address``).
         chunks: the input's chunks (default: :func:`make_chunks`).
         timings: if given, filled with ``write_ranks`` and ``verify`` seconds.
@@ -633,7 +637,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         raise InputError(f"input {src.path} has {sum(c.num_rows for c in chunks)} rows but the plan has "
                          f"{len(plan.sample_id)}; the plan was made from another input: rerun 'fsdata plan' on this input")
     counts, _ = plan.counts_and_loads()
-    out = str(Path(output).resolve())
+    output = fsio.normalize(output)
+    out = output if fsio.is_remote(output) else str(Path(output).resolve())
     with ray_session(settings.ray_address) as ray:
         num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         bounds = group_bounds(plan.num_ranks, int(counts.sum()), num_cpus)
@@ -694,7 +699,8 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     from fsdata.shards.writer import plan_costs  # noqa: PLC0415
     from fsdata.balancer.plan import check_settings  # noqa: PLC0415
 
-    if Path(output).exists() and not settings.overwrite:
+    input, output = fsio.normalize(input), fsio.normalize(output)
+    if fsio.exists(output) and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
     if settings.num_ranks < 1 or settings.batch_size_per_rank < 1:
         check_settings(settings.num_ranks * max(settings.batch_size_per_rank, 1), settings.num_ranks,

@@ -16,6 +16,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fsdata import fsio
 from fsdata.errors import ConfigError, InputError
 
 #: Largest value of the sample schema's int64 ids.
@@ -33,7 +34,7 @@ def text_log_hint(path: str | os.PathLike, probe_bytes: int = 4096) -> str | Non
         ``"it looks like a text log (first line '...'); run 'fsdata convert ...' first ..."`` or None.
     """
     try:
-        with open(path, "rb") as f:
+        with fsio.open_input(path) as f:
             head = f.read(probe_bytes)
     except OSError:
         return None
@@ -123,7 +124,8 @@ def _stats_max(files: list[str], name: str) -> int | None:
     """Largest value of column ``name`` from footer statistics; None if any row group lacks them."""
     hi = None
     for f in files:
-        md = pq.read_metadata(f)
+        fs, where = fsio.filesystem_and_path(f)
+        md = pq.read_metadata(where, filesystem=fs)
         idx = [j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name]
         for g in range(md.num_row_groups):
             for j in idx:
@@ -138,7 +140,7 @@ def _scan_max(files: list[str], name: str) -> int | None:
     import polars as pl
 
     col = pl.col(name)
-    lf = pl.scan_parquet(files)
+    lf = fsio.scan_parquet(files)
     if isinstance(lf.collect_schema()[name], pl.List):
         col = col.explode()
     return lf.select(col.max()).collect().item()

@@ -4,6 +4,10 @@ Validation (every problem is one :class:`InputError` line naming the fix): the p
 holds Parquet, every file is readable, the required columns are present (after ``--columns``
 mapping) with integer / list-of-integer types, no nulls, no empty ``item_ids``, ``timestamps``
 aligned with ``item_ids``, and ``sample_id`` unique.
+
+The input may be a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, a file, a prefix or a glob;
+:mod:`fsdata.fsio`): its files are then listed and read through the URI's ``FileSystem`` and
+:attr:`SampleSource.files` holds their URIs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fsdata import fsio
 from fsdata.samples import schema as S
 from fsdata.samples.diagnose import check_column_map, check_id_range, text_log_hint
 from fsdata.errors import ConfigError, InputError
@@ -71,12 +76,15 @@ def list_parquet_files(path: str | os.PathLike) -> list[str]:
     """Parquet files of an input: the file itself, ``*.parquet`` below a directory, or a glob.
 
     Returns:
-        Sorted list of file paths (the input's row order is this file order, then row order).
+        Sorted list of file paths (URIs for a remote input; the input's row order is this file
+        order, then row order).
 
     Raises:
         InputError: nothing exists at ``path`` or it holds no Parquet file.
     """
-    p = str(path)
+    p = str(fsio.normalize(path))
+    if fsio.is_remote(p):
+        return _list_remote(p)
     if any(ch in p for ch in "*?["):
         files = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
     elif os.path.isdir(p):
@@ -85,6 +93,29 @@ def list_parquet_files(path: str | os.PathLike) -> list[str]:
         files = [p]
     else:
         raise InputError(f"input {p} does not exist; pass a Parquet file, a directory of Parquet files, or a glob")
+    if not files:
+        raise InputError(f"input {p} holds no .parquet file; run 'fsdata convert' first or point at the files")
+    return files
+
+
+def _list_remote(p: str) -> list[str]:
+    """:func:`list_parquet_files` of a URI: a glob, a prefix (``*.parquet`` below it, hidden names
+    skipped) or one object."""
+    try:
+        if fsio.has_glob(p):
+            files = fsio.glob_remote(p)
+        elif fsio.is_dir(p):
+            files = [f for f in fsio.walk_files(p)
+                     if (name := fsio.resolve(f).path.rsplit("/", 1)[-1]).endswith(".parquet")
+                     and not name.startswith(".")]
+        elif fsio.is_file(p):
+            files = [p]
+        else:
+            raise InputError(f"input {p} does not exist; pass a Parquet file, a directory of Parquet files, or a glob")
+    except (OSError, pa.ArrowException) as e:
+        raise_if_environment(e, p, action="read")
+        raise InputError(f"input {p}: cannot list it ({str(e).splitlines()[0]}); check the URI and the "
+                         "credentials (AWS_* environment variables for s3://)") from None
     if not files:
         raise InputError(f"input {p} holds no .parquet file; run 'fsdata convert' first or point at the files")
     return files
@@ -115,7 +146,7 @@ class SampleSource:
 
     def scan(self) -> pl.LazyFrame:
         """Lazy frame of all files with contract column names (Polars streaming friendly)."""
-        lf = pl.scan_parquet(self.files)
+        lf = fsio.scan_parquet(self.files)
         return lf.rename(self.rename) if self.rename else lf
 
     def _null_counts(self) -> dict[str, int]:
@@ -124,7 +155,7 @@ class SampleSource:
         counts: dict[str, int] = {c: 0 for c in self.columns}
         unknown: set[str] = set()
         for f in self.files:
-            meta = pq.read_metadata(f)
+            meta = fsio.read_parquet_metadata(f)
             for rg in range(meta.num_row_groups):
                 group = meta.row_group(rg)
                 for j in range(group.num_columns):
@@ -164,7 +195,7 @@ class SampleSource:
         try:
             df = lf.select(exprs).collect(engine="streaming")
             nulls = self._null_counts()
-        except (pl.exceptions.PolarsError, OSError) as e:
+        except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
             raise_if_environment(e, self.path, action="read")
             raise InputError(f"input {self.path}: cannot read ({str(e).splitlines()[0]}); "
                              "the file is corrupt or not Parquet: regenerate it") from None
@@ -243,14 +274,16 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
         ConfigError: a ``--columns`` entry names a column the input lacks or collides with another.
         EnvironmentFailure: a file cannot be read for permission or I/O reasons (:mod:`fsdata.guards`).
     """
+    path = fsio.normalize(path)
     rename = parse_column_map(column_map) if not isinstance(column_map, dict) else column_map
     files = list_parquet_files(path)
     first_schema = None
     num_rows = 0
     for f in files:
         try:
-            meta = pq.read_metadata(f)
-            sch = pq.read_schema(f)
+            fs, where = fsio.filesystem_and_path(f)
+            meta = pq.read_metadata(where, filesystem=fs)
+            sch = pq.read_schema(where, filesystem=fs)
         except (pa.ArrowException, OSError) as e:
             raise_if_environment(e, f, action="read")
             hint = text_log_hint(f)

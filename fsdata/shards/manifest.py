@@ -8,6 +8,10 @@ torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer
 (:func:`write_step_stats`, :meth:`Manifest.step_stats_path`) and the SHA-256 of the files
 (:func:`sha256_file`) are defined here too, so the writer, verify and the engines share one definition.
 
+OUTPUT may be a local folder or a :mod:`pyarrow.fs` URI (``s3://bucket/prefix``; :mod:`fsdata.fsio`):
+every path here is joined and opened through :mod:`fsdata.fsio`. On an object store the manifest
+is the commit marker (written last, one PUT): a prefix without it is an incomplete OUTPUT.
+
 Versions: format_version 2 (written today) names the root metadata ``_manifest.json``,
 ``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
 (still read) named them ``manifest.json``, ``step_stats.parquet``, ``dropped.parquet`` and
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsdata import fsio
 from fsdata.errors import FsdataError
 
 #: Version written by this fsdata; :data:`READ_VERSIONS` are the versions it reads.
@@ -52,7 +57,10 @@ STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost")
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file, read in ``chunk_bytes`` chunks (the digests the manifest records)."""
+    """Hex SHA-256 of a file (local path or URI), read in ``chunk_bytes`` chunks (the digests the
+    manifest records)."""
+    if fsio.is_remote(fsio.normalize(path)):
+        return fsio.sha256(path, chunk_bytes)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk_bytes):
@@ -65,7 +73,7 @@ def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
     rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64.
 
     Args:
-        path: the file to write.
+        path: the file to write (local path or URI).
         counts: shape ``[S x R]``, int; samples per (step, rank).
         loads: shape ``[S x R]``, float64; predicted cost per (step, rank), seconds.
     """
@@ -80,7 +88,8 @@ def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
         "num_samples": pa.array(counts.ravel().astype(np.int32)),
         "predicted_cost": pa.array(loads.ravel()),
     })
-    pq.write_table(table, str(path), compression="zstd")
+    fs, where = fsio.filesystem_and_path(path)
+    pq.write_table(table, where, compression="zstd", filesystem=fs)
 
 
 class ManifestError(FsdataError):
@@ -106,18 +115,35 @@ def rank_file_path(rank: int, version: int = FORMAT_VERSION) -> str:
     return f"{rank_dir_name(rank, version)}/part-00000.parquet"
 
 
-def find_manifest(output: str | os.PathLike) -> Path:
+def find_manifest(output: str | os.PathLike) -> Path | str:
     """The manifest file of an OUTPUT: ``_manifest.json`` (v2), else ``manifest.json`` (v1).
 
+    Returns:
+        Its path (a ``str`` URI for a remote OUTPUT).
+
     Raises:
-        ManifestError: (kind ``missing``) neither exists.
+        ManifestError: (kind ``missing``) neither exists; when OUTPUT holds rank folders the message
+            calls it incomplete (the manifest is written last: the run failed, is still writing, or
+            only ``fsdata write`` ran).
     """
-    out = Path(output)
+    output = fsio.normalize(output)
+    remote = fsio.is_remote(output)
+    out = output if remote else Path(output)
     for version in sorted(MANIFEST_NAMES, reverse=True):
-        p = out / MANIFEST_NAMES[version]
-        if p.is_file():
+        p = fsio.join(out, MANIFEST_NAMES[version]) if remote else out / MANIFEST_NAMES[version]
+        if fsio.is_file(p):
             return p
-    raise ManifestError(f"{out / MANIFEST_NAMES[FORMAT_VERSION]} not found (nor the v1 manifest.json): "
+    missing = fsio.join(out, MANIFEST_NAMES[FORMAT_VERSION]) if remote else out / MANIFEST_NAMES[FORMAT_VERSION]
+    try:
+        ranks = fsio.is_dir(out) and any(name.startswith(("rank-", "rank=")) for name, _ in fsio.list_dir(out))
+    except OSError:
+        ranks = False
+    if ranks:
+        raise ManifestError(f"{missing} not found (nor the v1 manifest.json): {out} holds rank files but no manifest, "
+                            "so it is an incomplete OUTPUT (the manifest is written last: the run failed, is still "
+                            "writing, or only 'fsdata write' ran); rerun 'fsdata balance', or 'fsdata finalize "
+                            "OUTPUT --plan PLAN' after 'fsdata write'", kind="missing")
+    raise ManifestError(f"{missing} not found (nor the v1 manifest.json): "
                         f"{out} is not an 'fsdata balance' OUTPUT; create one with 'fsdata balance INPUT OUTPUT "
                         "--ranks R --batch-size-per-rank B'", kind="missing")
 
@@ -218,12 +244,18 @@ class Manifest:
 
     # ---- reading ----------------------------------------------------------------------------
     def rank_file(self, rank: int) -> str:
-        """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path)."""
+        """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path; a URI
+        for a remote OUTPUT)."""
+        if fsio.is_remote(self.path):
+            return fsio.join(self.path, self.files[rank].path)
         return os.path.join(self.path, self.files[rank].path)
 
     def step_stats_path(self) -> str:
         """Path of the step-stats file (``step_stats_file``, else this version's default name)."""
-        return os.path.join(self.path, self.step_stats_file or STEP_STATS_NAMES[self.format_version])
+        name = self.step_stats_file or STEP_STATS_NAMES[self.format_version]
+        if fsio.is_remote(self.path):
+            return fsio.join(self.path, name)
+        return os.path.join(self.path, name)
 
     def read_step_stats(self, columns: list[str] | None = None, filters: list | None = None):
         """Read the step stats (the one reader of that file for verify, the report and fstrain).
@@ -245,7 +277,8 @@ class Manifest:
         path = self.step_stats_path()
         want = list(STEP_STATS_TYPES) if columns is None else list(columns)
         try:
-            t = pq.read_table(path, columns=want, filters=filters)
+            fs, where = fsio.filesystem_and_path(path)
+            t = pq.read_table(where, columns=want, filters=filters, filesystem=fs)
         except (OSError, pa.ArrowException) as e:
             raise ManifestError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'",
                                 kind="missing") from None
@@ -374,14 +407,16 @@ class Manifest:
             ManifestError: missing (kind ``missing``), unknown version (kind ``version``), or
                 unparsable / malformed (kind ``invalid``); one line naming the file and the fix.
         """
+        output = fsio.normalize(output)
         p = find_manifest(output)
         try:
-            raw = json.loads(p.read_text())
+            raw = json.loads(p.read_text() if isinstance(p, Path) else fsio.read_bytes(p).decode())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ManifestError(f"{p} is not valid JSON ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
         m = cls.from_json(raw, path=str(output), where=str(p))
         expected_name = MANIFEST_NAMES[m.format_version]
-        if p.name != expected_name:
+        name = p.name if isinstance(p, Path) else fsio.resolve(p).path.rsplit("/", 1)[-1]
+        if name != expected_name:
             raise ManifestError(f"{p} says format_version {m.format_version}, whose manifest is named {expected_name}; "
                                 "rerun 'fsdata balance'")
         return m
@@ -391,14 +426,20 @@ class Manifest:
         """The file's text: indented JSON plus a newline (deterministic: same manifest, same bytes)."""
         return json.dumps(self.to_json(), indent=2) + "\n"
 
-    def write(self, output: str | os.PathLike) -> Path:
-        """Write ``OUTPUT/_manifest.json`` (the v2 name) atomically (temporary file, then rename).
+    def write(self, output: str | os.PathLike) -> Path | str:
+        """Write ``OUTPUT/_manifest.json`` (the v2 name) atomically (temporary file, then rename;
+        on an object store one PUT of the whole file, which readers see whole or not at all).
 
         Returns:
-            The path written.
+            The path written (a ``str`` URI for a remote OUTPUT).
         """
         if self.format_version != FORMAT_VERSION:
             raise ValueError(f"this fsdata writes format_version {FORMAT_VERSION} only")
+        output = fsio.normalize(output)
+        if fsio.is_remote(output):
+            final_uri = fsio.join(output, MANIFEST_NAMES[FORMAT_VERSION])
+            fsio.write_bytes(final_uri, self.dumps().encode())
+            return final_uri
         final = Path(output) / MANIFEST_NAMES[FORMAT_VERSION]
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         tmp.write_text(self.dumps())

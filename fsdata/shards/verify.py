@@ -20,6 +20,10 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   steps hold the seeded global batches (``seed``), window by window under composition
   (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
   batch is the seeded contiguous slice.
+
+OUTPUT (and ``--input``) may be a :mod:`pyarrow.fs` URI (``s3://bucket/shards``; :mod:`fsdata.fsio`):
+every listing and read then goes through its ``FileSystem``; a prefix without ``_manifest.json`` is
+reported as an incomplete OUTPUT (on object stores the manifest is the commit marker, written last).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from fsdata import fsio
 from fsdata.balancer import bubble
 from fsdata.samples import schema as S
 from fsdata.balancer.cost import CostModel, load_cost_model
@@ -124,7 +129,7 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
 
         from fsdata.shards.manifest import KEYS
 
-        raw = json.loads((Path(m.path) / MANIFEST_NAMES[2]).read_text())
+        raw = json.loads(fsio.read_bytes(_at(m.path, MANIFEST_NAMES[2])).decode())
         missing = [k for k in KEYS if k not in raw]
         if missing:
             raise VerifyError(f"{where} lacks keys {missing}; rerun 'fsdata balance'")
@@ -144,36 +149,42 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         raise VerifyError(f"{where}: {m.num_samples_dropped} samples dropped but no dropped_file; rerun 'fsdata balance'")
 
 
-def _check_listing(out: Path, m: Manifest) -> None:
+def _at(out: Path | str, *parts: str) -> Path | str:
+    """``out/part/...``: a :class:`Path` for a local OUTPUT, a URI string for a remote one."""
+    return fsio.join(out, *parts) if isinstance(out, str) else out.joinpath(*parts)
+
+
+def _check_listing(out: Path | str, m: Manifest) -> None:
     """Nothing under OUTPUT that the manifest does not list."""
     allowed_root = {MANIFEST_NAMES[m.format_version], m.step_stats_file}
     if m.dropped_file:
         allowed_root.add(m.dropped_file)
     rank_dirs = {rank_dir_name(f.rank, m.format_version): f for f in m.files}
-    for p in sorted(out.iterdir()):
-        if p.name in allowed_root and p.is_file():
+    for name, folder in fsio.list_dir(out):
+        p = _at(out, name)
+        if name in allowed_root and not folder:
             continue
-        f = rank_dirs.get(p.name)
-        if f is not None and p.is_dir():
-            inside = sorted(q.name for q in p.iterdir())
+        f = rank_dirs.get(name)
+        if f is not None and folder:
+            inside = sorted(q for q, _ in fsio.list_dir(p))
             want = Path(f.path).name
             extra = [n for n in inside if n != want]
             if extra:
                 raise VerifyError(f"{p}: holds {extra[:5]} that the manifest does not list (only {want}); folder-level "
                                   "readers would read them: remove them or rerun 'fsdata balance'")
             continue
-        kind = "folder" if p.is_dir() else "file"
+        kind = "folder" if folder else "file"
         raise VerifyError(f"{p}: {kind} that the manifest does not list; folder-level readers would read it: remove it "
                           "or rerun 'fsdata balance'")
 
 
-def _check_sha(path: Path, digest: str | None, check: bool) -> None:
-    if check and digest is not None and path.is_file() and sha256_file(path) != digest:
+def _check_sha(path: Path | str, digest: str | None, check: bool) -> None:
+    if check and digest is not None and fsio.is_file(path) and sha256_file(path) != digest:
         raise VerifyError(f"checksum of {path} differs from the manifest (file changed or corrupt); rerun 'fsdata balance'")
 
 
-def _read_step_stats(out: Path, m: Manifest, check_checksums: bool = True) -> pa.Table:
-    path = out / m.step_stats_file
+def _read_step_stats(out: Path | str, m: Manifest, check_checksums: bool = True) -> pa.Table:
+    path = _at(out, m.step_stats_file)
     _check_sha(path, m.step_stats_sha256, check_checksums)
     try:
         t = m.read_step_stats()
@@ -193,13 +204,14 @@ def _read_step_stats(out: Path, m: Manifest, check_checksums: bool = True) -> pa
     return t
 
 
-def _read_dropped(out: Path, m: Manifest, check_checksums: bool = True) -> np.ndarray:
+def _read_dropped(out: Path | str, m: Manifest, check_checksums: bool = True) -> np.ndarray:
     if not m.dropped_file:
         return np.empty(0, np.int64)
-    path = out / m.dropped_file
+    path = _at(out, m.dropped_file)
     _check_sha(path, m.dropped_sha256, check_checksums)
     try:
-        t = pq.read_table(str(path))
+        fs, where = fsio.filesystem_and_path(str(path))
+        t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
         raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
     if (S.SAMPLE_ID not in t.schema.names or not pa.types.is_integer(t.schema.field(S.SAMPLE_ID).type)
@@ -213,18 +225,20 @@ def _row_hashes(table: pa.Table) -> np.ndarray:
     return pl.from_arrow(table).hash_rows(seed=_HASH_SEED).to_numpy()
 
 
-def _check_rank_file(out: Path, m: Manifest, f, check_checksums: bool, hash_content: bool):
-    r, path = f.rank, out / f.path
-    if not path.is_file():
+def _check_rank_file(out: Path | str, m: Manifest, f, check_checksums: bool, hash_content: bool):
+    r, path = f.rank, _at(out, f.path)
+    if not fsio.is_file(path):
         raise VerifyError(f"rank {r}: file {path} is missing; rerun 'fsdata balance' or copy the whole OUTPUT")
-    if path.stat().st_size != f.num_bytes:
-        raise VerifyError(f"rank {r}: {path} has {path.stat().st_size} bytes, the manifest says {f.num_bytes} "
+    num_bytes = fsio.size(path)
+    if num_bytes != f.num_bytes:
+        raise VerifyError(f"rank {r}: {path} has {num_bytes} bytes, the manifest says {f.num_bytes} "
                           "(file changed or truncated)")
     if check_checksums and sha256_file(path) != f.sha256:
         raise VerifyError(f"rank {r}: checksum of {path} differs from the manifest (file changed or corrupt)")
     need = [S.SAMPLE_ID, S.ITEM_IDS, S.STEP] + ([S.RANK] if m.format_version >= 2 else [])
     try:
-        pf = pq.ParquetFile(str(path))
+        fs, where = fsio.filesystem_and_path(str(path))
+        pf = pq.ParquetFile(where, filesystem=fs)
         names = pf.schema_arrow.names
         if names != m.columns:
             raise VerifyError(f"rank {r}: {path} has columns {names}, the manifest says {m.columns}")
@@ -295,8 +309,12 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         VerifyError: any violation or malformed file, one line with the rank/step and numbers.
         InputError: ``input_path`` is not a readable sample input.
     """
+    output = fsio.normalize(output)
+    if input_path is not None:
+        input_path = fsio.normalize(input_path)
     try:
-        return _verify(Path(output), input_path, column_map, check_checksums, progress)
+        return _verify(output if fsio.is_remote(output) else Path(output), input_path, column_map, check_checksums,
+                       progress)
     except FsdataError:
         raise
     except Exception as e:  # noqa: BLE001 - a malformed output must give one line, never a traceback
@@ -304,11 +322,12 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         raise VerifyError(f"{output} is malformed ({type(e).__name__}: {msg}); rerun 'fsdata balance'") from None
 
 
-def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: bool) -> dict:
-    if not out.is_dir():
-        raise VerifyError(f"{out} is not a folder; pass an 'fsdata balance' OUTPUT")
+def _verify(out: Path | str, input_path, column_map, check_checksums: bool, progress: bool) -> dict:
+    if not fsio.is_dir(out):
+        what = "prefix holding objects" if isinstance(out, str) else "folder"
+        raise VerifyError(f"{out} is not a {what}; pass an 'fsdata balance' OUTPUT")
     m = read_manifest(out)
-    where = str(out / MANIFEST_NAMES[m.format_version])
+    where = str(_at(out, MANIFEST_NAMES[m.format_version]))
     _check_manifest_fields(m, where)
     _check_listing(out, m)
     cost_model = _cost_model(m)
@@ -389,7 +408,7 @@ def _verify(out: Path, input_path, column_map, check_checksums: bool, progress: 
 
 
 def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
-                         steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path):
+                         steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path | str):
     """Sample set, per-sample content, seed, strategy and input-side bubbles against the input."""
     if column_map is None:
         column_map = m.settings.get("input_columns_renamed") or None
@@ -411,7 +430,8 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     in_hash = np.empty(len(in_ids), dtype=np.uint64)
     pos = 0
     for path in src.files:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=16384):
+        fs, inner = fsio.filesystem_and_path(path)
+        for batch in pq.ParquetFile(inner, filesystem=fs).iter_batches(batch_size=16384):
             t = pa.Table.from_batches([batch]).rename_columns(in_schema.names).cast(in_schema)
             in_hash[pos:pos + t.num_rows] = _row_hashes(t)
             pos += t.num_rows
@@ -452,7 +472,8 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
                               f"seed {m.seed}; the output was made with another seed or edited: rerun 'fsdata balance'")
         if m.strategy == "shuffle":
             for f in m.files:
-                t = pq.read_table(str(out / f.path), columns=[S.SAMPLE_ID])
+                fs, inner = fsio.filesystem_and_path(str(_at(out, f.path)))
+                t = pq.read_table(inner, columns=[S.SAMPLE_ID], filesystem=fs)
                 got = t.column(0).to_numpy().reshape(len(gsteps), B)
                 want = in_ids[gsteps[:, f.rank * B:(f.rank + 1) * B]]
                 if not np.array_equal(got, want):

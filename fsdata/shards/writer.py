@@ -15,6 +15,11 @@ Stages (the input is never held in memory whole):
    ``_manifest.json`` from the plan and the rank files' records (written last).
 
 :func:`balance` runs the three in one process into a temporary folder moved into place at the end.
+
+INPUT, PLAN and OUTPUT may be :mod:`pyarrow.fs` URIs (``s3://bucket/prefix``; :mod:`fsdata.fsio`):
+reads and writes then go through the URI's ``FileSystem``, the temporary per-rank buckets go to a
+local temporary folder (``TMPDIR``), and OUTPUT is published as :mod:`fsdata.atomic` describes for
+object stores (the manifest, written last by :func:`finalize`, is the commit marker).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from fsdata import fsio
 from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
@@ -128,7 +135,7 @@ def input_digest(src: SampleSource) -> str:
     h = hashlib.sha256()
     for path in src.files:
         try:
-            with open(path, "rb") as f:
+            with fsio.open_input(path) as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
                 if size < 12:
@@ -172,7 +179,8 @@ def output_schema(src: SampleSource) -> pa.Schema:
         InputError: an input column is named ``step`` or ``rank``.
     """
     check_reserved_columns(src)
-    first = pq.read_schema(src.files[0])
+    fs, first_path = fsio.filesystem_and_path(src.files[0])
+    first = pq.read_schema(first_path, filesystem=fs)
     fields = []
     contract = {**S.REQUIRED_COLUMNS, **S.OPTIONAL_COLUMNS}
     for f in first:
@@ -375,7 +383,8 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
                   "cost": table.cost})
     t = t.replace_schema_metadata({PLAN_METADATA_KEY: json.dumps(table.meta).encode()})
     with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
-        pq.write_table(t, str(tmp), compression="zstd")
+        fs, where = fsio.filesystem_and_path(str(tmp))
+        pq.write_table(t, where, compression="zstd", filesystem=fs)
 
 
 def read_plan(path: str | os.PathLike) -> PlanTable:
@@ -385,7 +394,8 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
         InputError: missing, unreadable, or not an fsdata plan.
     """
     try:
-        t = pq.read_table(str(path))
+        fs, where = fsio.filesystem_and_path(str(path))
+        t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); write it with 'fsdata plan'") from None
     raw = (t.schema.metadata or {}).get(PLAN_METADATA_KEY)
@@ -420,7 +430,8 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
     try:
         for path in src.files:
             try:
-                pf = pq.ParquetFile(path)
+                fs, where = fsio.filesystem_and_path(path)
+                pf = pq.ParquetFile(where, filesystem=fs)
                 batches = pf.iter_batches(batch_size=32768)
                 for batch in batches:
                     n = batch.num_rows
@@ -493,12 +504,15 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
       written to ``output/rank-XXXXX/part-00000.parquet`` (the folder is created) with zstd
       compression, column statistics, and row groups of whole steps: each row group ends at the
       first step boundary at or past :data:`ROW_GROUP_ROWS` rows.
+    * ``output`` may be a :mod:`pyarrow.fs` URI (``s3://...``): the file is then encoded in memory
+      (its compressed size; the decoded rows are held anyway), hashed, and stored with one write
+      through the URI's ``FileSystem``: the same bytes as a local file.
     * Nothing else is written; the caller collects the returned records for :func:`finalize`.
 
     Args:
         rank: the rank, ``0 <= rank < R``.
         table: this rank's rows (see above).
-        output: the OUTPUT folder (or its temporary stand-in).
+        output: the OUTPUT folder (or its temporary stand-in), a local path or a URI.
         schema: the rank-file schema.
         num_steps: S; every step ``0..S-1`` must hold at least one row.
 
@@ -519,31 +533,48 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     if len(counts) != num_steps or (counts == 0).any():
         raise ValueError(f"write_rank({rank}): steps must cover 0..{num_steps - 1} with rows in each")
     rel = rank_file_path(rank)
+    ends = np.cumsum(counts)
+    output = fsio.normalize(output)
+    if fsio.is_remote(output):
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
+            _write_whole_steps(w, table, ends)
+        n = table.num_rows
+        del table
+        data = sink.getvalue()
+        fsio.write_bytes(fsio.join(output, rel), data)
+        return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size,
+                         sha256=hashlib.sha256(data).hexdigest())
     out = Path(output)
     (out / rank_dir_name(rank)).mkdir(exist_ok=True)
-    ends = np.cumsum(counts)
     path = out / rel
     with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=True) as w:
-        start = 0
-        while start < table.num_rows:
-            # whole steps per row group: the first step end at or past start + ROW_GROUP_ROWS
-            j = int(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"))
-            stop = int(ends[min(j, len(ends) - 1)])
-            w.write_table(table.slice(start, stop - start), row_group_size=stop - start)
-            start = stop
+        _write_whole_steps(w, table, ends)
     n = table.num_rows
     del table
     return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path))
 
 
-def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path, schema: pa.Schema) -> FileEntry:
+def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -> None:
+    """Write ``table`` (sorted by step; ``ends`` = cumulative rows per step) in row groups of whole
+    steps: each ends at the first step end at or past :data:`ROW_GROUP_ROWS` rows."""
+    start = 0
+    while start < table.num_rows:
+        j = int(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"))
+        stop = int(ends[min(j, len(ends) - 1)])
+        w.write_table(table.slice(start, stop - start), row_group_size=stop - start)
+        start = stop
+
+
+def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema) -> FileEntry:
     with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
         table = pa.ipc.open_file(source).read_all()
     return write_rank(r, table, out_dir, schema, plan.num_steps)
 
 
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
-    """Stage 2: write every rank file of ``plan`` into the existing folder ``output``.
+    """Stage 2: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
+    under that prefix; the temporary buckets then go to a local temporary folder).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, sorted by rank.
@@ -552,22 +583,33 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
         InputError: an input file fails to read midway, or the input does not match the plan.
     """
     schema = output_schema(src)
-    out = Path(output)
-    bucket_dir = out / ".buckets"
-    bucket_dir.mkdir()
-    _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
-    files: list[FileEntry] = []
-    bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
-    with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
-        for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema), range(plan.num_ranks)):
-            files.append(info)
-            bar.update(1)
-    bar.close()
-    shutil.rmtree(bucket_dir)
+    output = fsio.normalize(output)
+    remote = fsio.is_remote(output)
+    out = output if remote else Path(output)
+    if remote:  # object stores have no place for scratch files: buckets go to local TMPDIR
+        bucket_dir = Path(tempfile.mkdtemp(prefix="fsdata-buckets-"))
+    else:
+        bucket_dir = out / ".buckets"
+        bucket_dir.mkdir()
+    try:
+        _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
+        files: list[FileEntry] = []
+        bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
+        with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
+            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema),
+                               range(plan.num_ranks)):
+                files.append(info)
+                bar.update(1)
+        bar.close()
+    finally:
+        if remote:
+            shutil.rmtree(bucket_dir, ignore_errors=True)
+    if not remote:
+        shutil.rmtree(bucket_dir)
     return files
 
 
-def write_step_stats(path: Path, plan: Plan | PlanTable) -> None:
+def write_step_stats(path: Path | str, plan: Plan | PlanTable) -> None:
     """``_step_stats.parquet`` of ``plan`` (the format: :func:`fsdata.shards.manifest.write_step_stats`)."""
     if isinstance(plan, PlanTable):
         counts, loads = plan.counts_and_loads()
@@ -582,16 +624,19 @@ def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
     Raises:
         InputError: a rank file is missing or unreadable.
     """
-    out = Path(output)
+    output = fsio.normalize(output)
+    remote = fsio.is_remote(output)
+    out = output if remote else Path(output)
     records = []
     for r in range(num_ranks):
         rel = rank_file_path(r)
-        path = out / rel
+        path = fsio.join(out, rel) if remote else out / rel
         try:
-            n = pq.read_metadata(str(path)).num_rows
+            fs, where = fsio.filesystem_and_path(str(path))
+            n = pq.read_metadata(where, filesystem=fs).num_rows
         except (OSError, pa.ArrowException) as e:
             raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
-        records.append(FileEntry(rank=r, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path)))
+        records.append(FileEntry(rank=r, path=rel, num_rows=n, num_bytes=fsio.size(path), sha256=sha256_file(path)))
     return records
 
 
@@ -600,7 +645,8 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
     last, ``_manifest.json`` into ``output``, from the plan and the rank files' records.
 
     Args:
-        output: the folder holding the rank files (OUTPUT or its temporary stand-in).
+        output: the folder holding the rank files (OUTPUT or its temporary stand-in), a local path
+            or a URI (on an object store the manifest written last is the OUTPUT's commit marker).
         plan: the plan the rank files were written from.
         records: the :func:`write_rank` results, one per rank; None: recomputed from the files.
 
@@ -611,7 +657,13 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         InputError: the rank files do not match the plan (missing rank, other row counts, other
             columns), or something other than rank files lies in ``output``.
     """
-    out = Path(output)
+    output = fsio.normalize(output)
+    remote = fsio.is_remote(output)
+    out = output if remote else Path(output)
+
+    def at(name: str):
+        return fsio.join(out, name) if remote else out / name
+
     R = plan.num_ranks
     if records is None:
         records = file_records(out, R)
@@ -622,23 +674,25 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
                          f"{R} ranks; rerun 'fsdata write' with this plan")
     for f in records:
         if f.num_rows != int(counts[:, f.rank].sum()):
-            raise InputError(f"{out / f.path}: {f.num_rows} rows but the plan gives rank {f.rank} "
+            raise InputError(f"{at(f.path)}: {f.num_rows} rows but the plan gives rank {f.rank} "
                              f"{int(counts[:, f.rank].sum())}; rerun 'fsdata write' with this plan")
     expected = {rank_dir_name(f.rank) for f in records}
-    extra = sorted(p.name for p in out.iterdir() if p.name not in expected and not p.name.startswith("_")
-                   and not p.name.startswith("."))
+    extra = sorted(name for name, _ in fsio.list_dir(out) if name not in expected and not name.startswith("_")
+                   and not name.startswith("."))
     if extra:
         raise InputError(f"{out} holds {extra[:5]} besides the rank files; write into an empty OUTPUT")
-    columns = pq.read_schema(str(out / records[0].path)).names
-    write_step_stats(out / STEP_STATS_NAME, plan)
+    fs, first = fsio.filesystem_and_path(str(at(records[0].path)))
+    columns = pq.read_schema(first, filesystem=fs).names
+    write_step_stats(at(STEP_STATS_NAME), plan)
     meta = plan.meta
     dropped = plan.dropped_sample_ids()
     dropped_file = None
     if len(dropped):
         dropped_file = DROPPED_NAME
+        fs, where = fsio.filesystem_and_path(str(at(dropped_file)))
         pq.write_table(pa.table({S.SAMPLE_ID: pa.array(dropped, type=pa.int64()),
                                  "reason": pa.array(["remainder"] * len(dropped))}),
-                       str(out / dropped_file), compression="zstd")
+                       where, compression="zstd", filesystem=fs)
     m = Manifest(
         path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
         num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
@@ -648,8 +702,8 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
         predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
         lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
-        step_stats_sha256=sha256_file(out / STEP_STATS_NAME),
-        dropped_sha256=sha256_file(out / dropped_file) if dropped_file else None,
+        step_stats_sha256=sha256_file(at(STEP_STATS_NAME)),
+        dropped_sha256=sha256_file(at(dropped_file)) if dropped_file else None,
         input_digest=meta["input_digest"], files=records, settings=meta["settings"],
         extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
     m.write(out)
@@ -674,8 +728,9 @@ def balance_local(input: str | os.PathLike, output: str | os.PathLike, settings:
     Raises:
         InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
     """
+    input, output = fsio.normalize(input), fsio.normalize(output)
     check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
-    if Path(output).exists() and not settings.overwrite:
+    if fsio.exists(output) and not settings.overwrite:
         raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
     src = open_samples(input, settings.columns)
     stage: dict[str, float] = {}
