@@ -335,3 +335,44 @@ def test_fs_shm_on_two_nodes_of_two_equals_gloo():
         intra_rows, inter_rows = res["1+2+1 rows"]
         assert intra_rows > 0 and inter_rows > 0
     assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"
+
+
+def _train_worker(shards, backend, pipeline):
+    import os
+
+    from fstrain.dist import init_distributed, local_state
+    from fstrain.train import TrainConfig, train
+
+    rank = int(os.environ["RANK"])
+    if int(os.environ["WORLD_SIZE"]) > 1:
+        os.environ[NODE_ID_ENV] = f"node{rank // 2}"  # 2 "nodes" x 2 ranks
+    init_distributed(backend)
+    pg = dist.group.WORLD
+    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=2),
+                            max_steps=3, log_every_steps=0, pipeline=pipeline))
+    hier = getattr(pg, "hierarchical", None)
+    return local_state(res.model), (hier.num_calls, hier.inter_rows) if hier is not None else None
+
+
+@pytest.mark.multiproc
+def test_train_backend_shm_on_two_nodes_equals_one_rank_with_the_whole_global_batch(tmp_path):
+    """`fstrain train --backend shm` over 2 "nodes" x 2 ranks (hierarchical all-to-all, prioritized
+    pipeline: its background group is hierarchical too) trains like 1 rank with the global batch."""
+    from tests.fstrain.multiproc import run_ranks
+    from tests.fstrain.shards import write_shards
+
+    one = write_shards(str(tmp_path / "r1"), num_ranks=1, num_steps=4, batch_size_per_rank=12, seed=5)
+    four = write_shards(str(tmp_path / "r4"), num_ranks=4, num_steps=4, batch_size_per_rank=3, seed=5)
+    [(ref, _)] = run_ranks(_train_worker, 1, one, "gloo", None)
+    results = run_ranks(_train_worker, 4, four, "shm", "prioritized")
+    table = [k for k in ref if "item_table" in k and "weight" in k]
+    assert len(table) == 1
+    for k in ref:
+        if k in table:
+            got = torch.cat([state[k] for state, _ in results])
+            torch.testing.assert_close(got, ref[k], atol=1e-5, rtol=1e-5)
+        else:
+            for state, _ in results:
+                torch.testing.assert_close(state[k], ref[k], atol=1e-5, rtol=1e-5, msg=lambda m: f"{k}: {m}")
+    for _, (calls, inter_rows) in results:
+        assert calls > 0 and inter_rows > 0  # torchrec's and the pipeline's all-to-alls crossed "nodes"
