@@ -39,8 +39,8 @@ import torch
 
 from fstrain.comm.base import CommBackend, check_splits, is_dense
 
-__all__ = ["NODE_ID_ENV", "HierarchicalAllToAll", "NodeLayout", "Route", "gather_rows", "is_dense", "node_key", "plan_route",
-           "scatter_rows"]
+__all__ = ["NODE_ID_ENV", "HierarchicalAllToAll", "NodeLayout", "Route", "gather_rows", "is_dense", "node_key",
+           "plan_route", "scatter_rows"]
 
 #: environment variable that overrides the node key (tests: several "nodes" on one machine).
 NODE_ID_ENV = "FSTRAIN_NODE_ID"
