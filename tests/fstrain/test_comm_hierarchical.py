@@ -316,6 +316,18 @@ def _hierarchical_worker():
         out[tag] = _check_against_gloo(rank, group, gloo, seed=3)
         out[tag + " rows"] = (group.hierarchical.intra_rows, group.hierarchical.inter_rows)
     out["calls"] = pg.num_shm_all_to_all
+    # one rank cannot build its node-local transport: every rank raises, none hangs (last: the failed
+    # group creation leaves nothing usable behind)
+    from fstrain.comm import BackendUnavailableError
+
+    os.environ[NODE_ID_ENV] = f"node{rank // 2}"
+    bad = ShmBackend.Config(timeout_seconds=3, shm_dir="/nonexistent" if rank == 3 else "/dev/shm")
+    register_torch_backends(CommConfig(backend="shm", shm=bad))
+    try:
+        dist.new_group(backend="fs_shm")
+        out["setup error"] = None
+    except BackendUnavailableError as e:
+        out["setup error"] = str(e)
     return out
 
 
@@ -334,6 +346,9 @@ def test_fs_shm_on_two_nodes_of_two_equals_gloo():
         assert calls >= 2 and inter_rows > 0, res["lookup"]  # torchrec's dists went through both parts
         intra_rows, inter_rows = res["1+2+1 rows"]
         assert intra_rows > 0 and inter_rows > 0
+        assert "could not be set up on every rank" in (res["setup error"] or ""), res["setup error"]
+    assert "shm_dir /nonexistent does not exist" in results[3]["setup error"]
+    assert "PeerTimeoutError" in results[2]["setup error"]  # its node peer waited for it, then agreed
     assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"
 
 
