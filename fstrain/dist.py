@@ -94,6 +94,8 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
             all-to-all of :mod:`fstrain.comm`, registered as a torch.distributed backend, so
             torchrec's all-to-alls use it unchanged) or ``cuda-ce`` (GPU: the all-to-all on copy
             engines, every other collective on NCCL; :class:`fstrain.comm.CopyEngineProcessGroup`).
+            On several nodes ``shm`` / ``cuda-ce`` are hierarchical by themselves (shm / copy
+            engines inside a node, gloo / NCCL across; :mod:`fstrain.comm.hierarchical`).
         timeout_seconds: collective timeout (process group, and the shm transport's own).
 
     Returns:

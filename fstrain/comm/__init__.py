@@ -33,6 +33,7 @@ from fstrain.comm.base import (
 )
 from fstrain.comm.cuda_ce import CopyEngineBackend
 from fstrain.comm.gloo import TorchDistBackend
+from fstrain.comm.hierarchical import NODE_ID_ENV, HierarchicalAllToAll, NodeLayout, node_key
 from fstrain.comm.process_group import (
     CUDA_CE_BACKEND_NAME,
     SHM_BACKEND_NAME,
@@ -52,6 +53,9 @@ __all__ = [
     "ConcurrentCollectiveError",
     "CopyEngineBackend",
     "CopyEngineProcessGroup",
+    "HierarchicalAllToAll",
+    "NODE_ID_ENV",
+    "NodeLayout",
     "PeerExitedError",
     "PeerTimeoutError",
     "ShmBackend",
@@ -59,6 +63,7 @@ __all__ = [
     "SplitMismatchError",
     "TorchDistBackend",
     "build_backend",
+    "node_key",
     "register_torch_backends",
 ]
 
@@ -76,8 +81,9 @@ class CommConfig:
 
     backend: str = "gloo"
     """One of ``"gloo"`` (CPU reference), ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"``
-    (CPU shared memory, one node), ``"cuda-ce"`` (GPU copy engines inside one node, NCCL
-    fallback otherwise)."""
+    (CPU shared memory inside a node; as a process group on several nodes, hierarchical with gloo
+    across), ``"cuda-ce"`` (GPU copy engines inside a node; NCCL across nodes, hierarchical, or
+    as the fallback)."""
     shm: ShmBackend.Config = field(default_factory=ShmBackend.Config)
     """Settings of the ``"shm"`` transport (chunk size, ring slots, timeout)."""
     cuda_ce: CopyEngineBackend.Config = field(default_factory=CopyEngineBackend.Config)
@@ -100,7 +106,8 @@ def register_torch_backends(config: CommConfig) -> str:
         the name to pass to ``dist.init_process_group`` / ``dist.new_group``: ``"gloo"``,
         ``"nccl"``, ``"fs_shm"`` (all-to-all on shared memory, the rest on gloo) or
         ``"fs_cuda_ce"`` (all-to-all on copy engines inside a node, the rest on NCCL; see
-        `CopyEngineProcessGroup`).
+        `CopyEngineProcessGroup`). Groups on several nodes are hierarchical
+        (:mod:`fstrain.comm.hierarchical`).
     """
     if config.backend == "shm":
         return register_shm_backend(config.shm)

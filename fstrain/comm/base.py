@@ -28,6 +28,7 @@ __all__ = [
     "allocate_output",
     "check_splits",
     "even_splits",
+    "is_dense",
 ]
 
 
@@ -171,8 +172,19 @@ def check_splits(
                 f"output_splits add up to {sum(output_splits)} rows but output has "
                 f"{output.shape[0]} rows"
             )
-        if not output.is_contiguous():
-            raise ValueError("output must be contiguous")
+        if not is_dense(output):
+            raise ValueError("output must be contiguous (canonical row-major strides)")
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Row-major with the canonical strides. Stricter than ``is_contiguous()``, which ignores the
+    strides of size-1 dimensions: a one-row column slice is "contiguous" yet its bytes are not
+    one run (``view(torch.uint8)`` refuses it)."""
+    expected, step = [], 1
+    for n in reversed(t.shape):
+        expected.append(step)
+        step *= n
+    return list(t.stride()) == expected[::-1]
 
 
 def allocate_output(input: torch.Tensor, output_splits: Sequence[int]) -> torch.Tensor:

@@ -44,7 +44,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
 from torch.futures import Future
 
-from fstrain.comm.base import CommBackend, even_splits
+from fstrain.comm.base import BackendUnavailableError, CommBackend, CommError, even_splits
+from fstrain.comm.hierarchical import HierarchicalAllToAll, NodeLayout, is_dense, node_key
 from fstrain.comm.shm import ShmBackend
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,14 @@ SHM_BACKEND_NAME = "fs_shm"
 CUDA_CE_BACKEND_NAME = "fs_cuda_ce"
 
 
+def _publish_layout(store: dist.Store, rank: int, world_size: int) -> NodeLayout:
+    """Every rank's :func:`~fstrain.comm.hierarchical.node_key` through the group's store (an all-gather):
+    the same :class:`NodeLayout` on every rank."""
+    node_store = dist.PrefixStore("node/", store)
+    node_store.set(str(rank), node_key())
+    return NodeLayout.from_keys([node_store.get(str(r)).decode() for r in range(world_size)], rank)
+
+
 def completed_work(result: list[torch.Tensor]) -> dist.Work:
     """A ``Work`` that is already finished, whose future holds ``result``."""
     fut: Future = Future()
@@ -67,6 +76,14 @@ def completed_work(result: list[torch.Tensor]) -> dist.Work:
 
 class ShmProcessGroup(dist.ProcessGroup):
     """Process group: all-to-all on `ShmBackend`, every other collective on gloo.
+
+    When the group spans several nodes (node keys published in the store,
+    :func:`fstrain.comm.hierarchical.node_key`), the all-to-all is hierarchical
+    (:class:`~fstrain.comm.hierarchical.HierarchicalAllToAll`): rows between ranks of one node on
+    that node's shm transport, rows across nodes on the group's gloo, both in one call whose
+    result equals gloo's all-to-all. One gloo all-reduce at construction checks that every rank
+    holds the same layout and built its node-local transport (else every rank raises
+    `BackendUnavailableError`).
 
     Args:
         store: the group's store (prefixed per group by torch).
@@ -85,10 +102,49 @@ class ShmProcessGroup(dist.ProcessGroup):
                                            timeout)
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-        self.transport: CommBackend = ShmBackend(
-            dist.PrefixStore("shm/", store), rank=rank, world_size=world_size, config=config)
+        #: which node every rank is on (published in the store; identical on every rank)
+        self.layout = _publish_layout(store, rank, world_size)
+        #: the multi-node path (``None`` when every rank is on one node)
+        self.hierarchical: HierarchicalAllToAll | None = None
+        if self.layout.num_nodes == 1:
+            #: the shm transport (the node-local one of a multi-node group; ``None`` for a node of one rank)
+            self.transport: CommBackend | None = ShmBackend(
+                dist.PrefixStore("shm/", store), rank=rank, world_size=world_size, config=config)
+        else:
+            self.transport, reason = None, None
+            local = self.layout.local_ranks
+            if len(local) > 1:
+                try:
+                    self.transport = ShmBackend(
+                        dist.PrefixStore(f"shm/node{self.layout.node_index}/", store),
+                        rank=self.layout.local_index, world_size=len(local), config=config)
+                except CommError as e:  # agreed below: every rank raises, not only this one
+                    reason = f"{type(e).__name__}: {e}"
+            self._agree_on_layout(reason)
+            self.hierarchical = HierarchicalAllToAll(self.layout, self.transport, self._gloo_all_to_all)
         #: number of all-to-all calls served by the shm transport (for tests and stats).
         self.num_shm_all_to_all = 0
+
+    def _gloo_all_to_all(self, output, input, output_splits, input_splits) -> dist.Work:
+        return self._gloo.alltoall_base(output, input, output_splits, input_splits, dist.AllToAllOptions())
+
+    def _agree_on_layout(self, reason: str | None) -> None:
+        """One gloo all-reduce (MAX of ``[digest, -digest, failed]``) before any user collective:
+        every rank holds the same node layout and built its node-local transport, or every rank
+        raises `BackendUnavailableError`."""
+        flag = torch.tensor([self.layout.digest(), -self.layout.digest(), int(reason is not None)],
+                            dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([flag], opts).wait()
+        high, neg_low, failed = flag.tolist()
+        if failed or high != -neg_low:
+            if self.transport is not None:
+                self.transport.close()
+            what = (f"rank {self._rank}: {reason}" if reason else "another rank (see its error)") if failed else \
+                "the ranks disagree on the node layout (different node keys in the store)"
+            raise BackendUnavailableError(f"fs_shm: the node-local shared-memory transport of the multi-node "
+                                          f"group could not be set up on every rank: {what}")
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return SHM_BACKEND_NAME
@@ -106,7 +162,9 @@ class ShmProcessGroup(dist.ProcessGroup):
                                             opts or dist.AllToAllOptions())
         out_splits = list(output_split_sizes) or even_splits(output.shape[0], self._world_size)
         in_splits = list(input_split_sizes) or even_splits(input.shape[0], self._world_size)
-        if output.is_contiguous():
+        if self.hierarchical is not None:  # several nodes: shm inside this node, gloo across
+            self.hierarchical(output, input, out_splits, in_splits)
+        elif is_dense(output):  # not is_contiguous(): a one-row column slice passes that
             self.transport.all_to_all_v(input, out_splits, in_splits, out=output)
         else:
             output.copy_(self.transport.all_to_all_v(input, out_splits, in_splits))
@@ -167,10 +225,11 @@ class ShmProcessGroup(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def shutdown(self) -> None:
-        self.transport.close()
+        if self.transport is not None:
+            self.transport.close()
 
     def abort(self) -> None:
-        self.transport.close()
+        self.shutdown()
 
 
 def _create_shm_group(store: dist.Store, rank: int, world_size: int, timeout: timedelta,
@@ -205,9 +264,15 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
 
     1. an NCCL backend over the same store (every collective but the all-to-all, and the
        all-to-all itself where copy engines cannot be used);
-    2. every rank publishes its GPU's UUID in the store, decides locally whether it reaches every
-       peer's GPU over peer access (:func:`fstrain.comm.cuda_ce.copy_engine_reason`), and one NCCL
-       all-reduce (MIN) of that flag decides for all ranks before any user collective;
+    2. every rank publishes its GPU's UUID and its node key in the store, decides locally whether
+       it reaches every peer's GPU on its node over peer access
+       (:func:`fstrain.comm.cuda_ce.copy_engine_reason`), and one NCCL all-reduce (MIN) of that
+       flag decides for all ranks before any user collective;
+    2b. a group on several nodes (the default group only) is hierarchical
+       (:class:`~fstrain.comm.hierarchical.HierarchicalAllToAll`): at the first all-to-all every
+       rank makes the node-local NCCL groups (``dist.new_subgroups_by_enumeration``), rows between
+       GPUs of one node go over copy engines on that node's group, rows across nodes over this
+       group's NCCL (zero splits inside the node), in one call;
     3. at the first all-to-all (the group is registered by then, which the symmetric-memory
        rendezvous needs) the transport allocates its symmetric buffer and rendezvous, agreeing
        again on the outcome; from then on every CUDA ``all_to_all_single`` (torchrec's input
@@ -237,9 +302,18 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
         ce_store = dist.PrefixStore("cuda_ce/", store)
         ce_store.set(f"uuid/{rank}", _device_uuid(self.device.index))
         self.peer_uuids = [ce_store.get(f"uuid/{r}").decode() for r in range(world_size)]
+        #: which node every rank is on (node keys through the store; identical on every rank)
+        self.layout = _publish_layout(store, rank, world_size)
+        #: several nodes: copy engines inside each node, NCCL across (built at the first all-to-all)
+        self.hierarchical: HierarchicalAllToAll | None = None
+        multi_node = self.layout.num_nodes > 1
         visible = [_device_uuid(i) for i in range(torch.cuda.device_count())]
         reason = None if not self.config.force_nccl else "force_nccl is set"
-        reason = reason or copy_engine_reason(self.device.index, self.peer_uuids, visible)
+        if multi_node and not reason and dist.is_initialized():  # identical on every rank of the group
+            reason = ("the group spans several nodes and is not the default group (its node-local groups "
+                      "need dist.new_subgroups_by_enumeration, which every rank of the default group calls)")
+        peers = [self.peer_uuids[r] for r in self.layout.local_ranks] if multi_node else self.peer_uuids
+        reason = reason or copy_engine_reason(self.device.index, peers, visible)
         flag = torch.tensor([0 if reason else 1], dtype=torch.int32, device=self.device)
         ar = dist.AllreduceOptions()
         ar.reduceOp = dist.ReduceOp.MIN
@@ -253,13 +327,34 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
         self._transport = None
         #: all-to-all calls served by copy engines (for tests and stats).
         self.num_copy_engine_all_to_all = 0
+        #: multi-node all-to-all calls (copy engines inside the node, NCCL across).
+        self.num_hierarchical_all_to_all = 0
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return CUDA_CE_BACKEND_NAME
 
+    def _nccl_all_to_all(self, output, input, output_splits, input_splits) -> dist.Work:
+        return self._nccl.alltoall_base(output, input, output_splits, input_splits, dist.AllToAllOptions())
+
+    def _build_hierarchical(self) -> None:
+        """Multi-node: node-local NCCL groups (every rank of the default group, in the same order), a
+        copy-engine transport on this node's group, and the routing over both."""
+        from fstrain.comm.cuda_ce import CopyEngineBackend
+
+        local_group, _ = dist.new_subgroups_by_enumeration(self.layout.nodes, backend="nccl")
+        local = self.layout.local_ranks
+        if len(local) > 1:  # agrees inside the node; a node that falls back uses NCCL on its local group
+            self._transport = CopyEngineBackend(local_group, config=self.config,
+                                                peer_uuids=[self.peer_uuids[r] for r in local])
+            if not self._transport.uses_copy_engines:
+                self.fallback_reason = f"inside node {self.layout.node_index}: {self._transport.fallback_reason}"
+        self.hierarchical = HierarchicalAllToAll(self.layout, self._transport, self._nccl_all_to_all)
+
     def _copy_engines(self):
         """The transport, built at the first all-to-all (collective: every rank is in that call)."""
-        if self._transport is None and self.copy_engines_agreed:
+        if self.hierarchical is None and self.copy_engines_agreed and self.layout.num_nodes > 1:
+            self._build_hierarchical()
+        elif self._transport is None and self.copy_engines_agreed:
             from fstrain.comm.cuda_ce import CopyEngineBackend
 
             self._transport = CopyEngineBackend(self, config=self.config, peer_uuids=self.peer_uuids)
@@ -276,12 +371,18 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
         Errors of the transport (`SplitMismatchError`, raised on every rank) propagate.
         """
         transport = self._copy_engines() if input.is_cuda else None
+        if self.hierarchical is not None and input.is_cuda:  # several nodes: copy engines inside, NCCL across
+            out_splits = list(output_split_sizes) or even_splits(output.shape[0], self._world_size)
+            in_splits = list(input_split_sizes) or even_splits(input.shape[0], self._world_size)
+            self.hierarchical(output, input, out_splits, in_splits)
+            self.num_hierarchical_all_to_all += 1
+            return completed_work([output])
         if transport is None:
             return self._nccl.alltoall_base(output, input, output_split_sizes, input_split_sizes,
                                             opts or dist.AllToAllOptions())
         out_splits = list(output_split_sizes) or even_splits(output.shape[0], self._world_size)
         in_splits = list(input_split_sizes) or even_splits(input.shape[0], self._world_size)
-        if output.is_contiguous():
+        if is_dense(output):
             transport.all_to_all_v(input, out_splits, in_splits, out=output)
         else:
             output.copy_(transport.all_to_all_v(input, out_splits, in_splits))

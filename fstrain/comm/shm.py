@@ -49,7 +49,6 @@ import mmap
 import os
 import platform
 import select
-import socket
 import threading
 import time
 import uuid
@@ -75,6 +74,7 @@ from fstrain.comm.base import (
     allocate_output,
     check_splits,
 )
+from fstrain.comm.hierarchical import node_key
 
 logger = logging.getLogger(__name__)
 
@@ -132,12 +132,7 @@ def _process_alive(pid: int) -> bool:
 
 
 def _node_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    return node_key()  # hostname + boot id, or $FSTRAIN_NODE_ID (fstrain.comm.hierarchical)
 
 
 class _Segment:
@@ -287,11 +282,13 @@ class ShmBackend(CommBackend):
                 for p in range(world_size):
                     if p == rank:
                         continue
-                    peer_path, node, pid = self._store_get(store, f"{prefix}/seg/{p}", p).split("|")
+                    peer_path, rest = self._store_get(store, f"{prefix}/seg/{p}", p).split("|", 1)
+                    node, pid = rest.rsplit("|", 1)
                     if node != me:
                         raise BackendUnavailableError(
                             f"shm backend needs all ranks on one node: rank {rank} is on {me}, "
-                            f"rank {p} on {node}; use backend 'gloo' (or 'nccl') across nodes")
+                            f"rank {p} on {node}; across nodes use the fs_shm process group (hierarchical: shm "
+                            "inside a node, gloo across) or backend 'gloo'")
                     try:
                         self._peers[p] = _Segment(peer_path, create=False, **seg_args)
                         self._peer_bells[p] = os.open(peer_path + ".bell",

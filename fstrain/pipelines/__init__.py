@@ -145,7 +145,8 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
         return PlainPipeline(dmp, optimizer, device, **kw)
     if name == "sparse-dist":
         return SparseDistPipeline(dmp, optimizer, device, **kw)
-    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap, **kw)
+    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap,
+                               ordered_collectives=config.ordered_collectives, **kw)
 
 
 __all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",

@@ -53,6 +53,10 @@ class PipelineConfig:
     overlap: bool = True
     """``prioritized`` only: fetch the next batch's NOL rows on the background thread, overlapped
     with compute (``False``: inline, same results; for measuring what the overlap hides)."""
+    ordered_collectives: bool | None = None
+    """``prioritized`` only: one issue order for the main and background threads' collectives,
+    the same on every rank (:mod:`fstrain.pipelines.ordering`); ``None``: on for NCCL /
+    ``fs_cuda_ce``, off for gloo / ``fs_shm``. Same results either way."""
 
     def __post_init__(self) -> None:
         if self.name not in PIPELINE_NAMES:

@@ -40,6 +40,7 @@ from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.dist import dense_parameters
 from fstrain.model import NEGATIVE_KEY
 from fstrain.pipelines.base import PipelineError, TrainPipeline
+from fstrain.pipelines.ordering import CollectiveOrderGate, needs_ordered_collectives
 
 
 @dataclass(slots=True)
@@ -91,6 +92,14 @@ class PrioritizedPipeline(TrainPipeline):
       job of N+1 must be done before the table is written), ``## sparse_update ##`` (rows N+1
       touches), ``## optimizer ##``.
 
+    Issue order (NCCL, ``fs_cuda_ce``; :mod:`fstrain.pipelines.ordering`): two NCCL communicators
+    driven from two threads must see their operations issued in the same order on every rank
+    (NCCL User Guide, "Using multiple NCCL communicators concurrently"). The gate makes each
+    background job issue all its collectives between its submission and the main thread's next
+    collective: per step ``fetch_ol`` (main) -> the prefetch of N+1 (background) -> straggler
+    all-reduce, dense all-reduce, sparse update (main) -> the deferred update of N (background),
+    which the step waits for before returning. On gloo / ``fs_shm`` the gate is off by default.
+
     CUDA: the background jobs run on a side stream that waits for an event recorded on the main
     stream at submission; the main stream waits for the side stream before it uses their
     results. Written for GPUs but not run on one (no figures).
@@ -101,6 +110,10 @@ class PrioritizedPipeline(TrainPipeline):
         device: where the model runs.
         overlap: run the NOL exchange on the background thread (``False``: inline on the main
             thread, same work and results; the benchmark's no-overlap control).
+        ordered_collectives: issue the two threads' collectives in one order, the same on every
+            rank (:class:`fstrain.pipelines.ordering.CollectiveOrderGate`); ``None`` (default): on
+            where the backend needs it (NCCL, ``fs_cuda_ce``: two NCCL communicators driven from
+            two threads), off on gloo / ``fs_shm``. Results are the same either way.
 
     Raises:
         PipelineError: the table is not row-wise sharded in a single group.
@@ -108,9 +121,15 @@ class PrioritizedPipeline(TrainPipeline):
 
     name = "prioritized"
 
-    def __init__(self, dmp, optimizer, device, *, overlap: bool = True, **kwargs) -> None:
+    def __init__(self, dmp, optimizer, device, *, overlap: bool = True, ordered_collectives: bool | None = None,
+                 **kwargs) -> None:
         super().__init__(dmp, optimizer, device, **kwargs)
         self.overlap = overlap
+        if ordered_collectives is None:
+            ordered_collectives = needs_ordered_collectives(dist.get_backend())
+        #: the order of the main thread's and the background thread's collectives (NCCL: one order on every rank)
+        self.gate = CollectiveOrderGate(enabled=ordered_collectives and overlap)
+        self.timer.before_collective = self.gate.before_collective  # the straggler all-reduce
         ec = dmp.module.ec
         ec = getattr(ec, "_embedding_collection", ec)  # a PEC-wrapped table: use the inner collection
         shardings = getattr(ec, "_sharding_type_to_sharding", {})
@@ -160,7 +179,12 @@ class PrioritizedPipeline(TrainPipeline):
             return self._lookup(self._rows(local)).view(-1, self.embedding_dim)
 
     def _all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int], group=None) -> torch.Tensor:
-        """Uneven all-to-all of the rows of ``x`` (``send[r]`` rows to rank r, ``recv[r]`` from r)."""
+        """Uneven all-to-all of the rows of ``x`` (``send[r]`` rows to rank r, ``recv[r]`` from r).
+
+        ``group=None`` is the default group, used by the main thread only: it passes the gate first.
+        """
+        if group is None:
+            self.gate.before_collective()
         out = torch.empty((sum(recv),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out
@@ -231,7 +255,7 @@ class PrioritizedPipeline(TrainPipeline):
     def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
         self._to_side(batch)  # copied to the device on the main stream, read by the background job
         if self.overlap:
-            self._pending = self._pool.submit(self._prefetch, batch, prev, self._ready_event())
+            self._pending = self.gate.submit(self._pool, self._prefetch, batch, prev, self._ready_event())
         else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
             with self._phase("prefetch_inline"):
                 self._pending = _done(self._prefetch(batch, prev, self._ready_event()))
@@ -306,7 +330,7 @@ class PrioritizedPipeline(TrainPipeline):
                     _segment_counts(~recv_keep, ex.recv_counts), ex.recv_local[~recv_keep])
         self._to_side(*args)  # gradient slices made on the main stream, sent by the background job
         if self.overlap:
-            self._deferred = self._pool.submit(self._deferred_update, *args, self._ready_event())
+            self._deferred = self.gate.submit(self._pool, self._deferred_update, *args, self._ready_event())
         else:
             with self._phase("deferred_update_inline"):
                 self._deferred = _done(self._deferred_update(*args, self._ready_event()))
@@ -317,6 +341,7 @@ class PrioritizedPipeline(TrainPipeline):
         if self.world_size == 1 or not params:
             return None
         flat = torch.cat([p.grad.reshape(-1) for p in params])
+        self.gate.before_collective()
         return dist.all_reduce(flat, async_op=True), flat, params
 
     @staticmethod
@@ -368,6 +393,9 @@ class PrioritizedPipeline(TrainPipeline):
         else:
             self.flush()  # last batch: leave the table complete
         self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
+        if self.gate.enabled:  # collectives between steps (logging, checkpoint) come after the step's jobs
+            with self._phase("wait_background_issue"):
+                self.gate.before_collective()
         num_ol = int(ex.ol_mask.sum())
         return output, ex.ids.numel() - num_ol, num_ol
 

@@ -40,6 +40,8 @@ class ComputeTimer:
         self._cuda = device.type == "cuda"
         self._device = device
         self._group = straggler_group
+        #: called before the straggler all-reduce is issued (the prioritized pipeline's ordering gate)
+        self.before_collective = None
         self.seconds = 0.0
         self.wait_seconds = 0.0
         self._t0 = 0.0
@@ -51,6 +53,8 @@ class ComputeTimer:
     def _stop_backward(self, *_args) -> None:
         self._stop()
         if self._group is not None:
+            if self.before_collective is not None:  # before _start: not counted as waiting for stragglers
+                self.before_collective()
             self._start()
             with record_function("## wait_for_stragglers ##"):
                 dist.all_reduce(torch.zeros(1, device=self._device), group=self._group)
