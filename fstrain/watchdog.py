@@ -223,7 +223,20 @@ class CollectiveWatchdog:
         stale, unreachable = self._stale_ranks()
         if not in_collective and not stale and not unreachable:
             return None
-        return self.diagnose(error, stale=(stale, unreachable))
+        line = self.diagnose(error, stale=(stale, unreachable))
+        self.linger_as_store_host()
+        return line
+
+    def linger_as_store_host(self) -> None:
+        """On rank 0 (the TCP store lives in its process), stay up 3.5 heartbeat periods before the
+        caller exits, so peers diagnosing the same failure can still read the heartbeats and name
+        the rank that stopped, not the store host (seen under load: rank 0 exited first and rank 2
+        of 3 blamed it for rank 1's SIGKILL). No-op elsewhere and in a world of 2."""
+        if self.rank == 0 and self.world_size > 2:
+            deadline = time.monotonic() + 3.5 * self.heartbeat_seconds
+            while time.monotonic() < deadline:
+                self._beat()
+                time.sleep(self.heartbeat_seconds / 2)
 
     # --------------------------------------------------------------- internals
     def _key(self, rank: int) -> str:
@@ -290,6 +303,7 @@ class CollectiveWatchdog:
                 self.fired = line
                 if self.exit_on_timeout:
                     print(f"{self.prog}: error: {line}", file=sys.stderr, flush=True)
+                    self.linger_as_store_host()
                     os._exit(PEER_FAILURE_EXIT_CODE)
                 logger.error("%s", line)
 
