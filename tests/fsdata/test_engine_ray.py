@@ -288,3 +288,25 @@ def test_nightly_engine_ray_publishes_the_local_bytes(local_ray, small_chunks, t
     on_ray = os.path.realpath(tmp_path / "ray" / "latest")
     assert os.path.basename(local) == os.path.basename(on_ray)  # same run key
     assert _digests(Path(local) / "shards") == _digests(Path(on_ray) / "shards")
+
+
+def test_windowed_plan_holds_no_rows_on_the_driver(local_ray, small_chunks, tmp_path):
+    """The Ray plan stage returns only window summaries to the driver (no per-row arrays), runs
+    one plan task per window, and its figures equal the local engine's plan, bit for bit."""
+    from fsdata.samples.io import open_samples
+    from fsdata.shards.writer import make_plan_table
+
+    inp = write_samples(tmp_path / "in", n=1500, num_files=2, seed=4)
+    settings = fsdata.BalanceSettings(num_ranks=4, batch_size_per_rank=16, compose_window=2, plan_window=4,
+                                      progress=False)
+    src = open_samples(inp)
+    chunks = ray_engine.make_chunks(src.files)
+    table, chunk_plans, _ = ray_engine.plan_windowed(ray, src, settings, chunks, num_cpus=2)
+    assert len(table.sample_id) == len(table.step) == len(table.cost) == 0
+    num_windows = -(-(1500 // 64) // 4)
+    assert len(chunk_plans) == len(chunks) and all(len(c) == num_windows for c in chunk_plans) and num_windows == 6
+    local = make_plan_table(src, settings)
+    counts, loads = local.counts_and_loads()
+    assert np.array_equal(table.counts, counts) and np.array_equal(table.loads, loads)
+    assert table.meta == local.meta
+    assert np.array_equal(table.dropped_sample_ids(), local.dropped_sample_ids())
