@@ -220,7 +220,7 @@ def _id_bucket(ids: np.ndarray, num_buckets: int) -> np.ndarray:
 
 
 def _windowed_lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_timestamps: bool,
-                           cost_model: str, layout, seed: int, num_id_buckets: int) -> list:
+                           cost_model, layout, seed: int, num_id_buckets: int) -> list:
     """Lengths, costs and shuffled positions of one chunk, routed to plan windows (a Ray task with
     ``num_returns = 1 + num_windows + num_id_buckets``).
 
@@ -231,13 +231,12 @@ def _windowed_lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bo
         ``(positions int64, costs float64, rows int64)`` of the chunk's rows in plan window ``w``;
         id piece ``b``: the chunk's ``sample_id`` values in duplicate bucket ``b``.
     """
-    from fsdata.balancer.cost import load_cost_model  # noqa: PLC0415
     from fsdata.balancer.order import shuffled_positions  # noqa: PLC0415
 
     part = _lengths_task(chunk, rename, has_seq_len, has_timestamps)
     lengths, ids = part["lengths"], part["ids"]
     rows = chunk.offset + np.arange(len(ids), dtype=np.int64)
-    costs = load_cost_model(cost_model).cost(lengths)
+    costs = cost_model.cost(lengths)  # the driver's CostModel (a calibrated JSON need not exist on the node)
     pos = shuffled_positions(rows, layout.num_samples, seed)
     dropped = pos >= layout.num_steps * layout.per_step
     stats = {"nulls": part["nulls"], "num_empty": int((lengths == 0).sum()), "tlen_mismatch": part["tlen_mismatch"],
@@ -353,7 +352,8 @@ def plan_windowed(ray, src, settings, chunks: list[Chunk], num_cpus: int, timing
     nw = layout.num_windows
     nb = max(num_cpus, -(-N // ID_BUCKET_ROWS))
     lengths_fn = ray.remote(num_cpus=1, num_returns=1 + nw + nb)(_windowed_lengths_task)
-    outs = [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps, settings.cost_model, layout,
+    cost_model = load_cost_model(settings.cost_model)
+    outs = [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps, cost_model, layout,
                               settings.seed, nb) for c in chunks]
     stats = _get(ray, [o[0] for o in outs])
     nulls = {c: 0 for c in src.columns}
@@ -391,7 +391,7 @@ def plan_windowed(ray, src, settings, chunks: list[Chunk], num_cpus: int, timing
                 compose_info=totals.compose_info, plan_window=layout.plan_window)
     if plan.counts.min() == 0:
         raise AssertionError("plan left a rank without samples in a step")
-    table = plan_table_from_plan(src, plan, np.empty(0, np.int64), np.empty(0), load_cost_model(settings.cost_model),
+    table = plan_table_from_plan(src, plan, np.empty(0, np.int64), np.empty(0), cost_model,
                                  settings, num_samples=N, dropped_sample_id=dropped_ids[o])
     if timings is not None:
         timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
