@@ -29,6 +29,19 @@ from fsdata.errors import ConfigError
 DEFAULT_COST_SCALE = 1_000_000
 
 
+def _solver(time_limit_seconds: float, num_workers: int, seed: int):
+    """A CP-SAT solver limited by deterministic time (CP-SAT's work units, ~seconds) rather than
+    wall time: the same input gives the same answer on a loaded machine, so balance output stays
+    byte-identical across runs."""
+    from ortools.sat.python import cp_model  # noqa: PLC0415 (OR-Tools import is slow; only when used)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = max(time_limit_seconds, 1e-3)
+    solver.parameters.num_workers = num_workers
+    solver.parameters.random_seed = seed
+    return solver
+
+
 def _solve_neighbourhood(c_int: np.ndarray, hint: np.ndarray, k: int, B: int,
                          time_limit_seconds: float, num_workers: int, seed: int):
     """Exactly re-assign ``len(c_int)`` samples to k sub-ranks with B each; minimise the max load.
@@ -53,12 +66,7 @@ def _solve_neighbourhood(c_int: np.ndarray, hint: np.ndarray, k: int, B: int,
         model.add(sum(col) == B)
         model.add(sum(int(c_int[i]) * x[i][j] for i in range(n)) <= max_load)
     model.minimize(max_load)
-    solver = cp_model.CpSolver()
-    # deterministic time (CP-SAT's work units, ~seconds) rather than wall time: the same input gives
-    # the same answer on a loaded machine, so balance output stays byte-identical across runs
-    solver.parameters.max_deterministic_time = max(time_limit_seconds, 1e-3)
-    solver.parameters.num_workers = num_workers
-    solver.parameters.random_seed = seed
+    solver = _solver(time_limit_seconds, num_workers, seed)
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, False
@@ -213,10 +221,7 @@ def cpsat_step_bound(costs: np.ndarray, num_ranks: int, batch_size_per_rank: int
     for j in range(1, R):
         model.add(loads[j - 1] >= loads[j])
     model.minimize(max_load)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_deterministic_time = max(time_limit_seconds, 1e-3)
-    solver.parameters.num_workers = num_workers
-    solver.parameters.random_seed = seed
+    solver = _solver(time_limit_seconds, num_workers, seed)
     status = solver.solve(model)
     optimal = status == cp_model.OPTIMAL
     found = solver.objective_value if optimal else solver.best_objective_bound
