@@ -182,7 +182,8 @@ def hstu_reference(block: HSTUBlock, x_list: list[torch.Tensor]) -> list[torch.T
         mu = x.mean(-1, keepdim=True)
         normed = (x - mu) / torch.sqrt(((x - mu) ** 2).mean(-1, keepdim=True) + LAYER_NORM_EPS)
         h = F.silu(normed @ block.uvqk.weight.T)
-        u, v, q, k = h[:, :H * dv], h[:, H * dv:2 * H * dv], h[:, 2 * H * dv:2 * H * dv + H * dk], h[:, 2 * H * dv + H * dk:]
+        Hv, Hk = H * dv, H * dk
+        u, v, q, k = h[:, :Hv], h[:, Hv:2 * Hv], h[:, 2 * Hv:2 * Hv + Hk], h[:, 2 * Hv + Hk:]
         rows = []
         for i in range(L):
             heads = []
