@@ -343,6 +343,9 @@ class DenseTower(nn.Module):
         super().__init__()
         self.config = config
         self.pos = nn.Embedding(config.max_seq_len, config.embedding_dim)
+        # generative-recommenders' LearnablePositionalEmbeddingInputFeaturesPreprocessor: std sqrt(1/d), so
+        # positions do not drown the sqrt(d)-scaled item embeddings at init (N(0, 1) would, by ~7x at d 50)
+        nn.init.trunc_normal_(self.pos.weight, std=math.sqrt(1.0 / config.embedding_dim))
         self.blocks = nn.ModuleList(_make_block(config) for _ in range(config.num_layers))
         self.drop = KeyedDropout(config.dropout, site=0)
         self.dropout_keys = DropoutKeys()  # masks keyed by (seed, step, sample, position): rank-independent
