@@ -307,8 +307,22 @@ def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.
     return pos
 
 
+def sample_kind(src: SampleSource) -> str | None:
+    """``per-user`` or ``per-event`` when every input file says so in the Parquet key-value metadata
+    ``fsdata convert`` writes (``freescale.convert``), else None (samples made elsewhere)."""
+    kinds = set()
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        meta = pq.ParquetFile(where, filesystem=fs).schema_arrow.metadata or {}
+        try:
+            kinds.add(json.loads(meta[b"freescale.convert"]).get("samples"))
+        except (KeyError, ValueError, AttributeError):
+            return None
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
-    return {"partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
+    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
             "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
