@@ -304,7 +304,8 @@ class ShardReader:
                                      f"{int(self.local_counts[s])}; re-run fsdata balance")
                 with record_function("## make_batch ##"):
                     batch = make_batch(values[offsets[a]:offsets[b]], lengths[a:b], targets[a:b], sids[a:b],
-                                       s, int(self.global_counts[s]))
+                                       s, int(self.global_counts[s]),
+                                       -1 if self._global_tokens is None else int(self._global_tokens[s]))
                 yield batch, (t.slice(a, b - a).select(list(columns)) if columns else None)
                 expect = s + 1
         if expect != self.end_step:

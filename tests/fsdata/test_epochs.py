@@ -146,6 +146,9 @@ def test_reader_exposes_global_token_counts_and_old_outputs_still_read(data, tmp
     g = reader.global_token_counts
     want = _rows(out).group_by("step").agg(pl.col("len").sum()).sort("step")["len"].to_numpy()
     assert g.dtype == np.int64 and g.shape == (E * S,) and np.array_equal(g, want)
+    batches = list(ShardReader(str(out), 2, R, start_step=S - 1, max_steps=3, num_prefetch_batches=0))
+    assert [b.step for b in batches] == [S - 1, S, S + 1]  # across the epoch boundary
+    assert [b.global_num_tokens for b in batches] == want[S - 1:S + 2].tolist()
     # an output written before the column: it still reads; the token counts raise only when asked for
     old = tmp_path / "old"
     shutil.copytree(out, old)
@@ -156,7 +159,7 @@ def test_reader_exposes_global_token_counts_and_old_outputs_still_read(data, tmp
     (old / "_manifest.json").write_text(json.dumps(raw, indent=2) + "\n")
     verify(old)
     reader = ShardReader(str(old), 1, R, num_prefetch_batches=0)
-    assert not reader.has_token_counts and sum(1 for _ in reader) == E * S
+    assert not reader.has_token_counts and all(b.global_num_tokens == -1 for b in reader)
     with pytest.raises(ShardError, match="num_tokens"):
         reader.global_token_counts
 
