@@ -412,7 +412,9 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(r, indent=2))
     else:
-        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps, {r['num_samples_written']:,} samples "
+        epochs = (f" ({r['epochs']} epochs x {r['steps_per_epoch']}, every sample once per epoch)"
+                  if r.get("epochs", 1) > 1 else "")
+        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
               + ("; input fully accounted for" if r["checked_input"] else ""))
     return 0
