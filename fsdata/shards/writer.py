@@ -554,6 +554,11 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
     if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
         raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
+    E, S_e, S_all = meta.get("epochs", 1), meta.get("steps_per_epoch"), meta.get("num_steps")
+    if (isinstance(E, bool) or not isinstance(E, int) or E < 1 or t.num_rows % E
+            or (E > 1 and (not isinstance(S_e, int) or S_e * E != S_all))):
+        raise InputError(f"plan {path}: epochs {E!r} x steps_per_epoch {S_e!r} do not match its {t.num_rows} rows "
+                         f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
     col = lambda n: t.column(n).to_numpy()  # noqa: E731
     return PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
                      cost=col("cost"), meta=meta)

@@ -229,3 +229,47 @@ def test_nightly_accepts_epochs(tmp_path):
     assert m.epochs == 2 and m.steps_per_epoch == 300 // 32 and m.num_steps == 2 * (300 // 32)
     checked = json.loads((work / "latest" / "verify.json").read_text())
     assert checked["checked_input"] and checked["epochs"] == 2
+
+
+def test_real_ml1m_per_user_three_epochs(tmp_path):
+    """Real data: ml-1m per-user samples (6,040 users, histories up to 200), R=16 B=8, 3 epochs."""
+    from tests.conftest import dataset_path
+
+    seq = dataset_path("ml-1m_ensfm/sequences.txt")
+    samples = tmp_path / "ml1m.parquet"
+    assert main(["convert", str(seq), str(samples), "--format", "sequences", "--samples", "per-user",
+                 "--max-seq-len", "200", "--no-progress", "-q"]) == 0
+    out = tmp_path / "shards"
+    assert main(["balance", str(samples), str(out), "--ranks", "16", "--batch-size-per-rank", "8", "--epochs", "3",
+                 "--no-progress", "-q"]) == 0
+    m = Manifest.read(out)
+    S_e = 6040 // 128
+    assert (m.epochs, m.steps_per_epoch, m.num_steps) == (3, S_e, 3 * S_e)
+    got = verify(out, samples)
+    assert got["checked_input"] and got["num_samples_written"] == 3 * S_e * 128
+    assert got["num_samples_dropped"] == 3 * (6040 - S_e * 128)
+    stats = pl.read_parquet(out / "_step_stats.parquet")
+    lengths = pl.read_parquet(samples, columns=["item_ids"])["item_ids"].list.len().sum()
+    dropped = pl.read_parquet(out / "_dropped.parquet")
+    ids = pl.read_parquet(samples, columns=["sample_id", "item_ids"]).with_columns(
+        pl.col("item_ids").list.len().alias("len")).drop("item_ids")
+    for e in range(3):  # every epoch's tokens = all histories minus that epoch's dropped ones
+        gone = ids.join(dropped.filter(pl.col("epoch") == e), on="sample_id")["len"].sum()
+        tokens = stats.filter(pl.col("step") // S_e == e)["num_tokens"].sum()
+        assert tokens == lengths - gone
+
+
+def test_verify_catches_a_drop_recorded_in_the_wrong_epoch(data, tmp_path):
+    _, out, _ = data
+    bad = tmp_path / "dropped"
+    shutil.copytree(out, bad)
+    t = pq.read_table(bad / "_dropped.parquet")
+    epoch = t.column("epoch").to_numpy().copy()
+    epoch[0] = (epoch[0] + 1) % E
+    t = t.set_column(1, "epoch", pa.array(epoch, pa.int32()))
+    pq.write_table(t, bad / "_dropped.parquet", compression="zstd")
+    raw = json.loads((bad / "_manifest.json").read_text())
+    raw["dropped_sha256"] = hashlib.sha256((bad / "_dropped.parquet").read_bytes()).hexdigest()
+    (bad / "_manifest.json").write_text(json.dumps(raw, indent=2) + "\n")
+    with pytest.raises(VerifyError, match=r"epoch \d .*(samples written or dropped|both written and dropped)"):
+        verify(bad)
