@@ -370,8 +370,8 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
                          cost=np.empty(0), meta=meta, counts=plan.counts, loads=plan.loads,
                          dropped_sample_id=np.asarray(dropped_sample_id, dtype=np.int64))
     position = plan.position if plan.position is not None else _positions(plan.step, plan.rank, plan.order_key)
-    return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32),
-                     rank=plan.rank.astype(np.int32), position=position.astype(np.int32),
+    return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32, copy=False),
+                     rank=plan.rank.astype(np.int32, copy=False), position=position.astype(np.int32, copy=False),
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
