@@ -273,3 +273,14 @@ def test_verify_catches_a_drop_recorded_in_the_wrong_epoch(data, tmp_path):
     (bad / "_manifest.json").write_text(json.dumps(raw, indent=2) + "\n")
     with pytest.raises(VerifyError, match=r"epoch \d .*(samples written or dropped|both written and dropped)"):
         verify(bad)
+
+
+def test_ray_write_of_a_multi_epoch_plan_is_one_line(data, tmp_path, capsys):
+    inp, _, _ = data
+    plan = tmp_path / "plan.parquet"
+    assert main(["plan", str(inp), str(plan), *FLAGS, "--epochs", "2"]) == 0
+    out = tmp_path / "w"
+    assert main(["write", str(inp), str(plan), str(out), "--engine", "ray", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds 2 epochs" in err and "--engine local" in err and len(err.splitlines()) == 1
+    assert not out.exists()
