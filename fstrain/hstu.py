@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fstrain.dropout import KeyedDropout
 from fstrain.errors import ConfigError
 
 LAYER_NORM_EPS = 1e-6
@@ -104,6 +105,7 @@ class HSTUBlock(nn.Module):
         self.out = nn.Linear(H * linear_dim, embedding_dim)
         nn.init.xavier_uniform_(self.out.weight)
         self.rab = RelativePositionBias(max_seq_len)
+        self.drop = KeyedDropout(dropout, site=0)  # site set per layer by the tower
 
     def split_uvqk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``U, V, Q, K`` of ``x`` ``[T x d]``: ``[T x H*dv]`` twice, then ``[T x H*dqk]`` twice."""
@@ -158,7 +160,7 @@ class HSTUBlock(nn.Module):
                 parts.append(torch.ops.fbgemm.dense_to_jagged(self._attention(padded), [sub_off])[0])
         attn = torch.cat(parts) if len(parts) > 1 else parts[0]
         gated = F.layer_norm(attn, (attn.shape[-1],), eps=LAYER_NORM_EPS) * u
-        return x + self.out(F.dropout(gated, p=self.dropout, training=self.training))
+        return x + self.out(self.drop(gated))
 
 
 def hstu_reference(block: HSTUBlock, x_list: list[torch.Tensor]) -> list[torch.Tensor]:

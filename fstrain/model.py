@@ -36,8 +36,8 @@ purpose: they make a sample's loss depend on which rank it lands on, so balancin
 samples between ranks inside a step) would change training. The loss is ``sum of per-position
 losses / the step's global count of supervised positions`` (``global_num_tokens`` for
 ``all-positions``, ``global_num_samples`` for ``last-position``); with gradients summed over ranks
-(not averaged) this equals one rank training on the whole global batch (up to dropout masks,
-which are drawn per rank).
+(not averaged) this equals one rank training on the whole global batch; dropout masks are keyed
+by ``(seed, step, sample_id, position)`` (:mod:`fstrain.dropout`), so that holds with dropout too.
 
 Notation: ``B`` samples in the rank's batch, ``T`` history items (sum of lengths), ``P``
 supervised positions (``T`` or ``B``), ``d`` embedding dim, ``H`` heads, ``K`` negatives (``N``,
@@ -58,6 +58,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
+from fstrain.dropout import DropoutKeys, KeyedDropout, token_keys
 from fstrain.errors import ConfigError
 
 NEGATIVE_KEY = "negative_item_ids"
@@ -272,12 +273,13 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.ffn = nn.Sequential(nn.Linear(d, config.ffn_multiplier * d), nn.GELU(),
                                  nn.Linear(config.ffn_multiplier * d, d))
-        self.drop = nn.Dropout(config.dropout)
+        self.drop_attn = KeyedDropout(config.dropout, site=0)  # sites set per layer by the tower
+        self.drop_ffn = KeyedDropout(config.dropout, site=0)
 
     def forward(self, x, offsets, offsets_list, buckets, lengths_list):
         """``x`` ``[T x d]`` -> ``[T x d]`` (arguments as :meth:`JaggedCausalAttention.forward`)."""
-        x = x + self.drop(self.attn(self.ln1(x), offsets, offsets_list, buckets, lengths_list))
-        return x + self.drop(self.ffn(self.ln2(x)))
+        x = x + self.drop_attn(self.attn(self.ln1(x), offsets, offsets_list, buckets, lengths_list))
+        return x + self.drop_ffn(self.ffn(self.ln2(x)))
 
 
 def _make_block(config: Config) -> nn.Module:
@@ -321,7 +323,10 @@ class DenseTower(nn.Module):
         self.config = config
         self.pos = nn.Embedding(config.max_seq_len, config.embedding_dim)
         self.blocks = nn.ModuleList(_make_block(config) for _ in range(config.num_layers))
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = KeyedDropout(config.dropout, site=0)
+        self.dropout_keys = DropoutKeys()  # masks keyed by (seed, step, sample, position): rank-independent
+        for site, m in enumerate(m for m in self.modules() if isinstance(m, KeyedDropout)):
+            m.site, m.source = site, self.dropout_keys
         # generative-recommenders: SASRec ends with a LayerNorm, HSTU does not
         self.ln_final = nn.LayerNorm(config.embedding_dim) if config.model == "sasrec" else nn.Identity()
 
@@ -354,17 +359,27 @@ class DenseTower(nn.Module):
                                 offsets_list=new_offsets.tolist(), lengths_list=lengths_list,
                                 buckets=length_buckets(lengths_list, cfg.bucket_ratio))
 
-    def encode_tokens(self, hist: torch.Tensor, lay: JaggedLayout) -> torch.Tensor:
+    def encode_tokens(self, hist: torch.Tensor, lay: JaggedLayout, *, sample_ids: torch.Tensor | None = None,
+                      step: int | None = None) -> torch.Tensor:
         """Outputs at every history position, in the layout's sorted token order.
 
         Args:
             hist: ``[T x d]`` float: history embeddings, jagged in input order.
             lay: from :meth:`layout`.
+            sample_ids: ``[B]`` int64 global sample ids (input order) and ``step``: key the dropout
+                masks (:mod:`fstrain.dropout`) so a sample's masks do not depend on its rank;
+                None: ``torch.nn.functional.dropout``.
+            step: the global step (with ``sample_ids``).
 
         Returns:
             ``[T x d]`` float (sorted token order: row ``j`` is input token ``lay.token_index[j]``).
         """
         cfg = self.config
+        self.dropout_keys.keys = None
+        if self.training and cfg.dropout > 0 and sample_ids is not None and step is not None:
+            sorted_ids = sample_ids.to(hist.device).index_select(0, lay.perm)
+            per_token = torch.repeat_interleave(sorted_ids, torch.tensor(lay.lengths_list, device=hist.device))
+            self.dropout_keys.keys = token_keys(torch.initial_seed(), step, per_token, lay.positions)
         x = hist.index_select(0, lay.token_index) * math.sqrt(cfg.embedding_dim) + self.pos(lay.positions)
         x = self.drop(x)
         with record_function("## dense_blocks ##"):
@@ -416,7 +431,8 @@ class DenseTower(nn.Module):
 
     def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
                 target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int, *,
-                hist_ids: torch.Tensor | None = None, global_num_tokens: int = -1
+                hist_ids: torch.Tensor | None = None, global_num_tokens: int = -1,
+                sample_ids: torch.Tensor | None = None, step: int | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Loss of one rank's batch.
 
@@ -431,6 +447,7 @@ class DenseTower(nn.Module):
             hist_ids: ``[T]`` int64 history item ids (``all-positions``: the labels).
             global_num_tokens: history items of this step over all ranks (``all-positions``
                 normaliser; -1: this batch's own count, exact for world size 1).
+            sample_ids, step: key the dropout masks (:meth:`encode_tokens`).
 
         Returns:
             ``(loss, (loss_sum, num_supervised))``: ``loss`` = sum of per-position cross-entropies
@@ -441,7 +458,7 @@ class DenseTower(nn.Module):
             ConfigError: a history is longer than ``max_seq_len``; ``all-positions`` without ``hist_ids``.
         """
         lay = self.layout(lengths, hist.device)
-        out = self.encode_tokens(hist, lay)
+        out = self.encode_tokens(hist, lay, sample_ids=sample_ids, step=step)
         with record_function("## dense_loss ##"):
             if self.config.objective == "last-position":
                 user = out.index_select(0, lay.offsets[1:] - 1)
@@ -502,6 +519,8 @@ class SequentialRecommender(nn.Module):
 
 
 def objective_inputs(batch: Batch) -> dict:
-    """The keyword arguments of :meth:`DenseTower.forward` that the ``all-positions`` objective
-    needs (``hist_ids``, ``global_num_tokens``), from ``batch``: one place for every step function."""
-    return {"hist_ids": batch.features[HISTORY_KEY].values(), "global_num_tokens": batch.global_num_tokens}
+    """The keyword arguments of :meth:`DenseTower.forward` beyond the lookups, from ``batch``: the
+    ``all-positions`` objective's ``hist_ids`` and ``global_num_tokens``, and the dropout keys'
+    ``sample_ids`` and ``step``; one place for every step function."""
+    return {"hist_ids": batch.features[HISTORY_KEY].values(), "global_num_tokens": batch.global_num_tokens,
+            "sample_ids": batch.sample_ids, "step": batch.step}

@@ -368,6 +368,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
+    total_samples, total_tokens, t_start, eval_seconds = 0, 0, time.perf_counter(), 0.0
     step = start
     ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
     pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
@@ -416,6 +417,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         window_n += n
         window_samples += num_samples
         window_tokens += num_tokens
+        total_samples += num_samples
+        total_tokens += num_tokens
         if cfg.log_every_steps and step % cfg.log_every_steps == 0:
             stats = torch.stack([window_loss] + [torch.tensor(float(v), dtype=torch.float64, device=env.device)
                                                  for v in (window_n, window_samples, window_tokens)])
@@ -438,10 +441,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             metrics = evaluator.maybe_run(dmp.module, step)
             if metrics:
                 steplog.log_eval(step, metrics)
+                eval_seconds += metrics["eval_seconds"]
             guard.step(step)  # an evaluation is progress, not a hang
     bar.close()
     if pipe:
         pipe.close()  # flushes
+    train_seconds = time.perf_counter() - t_start - eval_seconds
     if evaluator and step > start:
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
@@ -459,6 +464,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
                     "strategy": manifest.strategy})
     summary["simulate_ranks"] = cfg.simulate_ranks
+    totals = torch.tensor([float(total_samples), float(total_tokens)], dtype=torch.float64, device=env.device)
+    dist.all_reduce(totals)
+    summary.update({"num_samples_trained": int(totals[0]), "num_tokens_trained": int(totals[1]),
+                    "train_seconds": train_seconds, "tokens_per_second": float(totals[1]) / max(train_seconds, 1e-9)})
     summary["objective"] = mcfg.objective
     summary["model"] = mcfg.model
     if evaluator:

@@ -313,7 +313,7 @@ def sample_kind(src: SampleSource) -> str | None:
     kinds = set()
     for path in src.files:
         fs, where = fsio.filesystem_and_path(path)
-        meta = pq.ParquetFile(where, filesystem=fs).schema_arrow.metadata or {}
+        meta = pq.ParquetFile(where, filesystem=fs).metadata.metadata or {}
         try:
             kinds.add(json.loads(meta[b"freescale.convert"]).get("samples"))
         except (KeyError, ValueError, AttributeError):

@@ -60,8 +60,8 @@ def test_bucketed_attention_equals_reference(ratio, model):
 def test_split_batches_sum_to_whole_batch_gradients(objective, model):
     """Two 'ranks' holding any split of a step's samples give the gradients of the whole step."""
     torch.manual_seed(0)
-    m = SequentialRecommender(Config(num_items=40, embedding_dim=16, num_layers=1, num_negatives=6, dropout=0.0,
-                                     objective=objective, model=model))
+    m = SequentialRecommender(Config(num_items=40, embedding_dim=16, num_layers=1, num_negatives=6, dropout=0.3,
+                                     objective=objective, model=model))  # dropout keyed by sample: still exact
     lengths = [4, 9, 1, 12, 7, 3]
     rng = np.random.default_rng(0)
     L = np.array(lengths)
@@ -149,3 +149,21 @@ def test_full_softmax_uses_every_item():
     loss, (loss_sum, n) = m(b)
     # full softmax: positives are masked among the catalogue and counted once, so loss >= 0 and finite
     assert torch.isfinite(loss) and float(loss_sum) > 0 and int(n) == 2
+
+
+def test_keyed_dropout_masks_depend_on_sample_not_on_batch():
+    from fstrain.dropout import KeyedDropout, DropoutKeys, token_keys
+
+    d = KeyedDropout(0.5, site=3)
+    d.source = DropoutKeys()
+    x = torch.ones(6, 64)
+    d.source.keys = token_keys(7, 11, torch.tensor([5, 5, 5, 9, 9, 2]), torch.tensor([0, 1, 2, 0, 1, 0]))
+    full = d(x)
+    d.source.keys = token_keys(7, 11, torch.tensor([9, 9]), torch.tensor([0, 1]))
+    torch.testing.assert_close(d(x[:2]), full[3:5])  # sample 9 alone: the same masks
+    kept = (full > 0).float().mean().item()
+    assert 0.4 < kept < 0.6 and set(full.unique().tolist()) <= {0.0, 2.0}
+    d.source.keys = token_keys(7, 12, torch.tensor([5, 5, 5, 9, 9, 2]), torch.tensor([0, 1, 2, 0, 1, 0]))
+    assert not torch.equal(d(x), full)  # another step: other masks
+    d.eval()
+    assert torch.equal(d(x), x)
