@@ -280,7 +280,9 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
     settings = m.get("settings") or {}
     summary["compose_window"] = settings.get("compose_window", 1)
     summary["epochs"] = m.get("epochs", 1)
-    summary["steps_per_epoch"] = m.get("steps_per_epoch", m["num_steps"])
+    summary["steps_per_epoch"] = m.get("steps_per_epoch", round(m["num_steps"] / summary["epochs"]))
+    if "epoch_num_steps" in m:
+        summary["epoch_num_steps"] = m["epoch_num_steps"]
     summary["warning"] = high_bubble_warning(m)
     if summary["warning"]:
         log.warning(summary["warning"])
@@ -293,8 +295,13 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
         print(f"wrote {a.output}: {m['num_ranks']} ranks x {m['num_steps']} steps, "
               f"{m['num_samples_written']:,} samples ({m['num_samples_dropped']:,} dropped, see manifest)")
         if summary["epochs"] > 1:
-            print(f"  epochs             {summary['epochs']} x {summary['steps_per_epoch']} steps (epoch e: steps "
-                  f"e*{summary['steps_per_epoch']} .. (e+1)*{summary['steps_per_epoch']}-1)")
+            if "steps_per_epoch" in m:
+                print(f"  epochs             {summary['epochs']} x {summary['steps_per_epoch']} steps (epoch e: steps "
+                      f"e*{summary['steps_per_epoch']} .. (e+1)*{summary['steps_per_epoch']}-1)")
+            else:
+                per = m["epoch_num_steps"]
+                print(f"  epochs             {summary['epochs']}, steps per epoch {per[:8]}{' ...' if len(per) > 8 else ''}"
+                      " (epoch_num_steps in the manifest)")
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({m['strategy']}, {m['batch_policy']})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
         print(f"  proven bound       {m['lower_bound_bubble']:.4%}  (pigeonhole bound of these steps, equal "
@@ -412,7 +419,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(r, indent=2))
     else:
-        epochs = (f" ({r['epochs']} epochs x {r['steps_per_epoch']}, every sample once per epoch)"
+        epochs = (f" ({r['epochs']} epochs of {min(r['epoch_num_steps'])}..{max(r['epoch_num_steps'])} steps, every "
+                  "sample once per epoch)"
                   if r.get("epochs", 1) > 1 else "")
         print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"

@@ -201,8 +201,10 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     from fsdata.balancer.order import epoch_seed  # noqa: PLC0415
 
     # E epochs (manifest ``epochs``, absent = 1): epoch e's global batches come from epoch_seed(seed, e)
-    E, S_e = int(m.get("epochs", 1)), int(m.get("steps_per_epoch", S_))
-    epoch_of = out_steps // max(S_e, 1)
+    E = int(m.get("epochs", 1))
+    per = m.get("epoch_num_steps") or [int(m.get("steps_per_epoch", S_ // max(E, 1)))] * E
+    first = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+    epoch_of = np.searchsorted(first[1:], out_steps, side="right")
     fix = "pass --input INPUT (the balance INPUT)" if input_path is None else "pass the same INPUT as 'fsdata balance'"
     fixed = m.get("batch_policy", "fixed") == "fixed"
     all_steps, all_step_lengths = [], []
@@ -219,7 +221,7 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
             plan_step = np.full(N, -1, dtype=np.int64)
             plan_step[steps.ravel()] = np.repeat(np.arange(len(steps)), R * B)
             sel = np.flatnonzero(epoch_of == e)
-            bad = sel[plan_step[row_of[sel]] // W != (out_steps[sel] - e * S_e) // W]
+            bad = sel[plan_step[row_of[sel]] // W != (out_steps[sel] - first[e]) // W]
             if len(bad):
                 raise InputError(f"the global batches recomputed from the seed do not match {output} (e.g. sample_id "
                                  f"{int(ids[bad[0]])} is in step {int(out_steps[bad[0]])}); {fix}")

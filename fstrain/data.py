@@ -262,8 +262,14 @@ class ShardReader:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Steps per epoch (manifest ``steps_per_epoch``; ``num_steps`` when absent)."""
+        """Steps per epoch (manifest ``steps_per_epoch``; ``num_steps`` when absent; the nominal
+        ``round(num_steps / epochs)`` under cost-budget with unequal epochs)."""
         return self.manifest.steps_per_epoch
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch (E ints summing to ``num_steps``; exact under cost-budget too)."""
+        return self.manifest.epoch_num_steps
 
     def __len__(self) -> int:
         return self.end_step - self.start_step

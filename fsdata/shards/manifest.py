@@ -226,8 +226,8 @@ class Manifest:
         input_digest: digest of the input (v2; see :func:`fsdata.shards.writer.input_digest`).
         settings: every creation setting.
         extra: keys this fsdata does not know, kept as read (written back after the known keys);
-            ``epochs`` and ``steps_per_epoch`` live here (written only when E > 1; read through
-            :attr:`epochs` / :attr:`steps_per_epoch`).
+            ``epochs``, ``steps_per_epoch`` and ``epoch_num_steps`` live here (written only when
+            E > 1; read through :attr:`epochs`, :attr:`steps_per_epoch`, :attr:`epoch_num_steps`).
     """
 
     path: str = ""
@@ -265,13 +265,34 @@ class Manifest:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Steps per epoch (``steps_per_epoch``; ``num_steps`` when absent). Epoch ``e`` holds steps
-        ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``."""
-        return int(self.extra.get("steps_per_epoch", self.num_steps))
+        """Steps per epoch: ``steps_per_epoch`` when every epoch has the same count (always under
+        the fixed policy; epoch ``e`` is then steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``);
+        under cost-budget with unequal epochs the nominal ``round(num_steps / epochs)`` (exact
+        boundaries: :attr:`epoch_num_steps`); ``num_steps`` for a one-epoch output."""
+        if "steps_per_epoch" in self.extra:
+            return int(self.extra["steps_per_epoch"])
+        return int(round(self.num_steps / self.epochs))
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch: E ints summing to ``num_steps`` (``epoch_num_steps``, written under
+        cost-budget; else ``steps_per_epoch`` E times)."""
+        if "epoch_num_steps" in self.extra:
+            return [int(x) for x in self.extra["epoch_num_steps"]]
+        return [self.steps_per_epoch] * self.epochs
+
+    def epoch_first_steps(self):
+        """First step of each epoch plus ``num_steps`` at the end: shape ``[E+1]`` int64 (epoch ``e``
+        is steps ``first[e] .. first[e+1] - 1``)."""
+        import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
+
+        return np.concatenate([[0], np.cumsum(self.epoch_num_steps)]).astype(np.int64)
 
     def epoch_of_step(self, step):
-        """Epoch of a step (int or integer array): ``step // steps_per_epoch``."""
-        return step // max(self.steps_per_epoch, 1)
+        """Epoch of a step (int or integer array), shape like ``step``, int64."""
+        import numpy as np  # noqa: PLC0415
+
+        return np.searchsorted(self.epoch_first_steps()[1:], step, side="right")
 
     def rank_file(self, rank: int) -> str:
         """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path; a URI
@@ -413,12 +434,18 @@ class Manifest:
             v = raw.get(k)
             if v is not None and (os.path.isabs(v) or ".." in Path(v).parts or "/" in v or not v):
                 raise ManifestError(f"{where}: '{k}' {v!r} must be a file name inside OUTPUT; rerun 'fsdata balance'")
-        if "epochs" in raw or "steps_per_epoch" in raw:
+        if "epochs" in raw or "steps_per_epoch" in raw or "epoch_num_steps" in raw:
             E = _int(raw, "epochs", where, minimum=1)
-            S_e = _int(raw, "steps_per_epoch", where, minimum=1 if num_steps else 0)
-            if E * S_e != num_steps:
-                raise ManifestError(f"{where}: epochs {E} x steps_per_epoch {S_e} != num_steps {num_steps}; "
-                                    "rerun 'fsdata balance'")
+            per = raw.get("epoch_num_steps")
+            if per is not None and (not isinstance(per, list) or len(per) != E or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in per) or sum(per) != num_steps):
+                raise ManifestError(f"{where}: epoch_num_steps {per!r} is not {E} positive step counts summing to "
+                                    f"num_steps {num_steps}; rerun 'fsdata balance'")
+            if "steps_per_epoch" in raw or per is None:
+                S_e = _int(raw, "steps_per_epoch", where, minimum=1 if num_steps else 0)
+                if E * S_e != num_steps or (per is not None and set(per) != {S_e}):
+                    raise ManifestError(f"{where}: epochs {E} x steps_per_epoch {S_e} != num_steps {num_steps}"
+                                        f"{'' if per is None else ' or epoch_num_steps'}; rerun 'fsdata balance'")
         return cls(
             path=str(path), format_version=version, num_ranks=num_ranks, num_steps=num_steps, batch_size_per_rank=B,
             batch_policy=_str(raw, "batch_policy", where), strategy=_str(raw, "strategy", where, ""),

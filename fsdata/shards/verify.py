@@ -17,8 +17,9 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   the written steps (fixed policy);
 * ``num_tokens`` of the step stats (fsdata >= 0.3; older outputs lack it) equals the sum of the
   rows' ``len(item_ids)`` per (step, rank), exactly;
-* with E epochs (``epochs``, ``steps_per_epoch``; absent = 1): epoch e is steps
-  ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``, and every epoch holds every sample exactly
+* with E epochs (``epochs``, ``steps_per_epoch`` or under cost-budget ``epoch_num_steps``;
+  absent = 1): epoch e is steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1`` (cost-budget:
+  the epochs' step counts in order), and every epoch holds every sample exactly
   once, written in that epoch or recorded as dropped in that epoch (``_dropped.parquet``'s
   ``epoch`` column); no sample twice in one epoch, none missing;
 * with ``--input``: written plus dropped equals the input set (in every epoch); every written row's content equals
@@ -251,24 +252,25 @@ def _read_dropped_epochs(out: Path | str, m: Manifest, num_dropped: int) -> np.n
 def _check_epochs(m: Manifest, ids: np.ndarray, steps_written: np.ndarray, dropped: np.ndarray,
                   dropped_epoch: np.ndarray) -> None:
     """Every epoch holds every sample exactly once: written in it or dropped in it (E > 1)."""
-    E, S_e = m.epochs, m.steps_per_epoch
+    E, first = m.epochs, m.epoch_first_steps()
     if m.settings.get("epochs", E) != E:
         raise VerifyError(f"manifest settings.epochs is {m.settings.get('epochs')!r} but epochs is {E}; the manifest "
                           "was edited: rerun 'fsdata balance'")
-    epoch = steps_written // max(S_e, 1)
+    epoch = m.epoch_of_step(steps_written)
     reference = None
     for e in range(E):
+        span = f"steps {int(first[e])}..{int(first[e + 1]) - 1}"
         written = ids[epoch == e]
         dropped_e = dropped[dropped_epoch == e]
         uniq, dup = sorted_unique(written)
         if dup:
-            raise VerifyError(f"epoch {e} (steps {e * S_e}..{(e + 1) * S_e - 1}): {dup} samples appear more than once; "
+            raise VerifyError(f"epoch {e} ({span}): {dup} samples appear more than once; "
                               "every epoch must hold every sample exactly once: rerun 'fsdata balance'")
         if len(dropped_e) and (sorted_unique(dropped_e)[1] or np.isin(dropped_e, uniq).any()):
             raise VerifyError(f"epoch {e}: some samples are recorded as dropped twice, or both written and dropped")
         held = np.sort(np.concatenate([written, dropped_e]))
         if len(held) != m.num_samples_input:
-            raise VerifyError(f"epoch {e} (steps {e * S_e}..{(e + 1) * S_e - 1}) holds {len(held)} samples written or "
+            raise VerifyError(f"epoch {e} ({span}) holds {len(held)} samples written or "
                               f"dropped, the input has {m.num_samples_input}; every epoch must hold every sample "
                               "exactly once: rerun 'fsdata balance'")
         if reference is None:
@@ -479,7 +481,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
             "predicted_bubble": achieved, "baseline_predicted_bubble": baseline, "lower_bound_bubble": lower,
-            "checked_input": checked_input, **({"epochs": E, "steps_per_epoch": m.steps_per_epoch} if E > 1 else {})}
+            "checked_input": checked_input, **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
+               if E > 1 else {})}
 
 
 def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
@@ -493,8 +496,8 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
         column_map = m.settings.get("input_columns_renamed") or None
     src = open_samples(input_path, column_map)
     lengths, in_ids = src.lengths_and_ids()
-    E, S_e = m.epochs, m.steps_per_epoch
-    epoch_written = steps_written // max(S_e, 1) if E > 1 else np.zeros(len(ids), np.int64)
+    E, first_steps = m.epochs, m.epoch_first_steps()
+    epoch_written = m.epoch_of_step(steps_written) if E > 1 else np.zeros(len(ids), np.int64)
     if dropped_epoch is None:
         dropped_epoch = np.zeros(len(dropped), np.int64)
     for e in range(E):
@@ -557,13 +560,14 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
             sel = epoch_written == e
             step_of_id = np.full(N, -1, dtype=np.int64)
             row = idx_of[np.searchsorted(in_ids[idx_of], ids[sel])]
-            step_of_id[row] = steps_written[sel] - e * S_e
+            e0 = int(first_steps[e])
+            step_of_id[row] = steps_written[sel] - e0
             expect = np.repeat(np.arange(len(gsteps)), R * B)
             bad = np.flatnonzero(step_of_id[gsteps.ravel()] // W != expect // W)
             if len(bad):
-                s = int(expect[bad[0]]) + e * S_e
+                s = int(expect[bad[0]]) + e0
                 where = "step" if W == 1 else f"window of {W} steps starting at step"
-                first = s - (s - e * S_e) % W
+                first = s - (s - e0) % W
                 raise VerifyError(f"{where} {first} does not hold the seeded global batch{'es' if W > 1 else ''} of "
                                   f"seed {m.seed}{f' (epoch {e}, epoch seed {seed_e})' if E > 1 else ''}; the output "
                                   "was made with another seed or edited: rerun 'fsdata balance'")

@@ -257,9 +257,11 @@ class PlanTable:
         return int(self.meta.get("epochs", 1))
 
     @property
-    def steps_per_epoch(self) -> int:
-        """S_e, steps per epoch (``num_steps`` for a one-epoch plan)."""
-        return int(self.meta.get("steps_per_epoch", self.meta["num_steps"]))
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch, E ints summing to ``num_steps`` (equal under the fixed policy)."""
+        if "epoch_num_steps" in self.meta:
+            return [int(x) for x in self.meta["epoch_num_steps"]]
+        return [int(self.meta.get("steps_per_epoch", self.num_steps))] * self.epochs
 
     def counts_and_loads(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64.
@@ -421,16 +423,12 @@ def check_epochs(settings: BalanceSettings) -> None:
     """Validate ``settings.epochs``.
 
     Raises:
-        ConfigError: not an integer >= 1, or E > 1 with ``--batch-policy cost-budget`` (its steps per
-            epoch vary) or with ``--engine ray`` (it plans and writes one epoch).
+        ConfigError: not an integer >= 1, or E > 1 with ``--engine ray`` (it plans and writes one
+            epoch).
     """
     E = settings.epochs
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
         raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
-    if E > 1 and settings.batch_policy == "cost-budget":
-        raise ConfigError(f"--epochs {E} needs --batch-policy fixed (cost-budget plans a different number of "
-                          "steps per epoch); use --batch-policy fixed, or balance each epoch separately with "
-                          "its own --seed")
     if E > 1 and settings.engine == "ray":
         raise ConfigError(f"--epochs {E} is not supported by --engine ray yet; use --engine local (the default) "
                           "for several epochs")
@@ -438,13 +436,17 @@ def check_epochs(settings: BalanceSettings) -> None:
 
 def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_model: CostModel,
                  settings: BalanceSettings) -> PlanTable:
-    """Plan ``settings.epochs`` epochs (fixed policy), one :func:`plan_costs` call per epoch with
+    """Plan ``settings.epochs`` epochs, one :func:`plan_costs` call per epoch with
     :func:`fsdata.balancer.order.epoch_seed`, and join them as one :class:`PlanTable` of ``E*N``
-    entries (epoch e's steps shifted by ``e*S``). Planning memory is one epoch's plan at a time
-    (itself planned window by window); the joined table holds ``E*N`` entries.
+    entries (epoch e's steps shifted by the steps of the epochs before it: ``e*S`` under the fixed
+    policy, where every epoch has ``S = N // (R*B)`` steps; under cost-budget each epoch has its own
+    count, recorded in ``epoch_num_steps``). Planning memory is one epoch's plan at a time (itself
+    planned window by window under the fixed policy); the joined table holds ``E*N`` entries.
 
-    Run figures are over all ``E*S`` steps: loads and counts concatenated, the proven bounds
-    recombined from per-step bounds (:func:`fsdata.balancer.bubble.bound_bubble`'s formula).
+    Run figures are over all steps: loads and counts concatenated, the proven bounds recombined
+    from per-step bounds (:func:`fsdata.balancer.bubble.bound_bubble`'s formula) of the steps
+    :func:`fsdata.balancer.plan.make_plan` bounds (the written steps under the fixed policy, the
+    seeded global batches under cost-budget).
     """
     from fsdata.balancer import bubble  # noqa: PLC0415
     from fsdata.balancer.order import epoch_seed  # noqa: PLC0415
@@ -458,37 +460,46 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
     loads, counts, baseline, pinfos, cinfos = [], [], [], [], []
     bound, bound_simple, mean, un_bound, un_mean = [], [], [], [], []
     first: Plan | None = None
-    S = 0
+    epoch_steps: list[int] = []
+    offset = 0
     for e in range(E):
         seed_e = epoch_seed(settings.seed, e)
         plan = plan_costs(costs, settings, seed=seed_e)
         if first is None:
-            first, S = plan, plan.num_steps
-        elif plan.num_steps != S:  # fixed policy: S = N // (R*B) in every epoch
-            raise AssertionError(f"epoch {e} has {plan.num_steps} steps, epoch 0 {S}")
+            first = plan
+        S = plan.num_steps
         sl = slice(e * N, (e + 1) * N)
         kept = plan.step >= 0
-        step[sl] = np.where(kept, plan.step + e * S, -1)
+        step[sl] = np.where(kept, plan.step + offset, -1)
         rank[sl] = plan.rank
-        position[sl] = plan.position
+        position[sl] = (plan.position if plan.position is not None
+                        else _positions(plan.step, plan.rank, plan.order_key))  # cost-budget
         loads.append(plan.loads)
         counts.append(plan.counts)
         baseline.append(plan.baseline_loads)
         pinfos.append(plan.partition_info)
         cinfos.append(plan.compose_info)
-        rows = np.flatnonzero(kept)
-        rows = rows[np.argsort(plan.step[rows], kind="stable")]
-        sc = costs[rows].reshape(S, R * B)
+        if plan.position is None:  # cost-budget: make_plan bounds the seeded global batches
+            g, _ = shuffled_steps(N, R, B, seed_e)
+            sc = costs[g]
+            del g
+        else:  # the written (possibly composed) steps
+            rows = np.flatnonzero(kept)
+            rows = rows[np.argsort(plan.step[rows], kind="stable")]
+            sc = costs[rows].reshape(S, R * B)
+            del rows
         bound.append(bubble.step_proven_bound(sc, R, B))
         bound_simple.append(bubble.step_lower_bound(sc, R, B))
         mean.append(sc.sum(axis=1) / R)
+        epoch_steps.append(int(S))
+        offset += S
         if plan.compose_window > 1:
             g, _ = shuffled_steps(N, R, B, seed_e)
             gc = costs[g]
             un_bound.append(bubble.step_proven_bound(gc, R, B))
             un_mean.append(gc.sum(axis=1) / R)
             del g, gc
-        del plan, sc, rows, kept
+        del plan, sc, kept
     cat = np.concatenate
     compose_info = first.compose_info
     if first.compose_window > 1 and all(c is not None and "uncomposed_lower_bound_bubble" in c for c in cinfos):
@@ -499,7 +510,7 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
         if "sub_window_sizes_used" in compose_info:
             compose_info["sub_window_sizes_used"] = dict(sorted(compose_info["sub_window_sizes_used"].items(),
                                                                 key=lambda kv: int(kv[0])))
-    joined = Plan(num_ranks=R, batch_size_per_rank=B, num_steps=E * S, step=step, rank=rank,
+    joined = Plan(num_ranks=R, batch_size_per_rank=B, num_steps=offset, step=step, rank=rank,
                   order_key=np.empty(0, dtype=np.int64), dropped=np.empty(0, dtype=np.int64), loads=cat(loads),
                   counts=cat(counts), baseline_loads=cat(baseline), lower_bound_bubble=_bound_ratio(cat(bound), cat(mean)),
                   partition_info=_merge_info(pinfos), lower_bound_bubble_simple=_bound_ratio(cat(bound_simple), cat(mean)),
@@ -508,9 +519,14 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
     table = plan_table_from_plan(src, joined, np.tile(np.asarray(ids, dtype=np.int64), E),
                                  np.tile(np.asarray(costs, dtype=np.float64), E), cost_model, settings)
     meta = table.meta
-    meta.update(num_samples_input=int(N), epochs=E, steps_per_epoch=int(S))
+    # steps_per_epoch when every epoch has the same count (always under the fixed policy);
+    # epoch_num_steps under cost-budget, whose epochs differ by a few steps
+    per_epoch = {"steps_per_epoch": epoch_steps[0]} if len(set(epoch_steps)) == 1 else {}
+    if settings.batch_policy == "cost-budget":
+        per_epoch["epoch_num_steps"] = epoch_steps
+    meta.update(num_samples_input=int(N), epochs=E, **per_epoch)
     meta["settings"]["epochs"] = E
-    meta["manifest_extra"].update(epochs=E, steps_per_epoch=int(S))
+    meta["manifest_extra"].update(epochs=E, **per_epoch)
     return table
 
 
@@ -554,10 +570,12 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
     if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
         raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
-    E, S_e, S_all = meta.get("epochs", 1), meta.get("steps_per_epoch"), meta.get("num_steps")
+    E, S_all = meta.get("epochs", 1), meta.get("num_steps")
+    per = meta.get("epoch_num_steps", [meta.get("steps_per_epoch")] * E if isinstance(E, int) else None)
     if (isinstance(E, bool) or not isinstance(E, int) or E < 1 or t.num_rows % E
-            or (E > 1 and (not isinstance(S_e, int) or S_e * E != S_all))):
-        raise InputError(f"plan {path}: epochs {E!r} x steps_per_epoch {S_e!r} do not match its {t.num_rows} rows "
+            or (E > 1 and (not isinstance(per, list) or len(per) != E
+                           or not all(isinstance(x, int) and x > 0 for x in per) or sum(per) != S_all))):
+        raise InputError(f"plan {path}: epochs {E!r} and steps per epoch {per!r} do not match its {t.num_rows} rows "
                          f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
     col = lambda n: t.column(n).to_numpy()  # noqa: E731
     return PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),

@@ -205,7 +205,6 @@ def test_verify_catches_epochs_edited_in_the_manifest(data, tmp_path):
 
 @pytest.mark.parametrize("extra, needle", [
     (["--epochs", "0"], "--epochs must be an integer >= 1"),
-    (["--epochs", "2", "--batch-policy", "cost-budget"], "needs --batch-policy fixed"),
     (["--epochs", "2", "--engine", "ray"], "not supported by --engine ray"),
 ])
 def test_impossible_epoch_settings_are_one_line(data, tmp_path, capsys, extra, needle):
@@ -284,3 +283,38 @@ def test_ray_write_of_a_multi_epoch_plan_is_one_line(data, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "holds 2 epochs" in err and "--engine local" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+def test_cost_budget_epochs_record_their_own_step_counts(tmp_path):
+    """Under cost-budget each epoch has its own step count (here 6, 6, 7, 6): recorded in
+    epoch_num_steps; every epoch still holds every sample once, and verify checks it."""
+    pytest.importorskip("torch")
+    from fstrain.data import ShardReader
+
+    inp = write_samples(tmp_path / "in.parquet", n=500)
+    out = tmp_path / "cb"
+    assert main(["balance", str(inp), str(out), "--ranks", "4", "--batch-size-per-rank", "4", "--epochs", "4",
+                 "--batch-policy", "cost-budget", "--no-progress", "-q"]) == 0
+    raw = json.loads((out / "_manifest.json").read_text())
+    per = raw["epoch_num_steps"]
+    assert raw["epochs"] == 4 and len(per) == 4 and sum(per) == raw["num_steps"] and len(set(per)) > 1
+    assert "steps_per_epoch" not in raw  # the epochs differ
+    m = Manifest.read(out)
+    first = m.epoch_first_steps()
+    assert m.epoch_num_steps == per and first.tolist() == [0, *np.cumsum(per).tolist()]
+    rows = _rows(out).with_columns(pl.Series("epoch", m.epoch_of_step(_rows(out)["step"].to_numpy())))
+    dropped = pl.read_parquet(out / "_dropped.parquet")
+    all_ids = set(pq.read_table(inp, columns=["sample_id"]).column(0).to_pylist())
+    for e in range(4):
+        ep = rows.filter(pl.col("epoch") == e)
+        assert ep["step"].min() == first[e] and ep["step"].max() == first[e + 1] - 1
+        gone = dropped.filter(pl.col("epoch") == e)["sample_id"].to_list()
+        assert ep["sample_id"].n_unique() == ep.height and set(ep["sample_id"].to_list()) | set(gone) == all_ids
+    got = verify(out, inp)
+    assert got["checked_input"] and got["epoch_num_steps"] == per
+    assert ShardReader(str(out), 0, 4, num_prefetch_batches=0).epoch_num_steps == per
+    # a manifest whose epoch step counts no longer sum to num_steps is refused
+    raw["epoch_num_steps"] = [per[0] + 1, *per[1:]]
+    (out / "_manifest.json").write_text(json.dumps(raw, indent=2) + "\n")
+    with pytest.raises(VerifyError, match="epoch_num_steps"):
+        verify(out)
