@@ -52,7 +52,7 @@ def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -
 
     base = {f: Config.__dataclass_fields__[f].default for f in
             ("model", "embedding_dim", "num_layers", "num_heads", "num_negatives", "max_seq_len", "dropout",
-             "temperature", "bucket_ratio", "attention")}
+             "temperature", "bucket_ratio", "attention", "negatives")}
     d = {**base, **(defaults or {})}
     g = p.add_argument_group("model (fstrain.model.Config)")
     g.add_argument("--model", choices=MODELS, default=d["model"],
@@ -69,6 +69,9 @@ def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -
     g.add_argument("--linear-dim", type=int, default=None, help="hstu: value/gate width per head (default d/heads)")
     g.add_argument("--num-negatives", type=int, default=d["num_negatives"],
                    help=f"sampled-softmax negatives shared per step; 0: full softmax (default {d['num_negatives']})")
+    g.add_argument("--negatives", choices=("step", "sample"), default=d.get("negatives", "step"),
+                   help="step: K negatives shared by the step; sample: K per sample, keyed by sample id (both "
+                        "independent of the rank a sample lands on) (default step)")
     g.add_argument("--temperature", type=float, default=d["temperature"],
                    help=f"logits = similarity / temperature (default {d['temperature']})")
     g.add_argument("--no-l2-normalize", dest="l2_normalize", action="store_false", default=True,
@@ -81,7 +84,7 @@ def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -
 
 
 _MODEL_FLAGS = ("model", "objective", "embedding_dim", "num_layers", "num_heads", "attention_dim", "linear_dim",
-                "num_negatives", "temperature", "l2_normalize", "dropout", "max_seq_len", "bucket_ratio", "attention")
+                "num_negatives", "negatives", "temperature", "l2_normalize", "dropout", "max_seq_len", "bucket_ratio", "attention")
 
 
 def _model_kwargs(a: argparse.Namespace) -> dict:

@@ -58,7 +58,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
-from fstrain.dropout import DropoutKeys, KeyedDropout, token_keys
+from fstrain.dropout import DropoutKeys, KeyedDropout, mix64, token_keys
 from fstrain.errors import ConfigError
 
 NEGATIVE_KEY = "negative_item_ids"
@@ -69,6 +69,8 @@ TABLE_NAME = "item_table"
 MODELS = ("sasrec", "hstu")
 #: ``Config.objective`` names; ``fstrain train`` picks one from the manifest's sample kind.
 OBJECTIVES = ("all-positions", "last-position")
+#: ``Config.negatives``: who shares the sampled negatives.
+NEGATIVE_MODES = ("step", "sample")
 #: The objective the field trains each ``fsdata convert --samples`` kind with.
 OBJECTIVE_FOR_SAMPLES = {"per-user": "all-positions", "per-event": "last-position"}
 
@@ -106,7 +108,11 @@ class Config:
     dropout: float = 0.2
     """Dropout rate on the input embeddings, attention and block outputs (0: none)."""
     num_negatives: int = 128
-    """K: sampled-softmax negatives shared by the samples of a step; 0: full softmax over the catalogue."""
+    """K: sampled-softmax negatives (per step or per sample, ``negatives``); 0: full softmax over the catalogue."""
+    negatives: str = "step"
+    """``step``: K negatives shared by every sample of a step, drawn from ``(seed, step)``;
+    ``sample``: K negatives per sample, drawn from ``(seed, step, sample_id)`` (B times more
+    distinct negatives per step, still independent of the rank a sample lands on)."""
     temperature: float = 0.05
     """Logits are similarities divided by this (generative-recommenders: 0.05 with L2 norm)."""
     l2_normalize: bool = True
@@ -138,6 +144,8 @@ class Config:
             raise ConfigError(f"bucket_ratio must be >= 1.0, got {self.bucket_ratio}")
         if min(self.num_layers, self.ffn_multiplier, self.max_seq_len, self.num_heads) < 1:
             raise ConfigError("num_layers, ffn_multiplier, max_seq_len and num_heads must be >= 1")
+        if self.negatives not in NEGATIVE_MODES:
+            raise ConfigError(f"unknown negatives mode {self.negatives!r}; use one of {', '.join(NEGATIVE_MODES)}")
         if self.num_negatives < 0:
             raise ConfigError(f"num_negatives must be >= 0 (0: full softmax), got {self.num_negatives}")
         if not 0.0 <= self.dropout < 1.0:
@@ -152,37 +160,50 @@ class Config:
         return self.attention_dim or d, self.linear_dim or d
 
 
-def with_negatives(batch: Batch, num_items: int, num_negatives: int, seed: int) -> Batch:
-    """Append the step's shared negatives to ``batch.features`` as key ``negative_item_ids``.
+def with_negatives(batch: Batch, num_items: int, num_negatives: int, seed: int, *, per_sample: bool = False) -> Batch:
+    """Append the step's negatives to ``batch.features`` as key ``negative_item_ids``.
 
-    The ids depend only on ``(seed, batch.step)``: every rank of a step draws the same ones, and
-    they do not depend on how samples were assigned to ranks. They are carried by the first
-    sample (lengths ``[K, 0, ..., 0]``) so the KJT keeps one stride.
+    Shared (default): the ids depend only on ``(seed, batch.step)``: every rank of a step draws the
+    same ones, whatever the assignment of samples to ranks; they are carried by the first sample
+    (lengths ``[K, 0, ..., 0]``) so the KJT keeps one stride. Per sample: sample ``s`` gets K ids
+    hashed from ``(seed, step, sample_id)`` (:func:`fstrain.dropout.mix64`), lengths ``[K] * B``.
 
     Args:
         batch: a CPU batch from :class:`fstrain.data.ShardReader`.
         num_items: ids are drawn uniformly from ``[0, num_items)``.
-        num_negatives: K; 0: every id ``0..num_items-1`` (the full softmax).
+        num_negatives: K; 0: every id ``0..num_items-1`` once, shared (the full softmax).
         seed: run seed.
+        per_sample: draw K ids per sample instead of K per step.
 
     Returns:
         A new :class:`Batch` whose KJT has keys ``item_ids, target_item_id, negative_item_ids``.
     """
-    if num_negatives == 0:
-        neg = torch.arange(num_items, dtype=torch.int64)
-    else:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + batch.step)
-        neg = torch.randint(0, num_items, (num_negatives,), generator=g, dtype=torch.int64)
-    num_negatives = len(neg)
     kjt = batch.features
     B = batch.num_samples
     neg_lengths = torch.zeros(B, dtype=kjt.lengths().dtype)
-    neg_lengths[0] = num_negatives
+    if num_negatives == 0:
+        neg = torch.arange(num_items, dtype=torch.int64)
+        neg_lengths[0] = num_items
+    elif per_sample:
+        keys = token_keys(seed, batch.step, batch.sample_ids, torch.zeros(B, dtype=torch.int64))
+        cols = torch.arange(num_negatives, dtype=torch.int64) * 0x9E3779B1
+        neg = torch.remainder(mix64(keys[:, None] + cols[None, :]), num_items).reshape(-1)
+        neg_lengths[:] = num_negatives
+    else:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + batch.step)
+        neg = torch.randint(0, num_items, (num_negatives,), generator=g, dtype=torch.int64)
+        neg_lengths[0] = num_negatives
     features = KeyedJaggedTensor.from_lengths_sync(
         keys=kjt.keys() + [NEGATIVE_KEY], values=torch.cat([kjt.values(), neg]),
         lengths=torch.cat([kjt.lengths(), neg_lengths]), stride=B)
     return Batch(features, batch.target_ids, batch.sample_ids, batch.step, B, batch.global_num_samples,
                  batch.global_num_tokens)
+
+
+def attach_negatives(batch: Batch, config: "Config", seed: int) -> Batch:
+    """:func:`with_negatives` with the model's settings (``num_negatives``, ``negatives``)."""
+    return with_negatives(batch, config.num_items, config.num_negatives, seed,
+                          per_sample=config.negatives == "sample" and config.num_negatives > 0)
 
 
 def make_embedding_collection(config: Config, device: torch.device | None = None) -> EmbeddingCollection:
@@ -418,16 +439,36 @@ class DenseTower(nn.Module):
         return user @ items.t()
 
     def _softmax_loss(self, user: torch.Tensor, label_emb: torch.Tensor, label_ids: torch.Tensor,
-                      neg_emb: torch.Tensor, neg_ids: torch.Tensor) -> torch.Tensor:
-        """Per-position sampled-softmax cross-entropy ``[P]`` (module docstring)."""
+                      neg_emb: torch.Tensor, neg_ids: torch.Tensor, owner: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-position sampled-softmax cross-entropy ``[P]`` (module docstring).
+
+        ``owner`` ``[P]`` int64: with per-sample negatives (``neg_emb`` ``[B*K x d]``), the sorted
+        sample index of each position; None: ``neg_emb`` ``[K x d]`` is shared.
+        """
         cfg = self.config
         if cfg.l2_normalize:
             user, label_emb, neg_emb = (F.normalize(t, dim=-1) for t in (user, label_emb, neg_emb))
         pos_logit = (user * label_emb).sum(-1, keepdim=True)  # [P x 1]
-        neg_logit = user @ neg_emb.t()  # [P x K]
-        neg_logit = neg_logit.masked_fill(label_ids[:, None] == neg_ids[None, :], float("-inf"))
+        if owner is None:
+            neg_logit = user @ neg_emb.t()  # [P x K]
+            hit = label_ids[:, None] == neg_ids[None, :]
+        else:
+            K = cfg.num_negatives
+            neg_logit = self._per_sample_logits(user, neg_emb.view(-1, K, neg_emb.shape[-1]), owner)
+            hit = label_ids[:, None] == neg_ids.view(-1, K).index_select(0, owner)
+        neg_logit = neg_logit.masked_fill(hit, float("-inf"))
         logits = torch.cat([pos_logit, neg_logit], dim=1) / cfg.temperature
         return torch.logsumexp(logits, dim=1) - logits[:, 0]
+
+    @staticmethod
+    def _per_sample_logits(user: torch.Tensor, neg: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+        """``[P x K]`` logits of positions ``user`` ``[P x d]`` against their sample's negatives
+        ``neg`` ``[B x K x d]``, in chunks (the gathered ``[P x K x d]`` never exists whole)."""
+        out = []
+        for a in range(0, user.shape[0], 4096):
+            o = owner[a:a + 4096]
+            out.append(torch.bmm(neg.index_select(0, o), user[a:a + 4096].unsqueeze(2)).squeeze(2))
+        return torch.cat(out)
 
     def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
                 target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int, *,
@@ -440,9 +481,10 @@ class DenseTower(nn.Module):
             hist: ``[T x d]`` float: history embeddings, jagged by ``lengths``.
             lengths: ``[B]`` int64, each in ``1..max_seq_len``.
             target_emb: ``[B x d]`` float.
-            neg_emb: ``[K x d]`` float: the step's shared negatives.
+            neg_emb: ``[K x d]`` float: the step's shared negatives (``[B*K x d]``, sample by
+                sample in input order, with ``negatives="sample"``).
             target_ids: ``[B]`` int64.
-            neg_ids: ``[K]`` int64.
+            neg_ids: ``[K]`` (or ``[B*K]``) int64.
             global_num_samples: samples of this step over all ranks (``last-position`` normaliser).
             hist_ids: ``[T]`` int64 history item ids (``all-positions``: the labels).
             global_num_tokens: history items of this step over all ranks (``all-positions``
@@ -459,11 +501,13 @@ class DenseTower(nn.Module):
         """
         lay = self.layout(lengths, hist.device)
         out = self.encode_tokens(hist, lay, sample_ids=sample_ids, step=step)
+        per_sample = self.config.negatives == "sample" and self.config.num_negatives > 0
         with record_function("## dense_loss ##"):
             if self.config.objective == "last-position":
                 user = out.index_select(0, lay.offsets[1:] - 1)
                 per = self._softmax_loss(user, target_emb.index_select(0, lay.perm),
-                                         target_ids.index_select(0, lay.perm), neg_emb, neg_ids)
+                                         target_ids.index_select(0, lay.perm), neg_emb, neg_ids,
+                                         lay.perm if per_sample else None)
                 norm = global_num_samples
             else:
                 if hist_ids is None:
@@ -476,7 +520,10 @@ class DenseTower(nn.Module):
                 src = src.index_select(0, lay.token_index)
                 label_emb = torch.cat([hist, target_emb]).index_select(0, src)
                 label_ids = torch.cat([hist_ids.to(hist.device), target_ids]).index_select(0, src)
-                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids)
+                owner = None
+                if per_sample:  # input sample index of each sorted token
+                    owner = torch.repeat_interleave(lay.perm, torch.tensor(lay.lengths_list, device=hist.device))
+                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids, owner)
                 norm = global_num_tokens if global_num_tokens >= 0 else T
             loss_sum = per.sum()
         return loss_sum / max(norm, 1), (loss_sum.detach(), torch.tensor(per.shape[0]))

@@ -35,7 +35,7 @@ from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sha
                           planned_device)
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
-from fstrain.model import NEGATIVE_KEY, OBJECTIVE_FOR_SAMPLES, Config, objective_inputs, with_negatives
+from fstrain.model import NEGATIVE_KEY, OBJECTIVE_FOR_SAMPLES, Config, attach_negatives, objective_inputs
 from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
 from fstrain.steplog import StepLog
 
@@ -377,7 +377,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
                          "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
                          "re-run fsdata balance, or train with --objective last-position")
     if pipe:
-        host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
+        host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
         # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
         # unless checkpoints are taken between steps (the state must match the item's step)
         lag = env.device.type == "cuda" and not (cfg.checkpoint_dir and cfg.checkpoint_every_steps)
@@ -399,7 +399,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             batch = item
             num_tokens = int(batch.lengths.sum())  # on the host, before the copy
             num_samples = batch.num_samples
-            batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed)
+            batch = attach_negatives(batch, mcfg, cfg.seed)
             if env.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copy below is asynchronous
             batch = batch.to(env.device, non_blocking=True)

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from fstrain.data import make_batch
 from fstrain.errors import ConfigError
-from fstrain.model import (MODELS, NEGATIVE_KEY, OBJECTIVES, Config, SequentialRecommender, length_buckets,
-                           with_negatives)
+from fstrain.model import (MODELS, NEGATIVE_KEY, OBJECTIVES, Config, SequentialRecommender, attach_negatives,
+                           length_buckets, with_negatives)
 
 
 def _batch(lengths, step=0, global_n=None, seed=0, num_items=40):
@@ -55,13 +55,15 @@ def test_bucketed_attention_equals_reference(ratio, model):
         torch.testing.assert_close(out[0][1][k], out[1][1][k], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("negatives", ["step", "sample"])
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_split_batches_sum_to_whole_batch_gradients(objective, model):
+def test_split_batches_sum_to_whole_batch_gradients(objective, model, negatives):
     """Two 'ranks' holding any split of a step's samples give the gradients of the whole step."""
     torch.manual_seed(0)
-    m = SequentialRecommender(Config(num_items=40, embedding_dim=16, num_layers=1, num_negatives=6, dropout=0.3,
-                                     objective=objective, model=model))  # dropout keyed by sample: still exact
+    cfg = Config(num_items=40, embedding_dim=16, num_layers=1, num_negatives=6, dropout=0.3, objective=objective,
+                 model=model, negatives=negatives)  # dropout and per-sample negatives keyed by sample: still exact
+    m = SequentialRecommender(cfg)
     lengths = [4, 9, 1, 12, 7, 3]
     rng = np.random.default_rng(0)
     L = np.array(lengths)
@@ -70,7 +72,7 @@ def test_split_batches_sum_to_whole_batch_gradients(objective, model):
 
     def sub(idx):
         v = np.concatenate([vals[off[i]:off[i + 1]] for i in idx])
-        return with_negatives(make_batch(v, L[idx], tg[idx], np.array(idx), 3, len(L), int(L.sum())), 40, 6, seed=1)
+        return attach_negatives(make_batch(v, L[idx], tg[idx], np.array(idx), 3, len(L), int(L.sum())), cfg, seed=1)
 
     _, whole = _grads(m, sub([0, 1, 2, 3, 4, 5]))
     _, a = _grads(m, sub([5, 0]))
@@ -167,3 +169,15 @@ def test_keyed_dropout_masks_depend_on_sample_not_on_batch():
     assert not torch.equal(d(x), full)  # another step: other masks
     d.eval()
     assert torch.equal(d(x), x)
+
+
+def test_per_sample_negatives_depend_on_sample_and_step_only():
+    cfg = Config(num_items=50, embedding_dim=8, num_negatives=5, negatives="sample")
+    whole = attach_negatives(make_batch(np.array([1, 2, 3]), np.array([2, 1]), np.array([4, 5]), np.array([10, 11]),
+                                        7, 3), cfg, seed=2)
+    alone = attach_negatives(make_batch(np.array([3]), np.array([1]), np.array([5]), np.array([11]), 7, 3), cfg, seed=2)
+    neg = whole.features[NEGATIVE_KEY]
+    assert neg.lengths().tolist() == [5, 5]
+    assert torch.equal(neg.values()[5:], alone.features[NEGATIVE_KEY].values())
+    assert not torch.equal(neg.values()[:5], neg.values()[5:])
+    assert int(neg.values().min()) >= 0 and int(neg.values().max()) < 50
