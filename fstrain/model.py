@@ -349,6 +349,7 @@ class DenseTower(nn.Module):
         self.blocks = nn.ModuleList(_make_block(config) for _ in range(config.num_layers))
         self.drop = KeyedDropout(config.dropout, site=0)
         self.dropout_keys = DropoutKeys()  # masks keyed by (seed, step, sample, position): rank-independent
+        self.seed = 0  # the run seed in the dropout keys (fstrain.train sets it)
         for site, m in enumerate(m for m in self.modules() if isinstance(m, KeyedDropout)):
             m.site, m.source = site, self.dropout_keys
         # generative-recommenders: SASRec ends with a LayerNorm, HSTU does not
@@ -403,7 +404,7 @@ class DenseTower(nn.Module):
         if self.training and cfg.dropout > 0 and sample_ids is not None and step is not None:
             sorted_ids = sample_ids.to(hist.device).index_select(0, lay.perm)
             per_token = torch.repeat_interleave(sorted_ids, torch.tensor(lay.lengths_list, device=hist.device))
-            self.dropout_keys.keys = token_keys(torch.initial_seed(), step, per_token, lay.positions)
+            self.dropout_keys.keys = token_keys(self.seed, step, per_token, lay.positions)
         x = hist.index_select(0, lay.token_index) * math.sqrt(cfg.embedding_dim) + self.pos(lay.positions)
         x = self.drop(x)
         with record_function("## dense_blocks ##"):

@@ -330,6 +330,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     model_kwargs.setdefault("objective", objective_for(manifest))
     mcfg = Config(**model_kwargs)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
+    dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
         found = latest_checkpoint(cfg.checkpoint_dir)

@@ -13,11 +13,12 @@ from tests.fstrain.shards import write_shards
 MODEL = dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2)
 
 
-def _params(shards, steps, mode="measured", **kw):
+def _params(shards, steps, mode="measured", model=None, **kw):
     from fstrain.dist import local_state
     from fstrain.train import TrainConfig, train
 
-    res = train(TrainConfig(shards=shards, model=MODEL, max_steps=steps, step_mode=mode, log_every_steps=0, **kw))
+    res = train(TrainConfig(shards=shards, model=model or MODEL, max_steps=steps, step_mode=mode, log_every_steps=0,
+                            **kw))
     return local_state(res.model), res.summary
 
 
@@ -130,12 +131,16 @@ def test_two_ranks_over_shm_equal_one_rank_with_the_whole_global_batch(tmp_path)
 
 
 def _pipeline_worker(shards, ckpt):
-    plain, _ = _params(shards, 4, mode="plain")
+    # the schedules under test, without dropout: keyed masks are equal (tests/fstrain/test_model.py), but
+    # they zero gradient terms whose float sums then differ by order, and row-wise Adagrad rescales
+    # such near-zero table gradients to full-size updates (1e-4 apart after 4 steps)
+    model = {**MODEL, "dropout": 0.0}
+    plain, _ = _params(shards, 4, mode="plain", model=model)
     out = {}
     for name in ("prioritized", "sparse-dist", "auto"):
-        out[name], summary = _params(shards, 4, pipeline=name)
-    _params(shards, 2, pipeline="prioritized", checkpoint_dir=ckpt)
-    resumed, _ = _params(shards, 4, pipeline="prioritized", checkpoint_dir=ckpt, resume=True)
+        out[name], summary = _params(shards, 4, pipeline=name, model=model)
+    _params(shards, 2, pipeline="prioritized", checkpoint_dir=ckpt, model=model)
+    resumed, _ = _params(shards, 4, pipeline="prioritized", checkpoint_dir=ckpt, resume=True, model=model)
     return plain, out, resumed, summary
 
 
