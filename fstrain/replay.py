@@ -165,7 +165,9 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     m = load_manifest(shards)
     S = m.num_steps if max_steps is None else min(max_steps, m.num_steps)
     dev = torch.device(device)
-    mdl = make_replay_model(infer_num_items(m), model, seed, dev)
+    from fstrain.train import objective_for  # noqa: PLC0415
+
+    mdl = make_replay_model(infer_num_items(m), {"objective": objective_for(m), **(model or {})}, seed, dev)
     readers = [ShardReader(shards, r, None, max_steps=S, num_prefetch_batches=0) for r in range(m.num_ranks)]
     iters = [iter(rd) for rd in readers]
     C = np.zeros((S, m.num_ranks))

@@ -52,14 +52,22 @@ def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path, capsys):
     assert model.cost(np.array([64]))[0] > model.cost(np.array([4]))[0]
 
 
+@pytest.mark.parametrize("objective", ["all-positions", "last-position"])
+def test_calibrate_hstu_fits_a_cost_model(objective):
+    res = calibrate(model={**TINY, "model": "hstu", "objective": objective, "max_seq_len": 256}, lengths=(4, 256),
+                    batch_sizes=(2, 8), num_mixed=0, repeats=3, warmup=1)
+    assert len(res["coefficients"]) == 3 and res["fit"]["num_measurements"] == 4
+
+
 def test_calibrate_rejects_lengths_above_max_seq_len():
     with pytest.raises(ConfigError, match="exceeds max_seq_len 64"):
         calibrate(model=TINY, lengths=(8, 128), batch_sizes=(2,), repeats=1)
 
 
-def test_replay_reports_measured_and_predicted(tmp_path):
-    out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=4, batch_size_per_rank=3)
-    res = replay(out, max_steps=2, warmup=1, repeats=2, model=TINY)
+@pytest.mark.parametrize("model,samples", [("sasrec", None), ("hstu", "per-user"), ("hstu", "per-event")])
+def test_replay_reports_measured_and_predicted(tmp_path, model, samples):
+    out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=4, batch_size_per_rank=3, samples=samples)
+    res = replay(out, max_steps=2, warmup=1, repeats=2, model={**TINY, "model": model})
     assert res["num_ranks"] == 3 and res["num_steps"] == 2
     assert np.asarray(res["compute_seconds"]).shape == (2, 3) and (np.asarray(res["compute_seconds"]) > 0).all()
     assert 0.0 <= res["measured_bubble"] < 1.0 and 0.0 <= res["predicted_bubble"] < 1.0
