@@ -283,6 +283,69 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
             "eval_seconds": time.perf_counter() - t0}
 
 
+def item_counts(samples_path: str, num_items: int | None = None) -> np.ndarray:
+    """Interactions per item in a training-sample file (``item_ids`` and ``target_item_id``).
+
+    Per-user samples count every interaction once; per-event samples repeat a history in every
+    later sample, so count their targets only for a popularity ranking.
+
+    Args:
+        samples_path: an ``fsdata convert`` output.
+        num_items: length of the result (default: max id + 1).
+
+    Returns:
+        ``[N]`` int64 counts.
+
+    Raises:
+        ConfigError: the file lacks ``item_ids`` / ``target_item_id``.
+    """
+    t = pq.read_table(samples_path, columns=[schema.ITEM_IDS, schema.TARGET_ITEM_ID])
+    targets = t.column(schema.TARGET_ITEM_ID).to_numpy().astype(np.int64)
+    hist = t.column(schema.ITEM_IDS).combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    ids = np.concatenate([hist, targets])
+    n = int(max(num_items or 0, ids.max(initial=-1) + 1))
+    return np.bincount(ids, minlength=n).astype(np.int64)
+
+
+def evaluate_popularity(data: EvalData, counts: np.ndarray, *, k: int = DEFAULT_K, mask_history: bool = True,
+                        padding_id: int = 0, batch_size: int = 1024) -> dict:
+    """The popularity ranking (every user scores items by training interaction count) under the
+    protocol of :func:`evaluate_model`: the baseline a trained model must beat.
+
+    Args:
+        data: from :func:`load_eval_data`.
+        counts: ``[N]`` interactions per item (:func:`item_counts`); ties count against the target.
+        k, mask_history, padding_id, batch_size: as :func:`evaluate_model`.
+
+    Returns:
+        ``{"hr@K", "ndcg@K", "mrr", "num_users", ...}`` as :func:`evaluate_model`.
+    """
+    t0 = time.perf_counter()
+    num_items = len(counts)
+    if data.max_item_id() >= num_items:
+        raise ConfigError(f"evaluation file {data.path} has item id {data.max_item_id()} beyond the counts' "
+                          f"{num_items} items")
+    ks = sorted({k, *REPORTED_KS})
+    sums = np.zeros(2 * len(ks) + 1, dtype=np.float64)
+    base = torch.from_numpy(counts.astype(np.float32))
+    for a in range(0, data.num_users, batch_size):
+        idx = np.arange(a, min(a + batch_size, data.num_users))
+        lengths = torch.from_numpy(data.offsets[idx + 1] - data.offsets[idx])
+        values = torch.from_numpy(data.values[data.offsets[idx[0]]:data.offsets[idx[-1] + 1]])
+        targets = torch.from_numpy(data.target_ids[idx])
+        scores = base.repeat(len(idx), 1)
+        mask_scores(scores, targets, values, lengths, mask_history=mask_history, padding_id=padding_id)
+        ranks = target_ranks(scores, targets)
+        for i, kk in enumerate(ks):
+            sums[i], sums[len(ks) + i] = np.add((sums[i], sums[len(ks) + i]), hr_ndcg_sums(ranks, kk))
+        sums[-1] += mrr_sum(ranks)
+    n = data.num_users
+    out = {f"hr@{kk}": float(sums[i]) / n for i, kk in enumerate(ks)}
+    out |= {f"ndcg@{kk}": float(sums[len(ks) + i]) / n for i, kk in enumerate(ks)}
+    return {**out, "mrr": float(sums[-1]) / n, "num_users": n, "k": k, "mask_history": mask_history,
+            "eval_seconds": time.perf_counter() - t0}
+
+
 class Evaluator:
     """Periodic held-out evaluation during :func:`fstrain.train.train` (``--eval-every-steps``).
 

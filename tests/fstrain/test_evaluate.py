@@ -185,3 +185,49 @@ def test_subsample_is_seeded_and_keeps_rows_intact(tmp_path):
         i = int(np.flatnonzero(data.user_ids == u)[0])
         assert np.array_equal(a.values[a.offsets[j]:a.offsets[j + 1]], data.values[data.offsets[i]:data.offsets[i + 1]])
         assert a.target_ids[j] == data.target_ids[i]
+
+
+def test_popularity_ranking_hand_computed():
+    from fstrain.evaluate import evaluate_popularity
+
+    # counts: item 1 most popular, then 2, 3, 4; users: history masks their own items
+    counts = np.array([0, 40, 30, 20, 10])
+    data = EvalData("e", np.array([0, 1]), np.array([1, 1, 2]), np.array([0, 1, 3]), np.array([3, 4]))
+    res = evaluate_popularity(data, counts, k=10)
+    # user 0: history {1}, candidates {2, 3, 4} by count -> target 3 at rank 1; user 1: history {1, 2} -> 4 at rank 1
+    assert res["hr@10"] == 1.0 and res["ndcg@10"] == pytest.approx(1 / math.log2(3))
+    assert res["mrr"] == pytest.approx(0.5)
+
+
+DATASET = os.path.join(os.path.dirname(REPO), "shared", "datasets", "ml-1m_ensfm", "sequences.txt")
+
+
+@pytest.mark.slow
+def test_300_ml1m_users_few_epochs_beat_popularity(tmp_path):
+    """Per-user samples, the all-positions objective, a few epochs: better than the popularity ranking."""
+    if not os.path.exists(DATASET):
+        pytest.skip(f"{DATASET} not found: the shared datasets folder is absent")
+    from fstrain.evaluate import evaluate_popularity, item_counts
+
+    with open(DATASET) as f:
+        lines = [next(f) for _ in range(300)]
+    src = tmp_path / "ml1m-300.txt"
+    src.write_text("".join(lines))
+    samples, ev, shards, run = (tmp_path / n for n in ("s.parquet", "e.parquet", "shards", "run"))
+    py = [sys.executable, "-m"]
+    subprocess.run(py + ["fsdata", "convert", str(src), str(samples), "--format", "sequences", "--samples", "per-user",
+                         "--max-seq-len", "200", "--holdout", "last", "--holdout-output", str(ev), "--no-progress"],
+                   check=True, cwd=REPO, capture_output=True)
+    subprocess.run(py + ["fsdata", "balance", str(samples), str(shards), "--ranks", "1", "--batch-size-per-rank", "32",
+                         "--epochs", "10", "--no-progress"], check=True, cwd=REPO, capture_output=True)
+    r = subprocess.run(py + ["fstrain.cli", "train", str(shards), "--eval-data", str(ev), "--eval-every-epochs", "5",
+                             "--max-seq-len", "200", "--embedding-dim", "32", "--num-layers", "2", "--num-heads", "1",
+                             "--sparse-lr", "0.2", "--negatives", "sample", "--pipeline", "none", "--log-every-steps", "0",
+                             "--json", "--no-progress"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["objective"] == "all-positions"
+    assert [round(e["epoch"]) for e in summary["eval"]] == [5, 10]
+    data = load_eval_data(str(ev))
+    pop = evaluate_popularity(data, item_counts(str(samples), summary["eval_final"]["num_candidates"] + 1))
+    assert summary["eval_final"]["ndcg@10"] > pop["ndcg@10"], (summary["eval_final"], pop)
