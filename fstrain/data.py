@@ -34,6 +34,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch, make_batch  # re-exported: fstrain.data.Batch keeps working
+from fsdata.errors import command, in_cli, setting
 from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 
 logger = logging.getLogger(__name__)
@@ -109,10 +110,12 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
 def check_world_size(manifest: Manifest, world_size: int) -> None:
     """Raise :class:`ShardMismatchError` unless the shards were written for ``world_size`` ranks."""
     if world_size != manifest.num_ranks:
+        n = manifest.num_ranks
+        launch = (f"launch with {setting('world_size', n)} (or nodes x procs = {n})" if in_cli() else
+                  f"launch {n} processes and pass {setting('world_size', n, owner=None)}")
         raise ShardMismatchError(
-            f"{manifest.path} was written for {manifest.num_ranks} ranks but this job has world size {world_size}; "
-            f"launch with --nproc-per-node {manifest.num_ranks} (or nodes x procs = {manifest.num_ranks}) or "
-            f"re-run fsdata balance with --ranks {world_size}")
+            f"{manifest.path} was written for {n} ranks but this job has world size {world_size}; {launch} or "
+            f"re-run {command('balance')} with {setting('num_ranks', world_size)}")
 
 
 class ShardReader:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from fsdata import fsio
-from fsdata.errors import ConfigError
+from fsdata.errors import ConfigError, setting
 from fsdata.guards import check_output_apart
 
 ENGINES = ("local", "ray")
@@ -41,7 +41,7 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         from fsdata.engines.ray import run as run_ray
 
         return run_ray(input, output, settings, timings=timings)
-    raise ConfigError(f"unknown --engine '{settings.engine}'; use one of {', '.join(ENGINES)}")
+    raise ConfigError(f"unknown {setting('engine')} '{settings.engine}'; use one of {', '.join(ENGINES)}")
 
 
 def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
