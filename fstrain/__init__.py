@@ -29,3 +29,8 @@ class _KnownLibraryNoise(logging.Filter):
 
 for _name, _prefixes in _KnownLibraryNoise.KNOWN.items():
     logging.getLogger(_name).addFilter(_KnownLibraryNoise(_prefixes))
+
+# A wrong torch/fbgemm pair fails deep inside torchrec with an undefined-symbol OSError: name it here.
+from fstrain.compat import check_fbgemm_matches_torch as _check_fbgemm  # noqa: E402
+
+_check_fbgemm()
