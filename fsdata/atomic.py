@@ -55,17 +55,17 @@ def clean_stale_tmp(final: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def output_taken(final: str | os.PathLike) -> bool:
+def output_taken(final: str | os.PathLike, *, is_dir: bool = True) -> bool:
     """Whether ``final`` holds something that writing there would replace.
 
-    An existing *empty* local folder is free (one made ahead of time, e.g. a mount point or a
-    folder a job scheduler creates): it is replaced without ``overwrite``, like a missing one.
+    For a folder output (``is_dir``) an existing *empty* local folder is free (one made ahead of
+    time, e.g. by a job scheduler): it is replaced without ``overwrite``, like a missing one.
     """
     final = fsio.normalize(final)
     if fsio.is_remote(final):
         return fsio.exists(final)
     p = Path(final)
-    if p.is_dir() and not p.is_symlink():
+    if is_dir and p.is_dir() and not p.is_symlink():
         with os.scandir(p) as entries:
             return next(entries, None) is not None
     return p.exists() or p.is_symlink()
@@ -131,7 +131,7 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
             yield out
         return
     final = Path(final)
-    if output_taken(final) and not overwrite:
+    if output_taken(final, is_dir=is_dir) and not overwrite:
         raise ConfigError(f"output {final} already exists and is not empty; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
     created = [p for p in [final.parent, *final.parent.parents] if not p.exists()]
@@ -148,7 +148,7 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
             with contextlib.suppress(OSError):
                 p.rmdir()
         raise
-    if output_taken(final):
+    if output_taken(final, is_dir=is_dir):
         if not overwrite:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
             raise ConfigError(f"output {final} appeared while this run was writing; pass "

@@ -64,6 +64,7 @@ SETTINGS: dict[str, Spelling] = {
     "engine": Spelling("--engine", "engine", "BalanceSettings"),
     "ray_address": Spelling("--ray-address", "ray_address", "BalanceSettings"),
     "cost_model": Spelling("--cost-model", "cost_model", "BalanceSettings"),
+    "columns": Spelling("--columns", "columns", "BalanceSettings"),
     # the reader's world size: torchrun's flag from the command line, the argument from Python
     "world_size": Spelling("--nproc-per-node", "world_size", "ShardDataset"),
     # a plain function argument (fsdata.samples.convert.convert, ...)

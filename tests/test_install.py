@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,11 +50,16 @@ def cpu_index() -> bool:
 
 
 def _pip_args(line: str, cpu_index: bool) -> list[str]:
-    """A documented ``pip install ...`` line as arguments for ``python -m pip``: ``.`` is this checkout."""
+    """A documented ``pip install ...`` line as arguments for ``python -m pip``: ``.`` is this checkout.
+
+    ``--no-compile`` is added: it only skips writing ``.pyc`` files (torch has thousands), which
+    halves the time to install and to delete the environment; what is resolved and installed is
+    the same.
+    """
     args = shlex.split(line)
     assert args[:2] == ["pip", "install"], line
-    out = []
-    for a in args[1:]:
+    out = ["install", "--no-compile"]
+    for a in args[2:]:
         if a == "." or a.startswith(".["):
             a = str(REPO_ROOT) + a[1:]
         out.append(a)
@@ -76,7 +80,7 @@ def _resolve(python: str, line: str, cpu_index: bool, tmp: Path) -> dict[str, st
     """Dry-run a documented install line as if nothing were installed: distribution -> version."""
     report = tmp / "report.json"
     r = _run([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-              *_pip_args(line, cpu_index)[1:]])
+              *_pip_args(line, cpu_index)[2:]])
     assert r.returncode == 0, r.stderr[-3000:]
     return {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
             for i in json.loads(report.read_text())["install"]}
@@ -113,7 +117,7 @@ def _fresh_install(tmp: Path, cpu_index: bool, *, torch_first: bool) -> None:
     assert _run([sys.executable, "-m", "venv", str(venv)]).returncode == 0
     py = str(venv / "bin" / "python")
     if torch_first:  # the torch 2.13 CPU build, as the Makefile installs it (constraints.txt's pin)
-        r = _run([py, "-m", "pip", "install", "--quiet", "torch==2.13.0"])
+        r = _run([py, "-m", "pip", "install", "--quiet", "--no-compile", "torch==2.13.0"])
         assert r.returncode == 0, r.stderr[-3000:]
         assert _run([py, "-c", "import torch; print(torch.__version__)"]).stdout.strip().endswith("+cpu")
     else:
@@ -148,7 +152,7 @@ def _fresh_install(tmp: Path, cpu_index: bool, *, torch_first: bool) -> None:
 def scratch():
     d = Path(tempfile.mkdtemp(prefix="freescale-install-", dir="/tmp" if os.path.isdir("/tmp") else None))
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
 def test_fresh_venv_on_top_of_cpu_torch(cpu_index, scratch):

@@ -53,7 +53,8 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md);
             a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md).
-        output: the OUTPUT folder (local path or URI); must not exist unless ``settings.overwrite``.
+        output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
+            accepted) unless ``settings.overwrite``.
         settings: every setting (:class:`fsdata.shards.writer.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``).

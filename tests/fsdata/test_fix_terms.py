@@ -97,3 +97,16 @@ def test_reader_world_size_mismatch_in_each_callers_terms(tmp_path):
     with cli_terms(), pytest.raises(ShardMismatchError) as e:
         ShardDataset(str(tmp_path / "o"), 0, 3)
     assert "--nproc-per-node 2" in str(e.value) and "fsdata balance with --ranks 3" in str(e.value)
+
+
+def test_column_mapping_and_cost_model_in_each_callers_terms(tmp_path, capsys):
+    inp = write_samples(tmp_path / "in.parquet", n=100)
+    with pytest.raises(ConfigError) as e:
+        fsdata.balance(inp, tmp_path / "o", _settings(columns="bogus"))
+    assert str(e.value) == ("columns entry 'bogus' must be CONTRACT_NAME=YOUR_NAME, "
+                            "e.g. BalanceSettings(columns='item_ids=history')")
+    with pytest.raises(ConfigError, match=r"example: BalanceSettings\(cost_model='hstu:d_model=512,num_layers=8'\)"):
+        fsdata.balance(inp, tmp_path / "o", _settings(cost_model="hstu:d_model"))
+    assert main(["balance", str(inp), str(tmp_path / "o"), *BAL, "--columns", "bogus"]) == 2
+    assert "--columns entry 'bogus' must be CONTRACT_NAME=YOUR_NAME, e.g. --columns item_ids=history" in \
+        capsys.readouterr().err
