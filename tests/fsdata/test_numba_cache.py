@@ -49,5 +49,9 @@ def test_second_process_loads_every_kernel_from_the_cache(tmp_path):
     assert all(first[k][1] > 0 for k in used), f"a fresh NUMBA_CACHE_DIR must compile: {first}"
     assert list(cache.rglob("*.nbi")) and list(cache.rglob("*.nbc")), "the cache lies in NUMBA_CACHE_DIR"
     second = run()
-    assert {k for k, (h, m) in second.items() if h + m} == used
-    assert all(second[k][1] == 0 and second[k][0] > 0 for k in used), f"second process compiled: {second}"
+    # kernels called from Python load from the cache (those called only from other kernels are inlined
+    # into their callers' cached code and not touched at all); nothing compiles
+    assert second["fsdata.balancer.partition_fast._lpt_swap_steps"][0] > 0, second
+    assert any(h for h, _ in second.values()) and all(m == 0 for _, m in second.values()), \
+        f"second process compiled: {second}"
+    assert {k for k, (h, m) in second.items() if h + m} <= used
