@@ -161,3 +161,24 @@ def test_fresh_venv_on_top_of_cpu_torch(cpu_index, scratch):
 
 def test_fresh_venv_without_torch(cpu_index, scratch):
     _fresh_install(scratch, cpu_index, torch_first=False)
+
+
+def test_fbgemm_of_another_torch_is_refused_with_the_fix(scratch):
+    """The break the pairing prevents, for real: fbgemm-gpu-cpu 1.9 (PyPI) next to this torch 2.13."""
+    import torch
+    if release_line(torch.__version__) != "2.13":
+        pytest.skip(f"the 1.9-next-to-2.13 case needs torch 2.13, this is {torch.__version__}")
+    r = _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target",
+              str(scratch / "fb19"), "fbgemm-gpu-cpu==1.9.0"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scratch / "fb19"), str(REPO_ROOT)])}
+    r = subprocess.run([sys.executable, "-c", "import fbgemm_gpu"], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=scratch)
+    assert r.returncode != 0 and "Could not load this library" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", "import fstrain.data"], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=scratch)
+    assert r.returncode != 0, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "ImportError: fbgemm-gpu-cpu 1.9.0 is not built for torch " + torch.__version__ + " (torch 2.13 needs "
+        "fbgemm-gpu-cpu 1.8.*); install the pair with pip install 'fbgemm-gpu-cpu==1.8.*' or pip install "
+        "'freescale[train-cpu]' (docs/api.md)"), r.stderr[-2000:]
