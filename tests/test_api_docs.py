@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 
 from tests.conftest import REPO_ROOT
@@ -38,6 +39,7 @@ def test_install_blocks_name_the_documented_pieces():
     assert "'.[train-cuda]'" in cuda[1] and commands("install-core") == ["pip install ."]
 
 
+@pytest.mark.slow  # a real convert, balance and 230 training steps (about 20-40 s on 2 cores)
 def test_example_runs_as_written(tmp_path):
     code = block("example")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
