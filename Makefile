@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast bench gpu-check venv clean
+.PHONY: demo test test-fast check-install bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not multiproc"
+
+# Fresh venvs built with docs/api.md's install lines (with and without torch preinstalled) plus a
+# resolution-only check of the torch/fbgemm pairing; part of `make test` too (marked slow).
+check-install: $(STAMP)
+	$(PY) -m pytest -q tests/test_install.py tests/test_api_docs.py tests/fstrain/test_compat.py
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

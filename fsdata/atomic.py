@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fsdata import fsio
-from fsdata.errors import ConfigError, FsdataError
+from fsdata.errors import ConfigError, FsdataError, setting
 from fsdata.guards import EnvironmentFailure, environment_error
 
 
@@ -55,6 +55,22 @@ def clean_stale_tmp(final: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def output_taken(final: str | os.PathLike, *, is_dir: bool = True) -> bool:
+    """Whether ``final`` holds something that writing there would replace.
+
+    For a folder output (``is_dir``) an existing *empty* local folder is free (one made ahead of
+    time, e.g. by a job scheduler): it is replaced without ``overwrite``, like a missing one.
+    """
+    final = fsio.normalize(final)
+    if fsio.is_remote(final):
+        return fsio.exists(final)
+    p = Path(final)
+    if is_dir and p.is_dir() and not p.is_symlink():
+        with os.scandir(p) as entries:
+            return next(entries, None) is not None
+    return p.exists() or p.is_symlink()
+
+
 #: Names deleted first when an object-store OUTPUT is overwritten (the commit markers, v2 and v1).
 COMMIT_MARKERS = ("_manifest.json", "manifest.json")
 
@@ -68,7 +84,8 @@ def _remote_output(final: str, *, overwrite: bool) -> Iterator[str]:
                           f"{r.prefix}{r.path}/shards")
     if fsio.exists(final):
         if not overwrite:
-            raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")
+            raise ConfigError(f"output {final} already exists; choose a new path or pass "
+                              f"{setting('overwrite_arg', True)} to replace it")
         for name in COMMIT_MARKERS:  # readers see the old output as incomplete from here on
             fsio.delete(fsio.join(final, name))
         fsio.delete(final)
@@ -114,8 +131,9 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
             yield out
         return
     final = Path(final)
-    if final.exists() and not overwrite:
-        raise ConfigError(f"output {final} already exists; choose a new path or pass --overwrite to replace it")
+    if output_taken(final, is_dir=is_dir) and not overwrite:
+        raise ConfigError(f"output {final} already exists and is not empty; choose a new path or pass "
+                          f"{setting('overwrite_arg', True)} to replace it")
     created = [p for p in [final.parent, *final.parent.parents] if not p.exists()]
     tmp = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -130,10 +148,11 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
             with contextlib.suppress(OSError):
                 p.rmdir()
         raise
-    if final.exists():
+    if output_taken(final, is_dir=is_dir):
         if not overwrite:
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-            raise ConfigError(f"output {final} appeared while this run was writing; pass --overwrite to replace it")
+            raise ConfigError(f"output {final} appeared while this run was writing; pass "
+                              f"{setting('overwrite_arg', True)} to replace it")
         old = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
         try:
             os.replace(final, old)

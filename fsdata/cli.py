@@ -15,7 +15,7 @@ from pathlib import Path
 from fsdata import fsio
 from fsdata.cliutil import (add_engine_flags, add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
                             configure_logging, resolve_progress, run_main)
-from fsdata.errors import FsdataError
+from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
 
 log = logging.getLogger("fsdata")
@@ -467,7 +467,8 @@ def _run(a: argparse.Namespace) -> int:
     a.no_progress = not resolve_progress(getattr(a, "progress", None))
     configure_logging(a.verbose, a.quiet)
     try:
-        return COMMANDS[a.command](a)
+        with cli_terms():
+            return COMMANDS[a.command](a)
     except FsdataError as e:
         print(f"fsdata: error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,19 @@
-"""Typed errors for user mistakes.
+"""Typed errors for user mistakes, and how their fixes are spelled.
 
 Every error a user can cause (bad input, impossible settings) is an :class:`FsdataError` whose
 message names the problem and the fix. The CLI prints it as one line on stderr and exits non-zero.
+
+The fix is named in the caller's terms: the flag from a command line (``--overwrite``), the
+setting or argument from Python (``BalanceSettings(overwrite=True)``). :data:`SETTINGS` is the one
+table of both spellings; messages name a setting through :func:`setting` (or choose a phrase with
+:func:`in_cli`), and the command lines run their commands inside :func:`cli_terms`.
 """
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 
 class FsdataError(Exception):
@@ -22,3 +33,94 @@ class ConfigError(FsdataError):
 
 class VerifyError(FsdataError):
     """A written output violates an invariant of the shard format (see docs/format.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spelling:
+    """One setting as each caller writes it.
+
+    Attributes:
+        cli: the command-line flag (``--ranks``).
+        python: the keyword of the Python API (``num_ranks``: a :class:`BalanceSettings` field or a
+            function argument).
+        owner: what holds the keyword in Python (``BalanceSettings``), or None for a plain argument.
+    """
+
+    cli: str
+    python: str
+    owner: str | None = None
+
+
+#: Every setting an error message names: its flag (CLI rendering) and its keyword (Python rendering).
+SETTINGS: dict[str, Spelling] = {
+    "overwrite": Spelling("--overwrite", "overwrite", "BalanceSettings"),
+    "num_ranks": Spelling("--ranks", "num_ranks", "BalanceSettings"),
+    "batch_size_per_rank": Spelling("--batch-size-per-rank", "batch_size_per_rank", "BalanceSettings"),
+    "compose_window": Spelling("--compose-window", "compose_window", "BalanceSettings"),
+    "plan_window": Spelling("--plan-window", "plan_window", "BalanceSettings"),
+    "partitioner": Spelling("--partitioner", "partitioner", "BalanceSettings"),
+    "remainder": Spelling("--remainder", "remainder", "BalanceSettings"),
+    "budget": Spelling("--budget", "budget", "BalanceSettings"),
+    "engine": Spelling("--engine", "engine", "BalanceSettings"),
+    "ray_address": Spelling("--ray-address", "ray_address", "BalanceSettings"),
+    "cost_model": Spelling("--cost-model", "cost_model", "BalanceSettings"),
+    "columns": Spelling("--columns", "columns", "BalanceSettings"),
+    # the reader's world size: torchrun's flag from the command line, the argument from Python
+    "world_size": Spelling("--nproc-per-node", "world_size", "ShardDataset"),
+    # a plain function argument (fsdata.samples.convert.convert, ...)
+    "overwrite_arg": Spelling("--overwrite", "overwrite"),
+}
+
+#: The commands a message may tell the user to re-run, per caller.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "balance": ("fsdata balance", "fsdata.balance()"),
+}
+
+_UNSET = object()
+_in_cli = False
+
+
+@contextlib.contextmanager
+def cli_terms() -> Iterator[None]:
+    """Inside this block (a command line's command), messages name flags rather than settings."""
+    global _in_cli
+    before, _in_cli = _in_cli, True
+    try:
+        yield
+    finally:
+        _in_cli = before
+
+
+def in_cli() -> bool:
+    """Whether messages are being written for a command line (inside :func:`cli_terms`)."""
+    return _in_cli
+
+
+def setting(name: str, value: object = _UNSET, *, owner: str | None | object = _UNSET) -> str:
+    """The setting ``name`` of :data:`SETTINGS` as the caller writes it.
+
+    Args:
+        name: a key of :data:`SETTINGS`.
+        value: the value to show (``True`` for a switch); unset: the name alone.
+        owner: overrides the table's owner for the Python rendering (None: the bare keyword).
+
+    Returns:
+        From a command line: ``--ranks`` / ``--ranks 256`` / ``--overwrite`` (a switch set to True).
+        From Python: ``num_ranks`` / ``BalanceSettings(num_ranks=256)`` / ``BalanceSettings(overwrite=True)``.
+    """
+    s = SETTINGS[name]
+    if _in_cli:
+        if value is _UNSET or value is True:
+            return s.cli
+        return f"{s.cli} {value}"
+    if value is _UNSET:
+        return s.python
+    who = s.owner if owner is _UNSET else owner
+    kw = f"{s.python}={value!r}"
+    return f"{who}({kw})" if who else kw
+
+
+def command(name: str) -> str:
+    """A command of :data:`COMMANDS` as the caller runs it (``fsdata balance`` / ``fsdata.balance()``)."""
+    cli, py = COMMANDS[name]
+    return cli if _in_cli else py

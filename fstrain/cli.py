@@ -13,7 +13,7 @@ import sys
 
 from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, add_version_flag,
                             configure_logging, resolve_progress, run_main)
-from fsdata.errors import FsdataError
+from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
 from fstrain.backends import BACKEND_CHOICES
 from fstrain.errors import FstrainError
@@ -463,7 +463,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
     try:
-        return cmd(a, parser)
+        with cli_terms():
+            return cmd(a, parser)
     except (FstrainError, FsdataError) as e:
         print(f"fstrain {a.command}: error: {e}", file=sys.stderr)
         return 2

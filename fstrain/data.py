@@ -29,10 +29,12 @@ import torch
 from torch.autograd.profiler import record_function
 
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch, make_batch  # re-exported: fstrain.data.Batch keeps working
+from fsdata.errors import command, in_cli, setting
 from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 
 logger = logging.getLogger(__name__)
@@ -145,10 +147,12 @@ def load_step_tokens(manifest: Manifest) -> np.ndarray | None:
 def check_world_size(manifest: Manifest, world_size: int) -> None:
     """Raise :class:`ShardMismatchError` unless the shards were written for ``world_size`` ranks."""
     if world_size != manifest.num_ranks:
+        n = manifest.num_ranks
+        launch = (f"launch with {setting('world_size', n)} (or nodes x procs = {n})" if in_cli() else
+                  f"launch {n} processes and pass {setting('world_size', n, owner=None)}")
         raise ShardMismatchError(
-            f"{manifest.path} was written for {manifest.num_ranks} ranks but this job has world size {world_size}; "
-            f"launch with --nproc-per-node {manifest.num_ranks} (or nodes x procs = {manifest.num_ranks}) or "
-            f"re-run fsdata balance with --ranks {world_size}")
+            f"{manifest.path} was written for {n} ranks but this job has world size {world_size}; {launch} or "
+            f"re-run {command('balance')} with {setting('num_ranks', world_size)}")
 
 
 class ShardReader:
@@ -478,6 +482,31 @@ class JaggedColumn:
         """Row lengths, shape ``[B]``, int64."""
         return self.offsets[1:] - self.offsets[:-1]
 
+    def to_padded(self, pad_value: int | float | bool = 0) -> torch.Tensor:
+        """The rows as one dense tensor, each padded on the right with ``pad_value``.
+
+        For models that take ``[B x L]`` input (attention with a mask, ``nn.Embedding`` with a
+        ``padding_idx``); ``nn.EmbeddingBag`` reads ``values`` / ``offsets`` directly, unpadded.
+
+        Args:
+            pad_value: fills the positions after each row's end (cast to ``values.dtype``; pick
+                one that cannot be a real value, e.g. an id outside the vocabulary).
+
+        Returns:
+            Shape ``[B x L]``, ``values.dtype``, on ``values.device``; ``L`` = the longest row of
+            this step (0 when every row is empty); ``out[i, :lengths[i]]`` is row ``i``. The
+            padding mask is ``torch.arange(L) < lengths[:, None]``.
+        """
+        lengths = self.lengths
+        num_rows = lengths.numel()
+        width = int(lengths.max()) if num_rows else 0
+        out = torch.full((num_rows, width), pad_value, dtype=self.values.dtype, device=self.values.device)
+        if self.values.numel():
+            row = torch.repeat_interleave(torch.arange(num_rows, device=lengths.device), lengths)
+            col = torch.arange(self.values.numel(), device=lengths.device) - self.offsets[:-1][row]
+            out[row, col] = self.values
+        return out
+
     def to(self, device: torch.device, non_blocking: bool = False) -> JaggedColumn:
         """Copy to ``device`` (a new :class:`JaggedColumn`)."""
         return JaggedColumn(self.values.to(device=device, non_blocking=non_blocking),
@@ -520,6 +549,16 @@ class ShardStep:
                          {k: v if isinstance(v, pa.Array) else v.pin_memory() for k, v in self.columns.items()})
 
 
+def _refuse_automatic_batching(batch, *, collate_fn_map=None):
+    raise ConfigError("ShardDataset yields whole per-rank batches (one ShardStep per step); create the "
+                      "DataLoader with batch_size=None: DataLoader(ds, batch_size=None, num_workers=0 or 1)")
+
+
+# A DataLoader's automatic batching (its default batch_size=1) hands ShardSteps to default_collate,
+# which would fail with torch's own message; this entry makes that one clear ConfigError instead.
+default_collate_fn_map[ShardStep] = _refuse_automatic_batching
+
+
 def _is_plain(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
@@ -558,7 +597,8 @@ class ShardDataset(IterableDataset):
 
     Use with ``DataLoader(ds, batch_size=None, num_workers=0 or 1, pin_memory=True)`` (the dataset
     already yields whole per-rank batches; ``batch_size=None`` turns off the DataLoader's own
-    batching). With ``num_workers=1`` the reading and conversion run in one worker process, with
+    batching, and a DataLoader left to batch, e.g. with its default ``batch_size=1``, raises
+    :class:`~fstrain.errors.ConfigError` at the first step). With ``num_workers=1`` the reading and conversion run in one worker process, with
     ``num_prefetch_batches`` decoded ahead there. More than one worker is refused: each worker
     would yield the whole shard, duplicating every step. Without an accelerator
     ``pin_memory=True`` only makes torch warn and skip pinning.
@@ -581,7 +621,8 @@ class ShardDataset(IterableDataset):
     Raises:
         ShardError, ShardMismatchError: as :class:`~fstrain.data.ShardReader`, and a requested
             column that the rank file lacks.
-        ConfigError: (when iterated) in a DataLoader with more than one worker.
+        ConfigError: (when iterated) in a DataLoader with more than one worker, or with automatic
+            batching (``batch_size`` not None).
     """
 
     def __init__(self, shards_dir: str, rank: int, world_size: int | None, *,

@@ -60,7 +60,7 @@ from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.balancer.plan import DEFAULT_PLAN_WINDOW
 from fsdata.samples.convert import convert
 from fsdata.balancer.cost import load_cost_model
-from fsdata.errors import ConfigError, FsdataError
+from fsdata.errors import ConfigError, FsdataError, cli_terms
 from fsdata.guards import check_output_apart
 from fsdata.samples.io import list_parquet_files, open_samples
 from fsdata.balancer.plan import DEFAULT_PARTITIONER, high_bubble_warning
@@ -689,7 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         parsed.append(parser.parse_args(argv))
         try:
-            return _main(parsed[0], parser)
+            with cli_terms():
+                return _main(parsed[0], parser)
         except FsdataError as e:
             print(f"nightly: error: {e}", file=sys.stderr)
             return 2

@@ -1,8 +1,8 @@
 """Packaging: ranges in pyproject.toml, exact pins in constraints.txt, fsdata without torch.
 
-The install check itself (``pip install .`` into a fresh venv holding an older numpy and no torch)
-needs the network, so it is a manual check recorded in docs/api.md; these tests guard the
-metadata it depends on and run the torch-free import for real in a subprocess.
+The install checks that need PyPI (fresh venvs built with docs/api.md's lines, the resolution of
+the extras) are in tests/test_install.py (slow); these tests guard the metadata they depend on and
+run the torch-free import for real in a subprocess.
 """
 
 from __future__ import annotations
@@ -78,8 +78,10 @@ def test_extras_do_not_force_an_fbgemm_build():
     reqs = _requirements()
     names = {g: {canonicalize_name(r.name) for r in rs} for g, rs in reqs.items()}
     assert "torch" in names["train"] and not {"fbgemm-gpu", "fbgemm-gpu-cpu"} & names["train"]
-    assert "fbgemm-gpu-cpu" in names["train-cpu"]
-    assert any(r.name == "freescale" and r.extras == {"train"} for r in reqs["train-cpu"])
+    assert "fbgemm-gpu-cpu" in names["train-cpu"] and "fbgemm-gpu" not in names["train-cpu"]
+    assert "fbgemm-gpu" in names["train-cuda"] and "fbgemm-gpu-cpu" not in names["train-cuda"]
+    for extra in ("train-cpu", "train-cuda"):  # the pair itself: tests/fstrain/test_compat.py
+        assert any(r.name == "freescale" and r.extras == {"train"} for r in reqs[extra])
     assert {"ray", "test"} <= set(reqs)
 
 

@@ -45,7 +45,7 @@ import numpy as np
 from numba import njit
 
 from fsdata.balancer.bubble import step_proven_bound
-from fsdata.errors import ConfigError
+from fsdata.errors import ConfigError, setting
 
 #: The composition algorithm recorded in the manifest.
 ALGORITHM = "stratified-heavy"
@@ -139,7 +139,8 @@ def _deal_window(cs, W, R, B, rand, slack):
 def check_window(compose_window: int) -> None:
     """Raises ConfigError unless ``compose_window >= 1``."""
     if int(compose_window) != compose_window or compose_window < 1:
-        raise ConfigError(f"--compose-window must be an integer >= 1 (1 = no composition), got {compose_window}")
+        raise ConfigError(f"{setting('compose_window')} must be an integer >= 1 (1 = no composition), "
+                          f"got {compose_window}")
 
 
 def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fsdata.errors import ConfigError
+from fsdata.errors import ConfigError, setting
 
 _HSTU_DEFAULTS = {"d_model": 256, "num_heads": 4, "head_dim": 64, "num_layers": 4, "causal": 1}
 
@@ -72,7 +72,7 @@ def _parse_params(text: str, spec: str) -> dict[str, float]:
         key, sep, value = part.partition("=")
         if not sep:
             raise ConfigError(f"cost model '{spec}': parameter '{part}' is not key=value; "
-                              "example: --cost-model hstu:d_model=512,num_layers=8")
+                              f"example: {setting('cost_model', 'hstu:d_model=512,num_layers=8')}")
         try:
             params[key.strip()] = float(value)
         except ValueError:

@@ -27,7 +27,7 @@ import numpy as np
 from fsdata.balancer import bubble
 from fsdata.balancer.order import SHUFFLE, shuffled_order
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window, compose_steps
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, in_cli, setting
 from fsdata.balancer.partition import DEFAULT_METHOD, METHODS, per_rank_loads  # noqa: F401 (DEFAULT_METHOD re-exported)
 from fsdata.balancer.partitioners import (CPSAT_GAP_THRESHOLD, CPSAT_MAX_STEPS, CPSAT_STEP_BUDGET_SECONDS,  # noqa: F401
                                           AutoPartitioner, Partitioner, get_partitioner)
@@ -185,13 +185,15 @@ def check_settings(num_samples: int, num_ranks: int, batch_size_per_rank: int) -
         InputError: fewer samples than one step (``R*B``).
     """
     if num_ranks < 1:
-        raise ConfigError(f"--ranks must be >= 1, got {num_ranks}")
+        raise ConfigError(f"{setting('num_ranks')} must be >= 1, got {num_ranks}")
     if batch_size_per_rank < 1:
-        raise ConfigError(f"--batch-size-per-rank must be >= 1, got {batch_size_per_rank}")
+        raise ConfigError(f"{setting('batch_size_per_rank')} must be >= 1, got {batch_size_per_rank}")
     if num_samples < num_ranks * batch_size_per_rank:
-        raise InputError(f"--ranks {num_ranks} --batch-size-per-rank {batch_size_per_rank} needs at least "
-                         f"{num_ranks * batch_size_per_rank} samples for one step; the input has {num_samples}: "
-                         "lower --ranks or --batch-size-per-rank")
+        r, b = setting("num_ranks"), setting("batch_size_per_rank")
+        given = (" " if in_cli() else ", ").join([setting("num_ranks", num_ranks, owner=None),
+                                                  setting("batch_size_per_rank", batch_size_per_rank, owner=None)])
+        raise InputError(f"{given} needs at least {num_ranks * batch_size_per_rank} samples for one step; the "
+                         f"input has {num_samples}: lower {r} or {b}")
 
 
 def check_policies(strategy: str, batch_policy: str, remainder: str) -> None:
@@ -291,7 +293,8 @@ def plan_layout(num_samples: int, num_ranks: int, batch_size_per_rank: int, *, c
     check_settings(num_samples, num_ranks, batch_size_per_rank)
     check_window(compose_window)
     if int(plan_window) != plan_window or plan_window < 1:
-        raise ConfigError(f"--plan-window must be an integer >= 1 (steps planned together), got {plan_window}")
+        raise ConfigError(f"{setting('plan_window')} must be an integer >= 1 (steps planned together), "
+                          f"got {plan_window}")
     S = num_samples // (num_ranks * batch_size_per_rank)
     W = int(min(compose_window, S)) if compose and compose_window > 1 and S > 1 else 1
     K = -(-int(plan_window) // W) * W
@@ -356,7 +359,7 @@ def _window_partitioner(partitioner: str | Partitioner, strategy: str, steps_in_
         return partitioner
     method = "shuffle" if strategy == "shuffle" else partitioner
     if method not in PARTITIONERS:
-        raise ConfigError(f"unknown --partitioner '{method}'; use one of {', '.join(PARTITIONERS)}")
+        raise ConfigError(f"unknown {setting('partitioner')} '{method}'; use one of {', '.join(PARTITIONERS)}")
     if method == "auto":
         return AutoPartitioner(cpsat_max_steps=-(-CPSAT_MAX_STEPS * steps_in_window // max(num_steps, 1)))
     return get_partitioner(method)
@@ -588,8 +591,9 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         plan_window_used = layout.plan_window
     dropped = np.flatnonzero(step < 0)
     if len(dropped) and remainder == "error":
-        raise ConfigError(f"{len(dropped)} samples do not fill a whole step of {R}x{B}; "
-                          "pass --remainder drop to record and drop them, or change --ranks/--batch-size-per-rank")
+        raise ConfigError(f"{len(dropped)} samples do not fill a whole step of {R}x{B}; pass "
+                          f"{setting('remainder', 'drop')} to record and drop them, or change "
+                          f"{setting('num_ranks')}/{setting('batch_size_per_rank')}")
     num_steps = int(step.max()) + 1
     if position is not None:
         loads, counts = totals.loads, totals.counts

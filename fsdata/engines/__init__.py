@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from fsdata import fsio
-from fsdata.errors import ConfigError
+from fsdata.errors import ConfigError, setting
 from fsdata.guards import check_output_apart
 
 ENGINES = ("local", "ray")
@@ -44,7 +44,7 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         from fsdata.engines.ray import run as run_ray
 
         return run_ray(input, output, settings, timings=timings)
-    raise ConfigError(f"unknown --engine '{settings.engine}'; use one of {', '.join(ENGINES)}")
+    raise ConfigError(f"unknown {setting('engine')} '{settings.engine}'; use one of {', '.join(ENGINES)}")
 
 
 def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
@@ -56,7 +56,8 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md);
             a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md).
-        output: the OUTPUT folder (local path or URI); must not exist unless ``settings.overwrite``.
+        output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
+            accepted) unless ``settings.overwrite``.
         settings: every setting (:class:`fsdata.shards.writer.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``).

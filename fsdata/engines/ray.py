@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from fsdata import fsio
 from fsdata.samples import schema as S
-from fsdata.errors import ConfigError, FsdataError, InputError
+from fsdata.errors import ConfigError, FsdataError, InputError, setting
 
 log = logging.getLogger("fsdata.engines.ray")
 
@@ -369,8 +369,9 @@ def plan_windowed(ray, src, settings, chunks: list[Chunk], num_cpus: int, timing
     nodes = {st["node"] for st in stats}
     del stats
     if len(dropped_rows) and settings.remainder == "error":
-        raise ConfigError(f"{len(dropped_rows)} samples do not fill a whole step of {R}x{B}; "
-                          "pass --remainder drop to record and drop them, or change --ranks/--batch-size-per-rank")
+        raise ConfigError(f"{len(dropped_rows)} samples do not fill a whole step of {R}x{B}; pass "
+                          f"{setting('remainder', 'drop')} to record and drop them, or change "
+                          f"{setting('num_ranks')}/{setting('batch_size_per_rank')}")
     t1 = time.perf_counter()
     chunk_starts = np.array([c.offset for c in chunks] + [N], dtype=np.int64)
     plan_fn = ray.remote(num_cpus=1, num_returns=1 + len(chunks))(_plan_window_task)
@@ -692,7 +693,7 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         InputError: bad input. ConfigError: impossible settings, OUTPUT exists without overwrite,
         Ray missing or unreachable.
     """
-    from fsdata.atomic import atomic_output  # noqa: PLC0415
+    from fsdata.atomic import atomic_output, output_taken  # noqa: PLC0415
     from fsdata.shards.writer import check_reserved_columns, finalize, output_schema, plan_table_from_plan  # noqa: PLC0415
     from fsdata.balancer.cost import load_cost_model  # noqa: PLC0415
     from fsdata.samples.io import open_samples  # noqa: PLC0415
@@ -700,8 +701,9 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
     from fsdata.balancer.plan import check_settings  # noqa: PLC0415
 
     input, output = fsio.normalize(input), fsio.normalize(output)
-    if fsio.exists(output) and not settings.overwrite:
-        raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
+    if output_taken(output) and not settings.overwrite:
+        raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
+                          f"{setting('overwrite', True)} to replace it")
     if settings.num_ranks < 1 or settings.batch_size_per_rank < 1:
         check_settings(settings.num_ranks * max(settings.batch_size_per_rank, 1), settings.num_ranks,
                        settings.batch_size_per_rank)

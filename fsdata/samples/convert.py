@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.holdout import check_holdout_args, split_last, write_eval_file
 
@@ -317,7 +317,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         if Path(holdout_output).resolve() == Path(output_path).resolve():
             raise ConfigError(f"--holdout-output {holdout_output} is the training output too; give it its own path")
     if holdout_output and Path(holdout_output).exists() and not overwrite:
-        raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass --overwrite to replace it")
+        raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
+                          f"{setting('overwrite_arg', True)} to replace it")
     src = Path(input_path)
     users = read_sequences(src) if fmt == "sequences" else read_events(
         src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header)

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fsdata import fsio
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, setting
 
 #: Largest value of the sample schema's int64 ids.
 INT64_MAX = 2**63 - 1
@@ -72,15 +72,15 @@ def check_column_map(rename: dict[str, str], file_columns: list[str], path: str 
     """
     for theirs, ours in rename.items():
         if theirs not in file_columns:
-            raise ConfigError(f"--columns {ours}={theirs}: input {path} has no column '{theirs}' "
-                              f"(its columns are {file_columns}); fix the --columns entry")
+            raise ConfigError(f"{setting('columns', f'{ours}={theirs}', owner=None)}: input {path} has no column "
+                              f"'{theirs}' (its columns are {file_columns}); fix the {setting('columns')} entry")
     renamed = [rename.get(n, n) for n in file_columns]
     for name in sorted(set(renamed)):
         sources = [n for n, r in zip(file_columns, renamed) if r == name]
         if len(sources) > 1:
-            raise ConfigError(f"--columns maps '{[s for s in sources if s != name][0]}' to {name}, but input "
+            raise ConfigError(f"{setting('columns')} maps '{[s for s in sources if s != name][0]}' to {name}, but input "
                               f"{path} already has a column '{name}'; map that one away too "
-                              f"(e.g. --columns {name}=...) or drop one of them")
+                              f"(e.g. {setting('columns', f'{name}=...')}) or drop one of them")
 
 
 def _is_uint64(t: pa.DataType) -> bool:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from fsdata import fsio
 from fsdata.samples import schema as S
 from fsdata.samples.diagnose import check_column_map, check_id_range, text_log_hint
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import raise_if_environment
 
 
@@ -65,9 +65,11 @@ def parse_column_map(text: str | None) -> dict[str, str]:
         ours, sep, theirs = part.partition("=")
         ours, theirs = ours.strip(), theirs.strip()
         if not sep or not ours or not theirs:
-            raise ConfigError(f"--columns entry '{part}' must be CONTRACT_NAME=YOUR_NAME, e.g. item_ids=history")
+            raise ConfigError(f"{setting('columns')} entry '{part}' must be CONTRACT_NAME=YOUR_NAME, "
+                              f"e.g. {setting('columns', 'item_ids=history')}")
         if ours not in known:
-            raise ConfigError(f"--columns: '{ours}' is not a sample-schema column; use one of {sorted(known)}")
+            raise ConfigError(f"{setting('columns')}: '{ours}' is not a sample-schema column; use one of "
+                              f"{sorted(known)}")
         out[theirs] = ours
     return out
 
@@ -302,7 +304,7 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     missing = [c for c in S.REQUIRED_COLUMNS if c not in types]
     if missing:
         raise InputError(f"input {path} lacks required columns {missing} (has {first_schema.names}); "
-                         "add them or map yours with --columns sample_id=...,item_ids=...")
+                         f"add them or map yours with {setting('columns', 'sample_id=...,item_ids=...')}")
     for c in (S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID) + ((S.SEQ_LEN,) if S.SEQ_LEN in types else ()):
         if not _is_int(types[c]):
             raise InputError(f"input {path}: column {c} has type {types[c]}, expected int64; cast it to integers")

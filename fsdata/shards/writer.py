@@ -44,10 +44,10 @@ from tqdm import tqdm
 
 from fsdata import fsio
 from fsdata.samples import schema as S
-from fsdata.atomic import atomic_output
+from fsdata.atomic import atomic_output, output_taken
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.balancer.cost import CostModel, load_cost_model
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
@@ -937,8 +937,9 @@ def balance_local(input: str | os.PathLike, output: str | os.PathLike, settings:
     """
     input, output = fsio.normalize(input), fsio.normalize(output)
     check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
-    if fsio.exists(output) and not settings.overwrite:
-        raise ConfigError(f"output {output} already exists; choose a new path or pass --overwrite to replace it")
+    if output_taken(output) and not settings.overwrite:
+        raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
+                          f"{setting('overwrite', True)} to replace it")
     src = open_samples(input, settings.columns)
     stage: dict[str, float] = {}
     plan = make_plan_table(src, settings, timings=stage)

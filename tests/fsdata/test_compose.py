@@ -97,7 +97,7 @@ def test_compose_lowers_the_bound_on_heavy_tails():
     assert comp.predicted_bubble < 0.5 * base.predicted_bubble
     assert comp.compose_info["uncomposed_lower_bound_bubble"] == pytest.approx(base.lower_bound_bubble)
     assert comp.baseline_bubble == pytest.approx(base.baseline_bubble)  # today's bubble: uncomposed batches
-    with pytest.raises(ConfigError, match="compose-window"):
+    with pytest.raises(ConfigError, match="^compose_window must be an integer"):
         make_plan(c, num_ranks=R, batch_size_per_rank=B, compose_window=0)
 
 

@@ -111,5 +111,5 @@ def test_a_window_plans_from_its_own_samples_only():
 
 
 def test_bad_plan_window_is_a_config_error():
-    with pytest.raises(ConfigError, match="--plan-window"):
+    with pytest.raises(ConfigError, match="^plan_window must be an integer"):
         plan_layout(1000, 4, 8, compose=True, plan_window=0)

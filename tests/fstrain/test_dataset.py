@@ -169,3 +169,53 @@ def test_stopping_early_joins_the_reader_thread(tmp_path):
     loader = iter(DataLoader(ShardDataset(out, 0, 1), batch_size=None, num_workers=1))
     assert [next(loader).step for _ in range(2)] == [0, 1]
     del loader  # shuts the worker down while its reader is mid-shard
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_automatic_batching_refused_with_one_clear_error(tmp_path, num_workers):
+    """DataLoader's default batch_size=1 would hand ShardSteps to default_collate: one ConfigError instead."""
+    import gc
+    import threading
+
+    def refusal(loader) -> str:
+        try:
+            list(loader)
+        except ConfigError as e:
+            return str(e)
+        return ""
+
+    out = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=3, batch_size_per_rank=2)
+    msg = refusal(DataLoader(ShardDataset(out, 0, 1), num_workers=num_workers))
+    # in a worker process torch prefixes "Caught ConfigError in DataLoader worker process 0" and the
+    # worker's traceback; the message itself is the last line, and never torch's own collate error
+    assert "create the DataLoader with batch_size=None" in msg.strip().splitlines()[-1], msg
+    assert "batch must contain" not in msg and (num_workers or len(msg.splitlines()) == 1), msg
+    assert "batch_size=None" in refusal(DataLoader(ShardDataset(out, 0, 1), batch_size=4))
+    gc.collect()  # the abandoned iterators close, and with them their reader threads
+    assert "fstrain-shard-reader" not in [t.name for t in threading.enumerate()]
+
+
+def test_to_padded_rows_and_padding(rich_shards):
+    """Real shard columns: every row of to_padded equals the jagged row, then pad_value to the step's longest row."""
+    steps = list(DataLoader(ShardDataset(rich_shards, 0, 2), batch_size=None))
+    for s in steps:
+        for name in ("item_ids", "tags", "timestamps"):
+            col = s.columns[name]
+            dense = col.to_padded(-1)
+            lengths = col.lengths
+            assert dense.dtype == col.values.dtype and dense.shape == (len(lengths), int(lengths.max()))
+            for i, row in enumerate(_value_rows(col)):
+                assert dense[i, :len(row)].tolist() == row
+                assert (dense[i, len(row):] == -1).all()
+            mask = torch.arange(dense.shape[1]) < lengths[:, None]
+            assert torch.equal(dense[mask], col.values)  # the docstring's mask recipe
+
+
+def test_to_padded_edge_cases():
+    empty_rows = JaggedColumn(torch.zeros(0, dtype=torch.int64), torch.tensor([0, 0, 0]))
+    assert empty_rows.to_padded(7).shape == (2, 0)
+    no_rows = JaggedColumn(torch.zeros(0, dtype=torch.float32), torch.tensor([0]))
+    assert no_rows.to_padded(0.5).shape == (0, 0)
+    v = JaggedColumn(torch.tensor([1.5, 2.5, 3.5], dtype=torch.float32), torch.tensor([0, 0, 1, 3]))
+    assert v.to_padded(float("nan")).isnan().tolist() == [[True, True], [False, True], [False, False]]
+    assert v.to_padded(0).tolist() == [[0.0, 0.0], [1.5, 0.0], [2.5, 3.5]]
