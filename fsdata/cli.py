@@ -365,8 +365,11 @@ def _cmd_write(a: argparse.Namespace) -> int:
 
 
 def _cmd_finalize(a: argparse.Namespace) -> int:
+    from fsdata.guards import check_not_bucket_root
     from fsdata.shards.writer import finalize, read_plan
 
+    a.output, a.plan = fsio.normalize(a.output), fsio.normalize(a.plan)
+    check_not_bucket_root(a.output, output_name="OUTPUT")
     if not fsio.is_dir(a.output):
         raise FsdataError(f"output {a.output} does not exist; write it with 'fsdata write INPUT PLAN OUTPUT'")
     m = finalize(a.output, read_plan(a.plan))

@@ -119,6 +119,22 @@ def overlap(output: str | os.PathLike, input_path: str | os.PathLike) -> str | N
     return None
 
 
+def check_not_bucket_root(output: str | os.PathLike, *, output_name: str = "output") -> None:
+    """Refuse an object-store output that is a whole bucket, however it is spelt (the URI is
+    normalised first: ``s3://b/.``, ``s3://b/keep/..`` and ``s3://b//`` are ``s3://b``).
+
+    Raises:
+        ConfigError: one line naming the output and a prefix to use instead.
+    """
+    out = fsio.normalize(output)
+    if not fsio.is_remote(out):
+        return
+    r = fsio.resolve(out)
+    if r.prefix.endswith("://") and "/" not in r.path:
+        raise ConfigError(f"{output_name} {output} is a whole bucket ({r.uri()}); write into a prefix inside it, "
+                          f"e.g. {r.uri(r.path + '/shards')}")
+
+
 def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], *,
                        output_name: str = "output", input_name: str = "input") -> None:
     """Refuse an output that equals, contains or lies inside any input, before anything is touched.
@@ -133,8 +149,10 @@ def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.Path
         input_name: how the error names the inputs (e.g. ``"INPUT"``, ``"--from-shards"``).
 
     Raises:
-        ConfigError: the paths overlap; the message names both and the fix.
+        ConfigError: the paths overlap, or ``output`` is a whole bucket (``s3://b``, also spelt
+            ``s3://b/.`` or ``s3://b/x/..``); the message names both and the fix.
     """
+    check_not_bucket_root(output, output_name=output_name)
     for given in inputs:
         if given is None:
             continue
