@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import urllib.parse
@@ -404,3 +405,38 @@ def scan_parquet(files: list[str]):
         return pl.scan_pyarrow_dataset(ds.dataset([resolve(f).path for f in files], filesystem=r.fs,
                                                   format="parquet"))
     return pl.scan_parquet(files)
+
+
+#: The pointer object of an object-store OUTPUT that was replaced (``--overwrite``): it names the
+#: version prefix (``_versions/<id>``, inside OUTPUT) that holds the current output (docs/fsdata.md,
+#: "Replacing an output on an object store").
+POINTER_NAME = "_current.json"
+VERSIONS_DIR = "_versions"
+
+
+def resolve_pointer(path: PathLike) -> PathLike:
+    """The location that holds an OUTPUT now: ``path`` itself, or for an object-store OUTPUT with a
+    pointer object (``_current.json``) the version prefix it names.
+
+    Readers resolve the pointer once and then read everything (manifest, rank files, stats) from
+    the returned prefix. A local path is returned unchanged (local outputs are replaced by rename).
+
+    Raises:
+        ConfigError: the pointer object is unreadable or names something outside ``_versions/``.
+    """
+    path = normalize(path)
+    if not is_remote(path):
+        return path
+    ptr = join(path, POINTER_NAME)
+    if not is_file(ptr):
+        return path
+    try:
+        target = json.loads(read_bytes(ptr).decode())["target"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{ptr.split('?', 1)[0]} is not a valid pointer object ({type(e).__name__}: {e}); "
+                          "rerun the command that wrote this output with --overwrite") from None
+    parts = target.split("/") if isinstance(target, str) else []
+    if len(parts) != 2 or parts[0] != VERSIONS_DIR or parts[1] in ("", ".", ".."):
+        raise ConfigError(f"{ptr.split('?', 1)[0]} names {target!r}, not a version inside the output; "
+                          "rerun the command that wrote this output with --overwrite")
+    return join(path, target)

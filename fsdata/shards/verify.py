@@ -309,7 +309,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         VerifyError: any violation or malformed file, one line with the rank/step and numbers.
         InputError: ``input_path`` is not a readable sample input.
     """
-    output = fsio.normalize(output)
+    output = fsio.resolve_pointer(output)  # normalised; an object store's pointer object followed
     if input_path is not None:
         input_path = fsio.normalize(input_path)
     try:

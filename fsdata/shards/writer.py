@@ -657,7 +657,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         InputError: the rank files do not match the plan (missing rank, other row counts, other
             columns), or something other than rank files lies in ``output``.
     """
-    output = fsio.normalize(output)
+    output = fsio.resolve_pointer(output)  # normalised; an object store's pointer object followed
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
 

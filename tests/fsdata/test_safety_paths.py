@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +32,52 @@ def test_output_spellings_of_the_input_are_refused_locally(tmp_path, capsys, spe
     err = capsys.readouterr().err.strip()
     assert how in err and len(err.splitlines()) == 1
     assert _digests(inp) == before
+
+
+_KILL_SECOND_RENAME = r"""
+import os, sys
+from pathlib import Path
+from fsdata import atomic
+atomic.exchange = lambda a, b: False          # the two-rename fallback
+real, calls = os.replace, []
+def replace(a, b):
+    calls.append(1)
+    if len(calls) == 2:                       # killed between moving the old output aside and the new one in
+        os._exit(9)
+    return real(a, b)
+os.replace = replace
+with atomic.atomic_output(sys.argv[1], overwrite=True) as tmp:
+    (Path(tmp) / "new.txt").write_text("new")
+"""
+
+
+def test_kill_between_the_renames_of_a_local_replace_keeps_the_previous_output(tmp_path):
+    import subprocess
+    import sys
+
+    from fsdata.atomic import atomic_output
+
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    r = subprocess.run([sys.executable, "-c", _KILL_SECOND_RENAME, str(final)], cwd=Path(__file__).parents[2])
+    assert r.returncode == 9 and not final.exists()  # the kill point: the previous output lies aside
+    with pytest.raises(Exception, match="already exists"):  # the next run puts it back first
+        with atomic_output(final):
+            pass
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (final / "old.txt").read_text() == "old"
+
+
+def test_local_replace_is_one_exchange(tmp_path, monkeypatch):
+    from fsdata import atomic
+
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    seen = []
+    real = atomic.exchange
+    monkeypatch.setattr(atomic, "exchange", lambda a, b: seen.append(real(a, b)) or seen[-1])
+    with atomic.atomic_output(final, overwrite=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in final.iterdir()) == ["new.txt"] and [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert seen in ([True], [False])  # True where the file system has renameat2(RENAME_EXCHANGE)

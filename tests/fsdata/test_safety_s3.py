@@ -89,3 +89,99 @@ def test_write_and_plan_refuse_spellings_of_their_inputs(s3, s3_input, capsys):
     assert main(["write", inp, plan, f"s3://{b}/in/sub/..", "--no-progress", "--overwrite"]) == 2
     assert "same path" in _err_line(capsys)
     assert len(s3.keys(f"{b}/in")) == 3
+
+
+# ---- replace, never delete first ------------------------------------------------------------------
+
+def _current(s3, prefix: str) -> str:
+    """``bucket/prefix/_versions/<id>`` named by the pointer object, checked to be the only version."""
+    import json
+
+    with s3.fs.open_input_stream(f"{prefix}/_current.json") as f:
+        target = json.loads(f.read())["target"]
+    assert {k.split("/")[0] for k in s3.keys(f"{prefix}/_versions")} == {target.split("/")[1]}
+    return f"{prefix}/{target}"
+
+
+def test_overwrite_that_fails_while_writing_keeps_the_previous_output(s3, s3_input, local_out, monkeypatch, capsys):
+    from fsdata.errors import InputError
+    from fsdata.shards import writer
+
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
+    before = s3.digests(f"{b}/out")
+    real = writer.write_rank
+
+    def bad_input_at_rank_2(rank, *args, **kwargs):
+        if rank == 2:
+            raise InputError("row 17: seq_len 5 but 4 item ids (injected)")
+        return real(rank, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_rank", bad_input_at_rank_2)
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--num-threads", "1", "--overwrite"]) == 2
+    assert "seq_len" in capsys.readouterr().err
+    assert s3.digests(f"{b}/out") == before  # nothing deleted, nothing left of the failed run
+    assert main(["verify", f"s3://{b}/out", "--no-progress"]) == 0
+
+
+def test_overwrite_that_fails_with_a_store_error_says_the_previous_output_is_unchanged(s3, s3_input, monkeypatch,
+                                                                                    capsys):
+    from fsdata.shards import writer
+
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
+    before = s3.digests(f"{b}/out")
+    real = writer.write_rank
+
+    def fail(rank, *args, **kwargs):
+        if rank == 1:
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject operation (injected)")
+        return real(rank, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_rank", fail)
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--num-threads", "1", "--overwrite"]) == 2
+    err = _err_line(capsys)
+    assert f"the previous s3://{b}/out is unchanged" in err and "nothing was written" not in err
+    assert s3.digests(f"{b}/out") == before
+
+
+def test_overwrite_switches_a_pointer_readers_and_verify_follow(s3, s3_input, local_out, capsys):
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--seed", "9"]) == 0
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--overwrite"]) == 0
+    cur = _current(s3, f"{b}/out")
+    assert s3.digests(cur) == _local_digests(local_out)  # the new output, byte for byte
+    # the previous output is gone: only the pointer and the one version remain
+    assert {k.split("/")[0] for k in s3.keys(f"{b}/out")} == {"_current.json", "_versions"}
+    capsys.readouterr()
+    assert main(["verify", f"s3://{b}/out", "--input", inp, "--no-progress"]) == 0
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--overwrite"]) == 0  # replace a replaced one
+    cur2 = _current(s3, f"{b}/out")
+    assert cur2 != cur and s3.digests(cur2) == _local_digests(local_out)
+    from fsdata.shards.manifest import Manifest
+
+    assert Manifest.read(f"s3://{b}/out").path == f"s3://{cur2}"
+    data = pytest.importorskip("fstrain.data", reason="fstrain needs torch")
+    assert [batch.step for batch in data.ShardReader(f"s3://{b}/out", 1, 4)] == list(range(15))
+
+
+def test_failed_cleanup_is_reported_with_what_remains(s3, s3_input, monkeypatch, caplog):
+    from fsdata import atomic
+
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
+    real = fsio.delete
+
+    def refuse_old(path):
+        if "/_versions/" not in path and not path.endswith("_manifest.json"):
+            raise OSError("AWS Error NETWORK_CONNECTION during DeleteObjects (injected)")
+        return real(path)
+
+    monkeypatch.setattr(fsio, "delete", refuse_old)
+    with caplog.at_level("WARNING", logger="fsdata"):
+        assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--overwrite"]) == 0
+    msgs = " ".join(r.getMessage() for r in caplog.records if r.name == atomic.log.name)
+    assert "objects of the previous output remain under" in msgs and "aws s3 rm --recursive" in msgs
+    assert main(["verify", f"s3://{b}/out", "--no-progress"]) == 0  # the new output is the current one
