@@ -53,6 +53,7 @@ from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
 from fsdata.shards.manifest import write_step_stats as _write_step_stats
 from fsdata.shards.manifest import DROPPED_NAME, FORMAT_VERSION, STEP_STATS_NAME, FileEntry, Manifest, rank_dir_name, rank_file_path
+from fsdata.shards.manifest import MANIFEST_NAME
 from fsdata.balancer.order import SHUFFLE
 from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, make_plan
 
@@ -683,30 +684,57 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         raise InputError(f"{out} holds {extra[:5]} besides the rank files; write into an empty OUTPUT")
     fs, first = fsio.filesystem_and_path(str(at(records[0].path)))
     columns = pq.read_schema(first, filesystem=fs).names
-    write_step_stats(at(STEP_STATS_NAME), plan)
-    meta = plan.meta
-    dropped = plan.dropped_sample_ids()
-    dropped_file = None
-    if len(dropped):
-        dropped_file = DROPPED_NAME
-        fs, where = fsio.filesystem_and_path(str(at(dropped_file)))
-        pq.write_table(pa.table({S.SAMPLE_ID: pa.array(dropped, type=pa.int64()),
-                                 "reason": pa.array(["remainder"] * len(dropped))}),
-                       where, compression="zstd", filesystem=fs)
-    m = Manifest(
-        path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
-        num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
-        batch_policy=meta["batch_policy"], strategy=meta["strategy"],
-        num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
-        num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
-        dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
-        predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
-        lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
-        step_stats_sha256=sha256_file(at(STEP_STATS_NAME)),
-        dropped_sha256=sha256_file(at(dropped_file)) if dropped_file else None,
-        input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-        extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
-    m.write(out)
+    # Local: every root file goes to a hidden temporary first and all are renamed into place only
+    # when all were written, so a failing re-run (full disk, file-size limit) leaves the previous
+    # complete output as it was. Object store: each file is one PUT (old or new, never half).
+    staged: list[tuple[Path, Path]] = []
+
+    def stage(name: str):
+        if remote:
+            return at(name)
+        tmp = out / f".{name}.tmp-{os.getpid()}"
+        staged.append((tmp, out / name))
+        return tmp
+
+    try:
+        stats_path = stage(STEP_STATS_NAME)
+        write_step_stats(stats_path, plan)
+        meta = plan.meta
+        dropped = plan.dropped_sample_ids()
+        dropped_file = dropped_path = None
+        if len(dropped):
+            dropped_file = DROPPED_NAME
+            dropped_path = stage(dropped_file)
+            fs, where = fsio.filesystem_and_path(str(dropped_path))
+            pq.write_table(pa.table({S.SAMPLE_ID: pa.array(dropped, type=pa.int64()),
+                                     "reason": pa.array(["remainder"] * len(dropped))}),
+                           where, compression="zstd", filesystem=fs)
+        m = Manifest(
+            path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
+            num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
+            batch_policy=meta["batch_policy"], strategy=meta["strategy"],
+            num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
+            num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
+            dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
+            predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
+            lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
+            step_stats_sha256=sha256_file(stats_path),
+            dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
+            input_digest=meta["input_digest"], files=records, settings=meta["settings"],
+            extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
+        if remote:
+            m.write(out)
+        else:
+            stage(MANIFEST_NAME).write_text(m.dumps())
+            for tmp, final in staged:  # the manifest last
+                os.replace(tmp, final)
+            stale_dropped = out / DROPPED_NAME
+            if dropped_file is None and stale_dropped.exists():  # left by a previous finalize with another plan
+                stale_dropped.unlink()
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
     return m
 
 

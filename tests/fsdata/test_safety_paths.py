@@ -10,6 +10,20 @@ import pytest
 from fsdata.cli import main
 from tests.fsdata.helpers import write_samples
 
+def _run_py(code: str, *args, cwd) -> "subprocess.CompletedProcess":
+    """``python -c code args`` importing this checkout's fsdata (the one the tests import)."""
+    import os
+    import subprocess
+    import sys
+
+    import fsdata
+
+    root = str(Path(fsdata.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                          text=True)
+
+
 _BALANCE = ["--ranks", "4", "--batch-size-per-rank", "16", "--seed", "3", "--no-progress"]
 
 
@@ -52,15 +66,12 @@ with atomic.atomic_output(sys.argv[1], overwrite=True) as tmp:
 
 
 def test_kill_between_the_renames_of_a_local_replace_keeps_the_previous_output(tmp_path):
-    import subprocess
-    import sys
-
     from fsdata.atomic import atomic_output
 
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
-    r = subprocess.run([sys.executable, "-c", _KILL_SECOND_RENAME, str(final)], cwd=Path(__file__).parents[2])
+    r = _run_py(_KILL_SECOND_RENAME, final, cwd=tmp_path)
     assert r.returncode == 9 and not final.exists()  # the kill point: the previous output lies aside
     with pytest.raises(Exception, match="already exists"):  # the next run puts it back first
         with atomic_output(final):
@@ -81,3 +92,25 @@ def test_local_replace_is_one_exchange(tmp_path, monkeypatch):
         (tmp / "new.txt").write_text("new")
     assert sorted(p.name for p in final.iterdir()) == ["new.txt"] and [p.name for p in tmp_path.iterdir()] == ["out"]
     assert seen in ([True], [False])  # True where the file system has renameat2(RENAME_EXCHANGE)
+
+
+_FINALIZE_UNDER_FSIZE = r"""
+import resource, signal, sys
+from fsdata.cli import main
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG instead of a kill
+resource.setrlimit(resource.RLIMIT_FSIZE, (600, 600))
+sys.exit(main(["finalize", sys.argv[1], "--plan", sys.argv[2], "--no-progress"]))
+"""
+
+
+def test_finalize_rerun_that_fails_leaves_the_previous_complete_output(tmp_path):
+    inp = write_samples(tmp_path / "in.parquet", n=300)
+    plan, out = tmp_path / "plan.parquet", tmp_path / "out"
+    assert main(["plan", str(inp), str(plan), *_BALANCE]) == 0
+    assert main(["write", str(inp), str(plan), str(out), "--no-progress"]) == 0
+    assert main(["finalize", str(out), "--plan", str(plan), "--no-progress"]) == 0
+    before = _digests(out)
+    r = _run_py(_FINALIZE_UNDER_FSIZE, out, plan, cwd=tmp_path)
+    assert r.returncode == 2 and "file too large" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _digests(out) == before and sorted(p.name for p in out.iterdir() if p.name.startswith("."))== []
+    assert main(["verify", str(out), "--input", str(inp), "--no-progress"]) == 0
