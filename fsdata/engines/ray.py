@@ -480,7 +480,8 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         raise InputError(f"input file {chunk.path}: read {start} rows where its footer says {chunk.num_rows}; "
                          "the file changed while balancing: rerun")
     del rename
-    return [_pack(pa.Table.from_batches(p, schema=out_schema).combine_chunks(), compression) for p in pieces]
+    out = [_pack(pa.Table.from_batches(p, schema=out_schema).combine_chunks(), compression) for p in pieces]
+    return out if len(out) > 1 else out[0]  # one rank group: Ray's num_returns=1 stores the value itself
 
 
 def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int],
@@ -588,10 +589,46 @@ def ray_session(address: str | None = None, **init_kwargs) -> Iterator[object]:
         where = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
         raise ConfigError(f"cannot start or join Ray at {where} ({str(e).splitlines()[0]}); start the cluster with "
                           "'ray start --head' and pass its address with --ray-address HOST:PORT") from None
+    started = _our_processes()  # the raylet, GCS, agents and workers this call started
     try:
         yield ray
     finally:
         ray.shutdown()
+        _end_leftovers(started)
+
+
+def _our_processes() -> list:
+    """This process's descendants (``psutil.Process``; empty when psutil is unavailable)."""
+    try:
+        import psutil  # noqa: PLC0415 (a Ray dependency)
+
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "ray" in " ".join(p.cmdline()).lower() or "ray" in p.name().lower():
+                    out.append(p)
+        return out
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _end_leftovers(procs: list, grace_s: float = 5.0) -> None:
+    """After ``ray.shutdown()``: wait for the Ray processes this run started, end any still running
+    (SIGTERM, then SIGKILL), and log which; nothing of ours is left running after the job."""
+    if not procs:
+        return
+    import psutil  # noqa: PLC0415
+
+    procs = [p for p in procs + _our_processes() if p.is_running()]
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            log.warning("ending Ray process %d (%s) left after ray.shutdown()", p.pid, p.name())
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: int | None = None) -> np.ndarray:
