@@ -484,7 +484,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
     return out if len(out) > 1 else out[0]  # one rank group: Ray's num_returns=1 stores the value itself
 
 
-def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int],
+def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int], plan_digest: str,
                       *pieces: pa.Table) -> list:
     """Write the rank files of ranks ``ranks[0] .. ranks[1]-1`` (runs as a Ray task).
 
@@ -493,6 +493,7 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
         schema: the rank-file schema.
         num_steps: S.
         ranks: ``(first, end)`` of the group.
+        plan_digest: recorded in every rank file (:func:`fsdata.shards.writer.plan_digest`).
         pieces: the group's rows from every chunk (resolved from the object store by Ray).
 
     Returns:
@@ -510,7 +511,8 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
     cuts = np.searchsorted(r, np.arange(first, end + 1), side="left")
     entries = []
     for i, rank in enumerate(range(first, end)):
-        entries.append(write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps))
+        entries.append(write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps,
+                                  plan_digest=plan_digest))
     return entries, _node_id()
 
 
@@ -665,7 +667,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         InputError: the input does not match the plan, or a file fails to read midway.
         VerifyError: a written file does not read back as the plan says.
     """
-    from fsdata.shards.writer import output_schema  # noqa: PLC0415
+    from fsdata.shards.writer import output_schema, plan_digest  # noqa: PLC0415
 
     t0 = time.perf_counter()
     schema = output_schema(src)
@@ -696,7 +698,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
                                       plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
                 pieces.append([refs] if G == 1 else refs)
         write_fn = ray.remote(num_cpus=1)(_write_group_task)
-        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])),
+        digest = plan_digest(plan)
+        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])), digest,
                                       *[p[g] for p in pieces]) for g in range(G)]
         del pieces
         written = _get(ray, write_refs)

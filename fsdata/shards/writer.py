@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -63,6 +64,11 @@ ROW_GROUP_ROWS = 16384
 #: Version of the plan Parquet's layout (key ``fsdata.balancer.plan`` in its key-value metadata).
 PLAN_FORMAT_VERSION = 1
 PLAN_METADATA_KEY = b"fsdata.plan"
+#: Key-value metadata key of the plan digest (:func:`plan_digest`), in the plan file and in every
+#: rank file written from that plan: finalize refuses rank files of another plan.
+PLAN_DIGEST_KEY = b"fsdata.plan_digest"
+#: Key-value metadata key of the plan file's content checksum (columns and metadata).
+PLAN_SHA256_KEY = b"fsdata.plan_sha256"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -268,6 +274,82 @@ class PlanTable:
         return self.sample_id[self.step < 0]
 
 
+def plan_digest(plan: PlanTable) -> str:
+    """Hex SHA-256 that identifies a plan: its settings and figures (``meta``, canonical JSON), its
+    per-(step, rank) counts and its dropped sample ids. Every engine computes the same digest for
+    the same plan (it needs no per-row arrays); plans that differ in seed, strategy, cost model,
+    input or any setting differ in it even when their per-rank counts are equal.
+    """
+    h = hashlib.sha256(b"fsdata-plan-digest/1\n")
+    h.update(json.dumps(plan.meta, sort_keys=True, separators=(",", ":")).encode())
+    counts, _ = plan.counts_and_loads()
+    h.update(np.ascontiguousarray(counts, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(plan.dropped_sample_ids(), dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def _plan_content_sha256(t: pa.Table, meta_json: bytes) -> str:
+    """SHA-256 of a plan file's columns (values, in order) and its metadata JSON."""
+    h = hashlib.sha256(meta_json)
+    for name in t.column_names:
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(t.column(name).to_numpy()).tobytes())
+    return h.hexdigest()
+
+
+def check_plan(plan: PlanTable, where: str) -> None:
+    """Check a plan read from a file is internally consistent (one line naming what is wrong).
+
+    Raises:
+        InputError: settings of the wrong type or range, a rank or step out of range or negative
+            (other than -1 for a dropped row), positions that do not number each (step, rank)
+            batch 0..n-1, an empty (step, rank), or a count other than the fixed batch size.
+    """
+    fix = "the plan file was edited or is corrupt: rerun 'fsdata plan'"
+    m = plan.meta
+    for k, lo in (("num_ranks", 1), ("num_steps", 0), ("batch_size_per_rank", 1), ("num_samples_input", 0)):
+        v = m.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise InputError(f"plan {where}: {k} is {v!r}, not an integer >= {lo}; {fix}")
+    R, S_, N = m["num_ranks"], m["num_steps"], len(plan.sample_id)
+    if N != m["num_samples_input"]:
+        raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']}; {fix}")
+    step, rank, pos = (np.asarray(a, dtype=np.int64) for a in (plan.step, plan.rank, plan.position))
+    kept = step >= 0
+    for name, a, hi in (("step", step, S_), ("rank", rank, R)):
+        bad = np.flatnonzero((a < -1) | (a >= hi))
+        if len(bad):
+            raise InputError(f"plan {where}: row {int(bad[0])} has {name} {int(a[bad[0]])}, outside -1 (dropped) "
+                             f"and 0..{hi - 1}; {fix}")
+    bad = np.flatnonzero(kept != (rank >= 0))
+    if len(bad):
+        raise InputError(f"plan {where}: row {int(bad[0])} has step {int(step[bad[0]])} but rank "
+                         f"{int(rank[bad[0]])} (both -1 for a dropped row, else both >= 0); {fix}")
+    bad = np.flatnonzero(kept != (pos >= 0))
+    if len(bad):
+        raise InputError(f"plan {where}: row {int(bad[0])} has position {int(pos[bad[0]])} (-1 exactly for "
+                         f"dropped rows); {fix}")
+    flat = step[kept] * R + rank[kept]
+    counts = np.bincount(flat, minlength=S_ * R) if S_ else np.zeros(0, np.int64)
+    if len(counts) != S_ * R or (counts < 1).any():
+        i = int(np.flatnonzero(counts < 1)[0]) if len(counts) == S_ * R else 0
+        raise InputError(f"plan {where}: step {i // R} rank {i % R} has no rows (every step gives every rank at "
+                         f"least one); {fix}")
+    if m.get("batch_policy") == "fixed" and (counts != m["batch_size_per_rank"]).any():
+        i = int(np.flatnonzero(counts != m["batch_size_per_rank"])[0])
+        raise InputError(f"plan {where}: step {i // R} rank {i % R} has {int(counts[i])} rows, not "
+                         f"batch_size_per_rank {m['batch_size_per_rank']} (batch_policy fixed); {fix}")
+    order = np.lexsort((pos[kept], flat))
+    f_sorted, p_sorted = flat[order], pos[kept][order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(f_sorted)) + 1]) if len(f_sorted) else np.zeros(0, int)
+    first = np.repeat(starts, np.diff(np.append(starts, len(f_sorted))))
+    bad = np.flatnonzero(p_sorted != np.arange(len(f_sorted)) - first)
+    if len(bad):
+        b = int(f_sorted[bad[0]])
+        raise InputError(f"plan {where}: the positions of step {b // R} rank {b % R} are not 0..n-1 (repeated or "
+                         f"missing position); {fix}")
+
+
 def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.ndarray:
     """Index of each row inside its (step, rank) batch, ordered by ``order_key``; -1 when dropped."""
     pos = np.full(len(step), -1, dtype=np.int32)
@@ -382,7 +464,9 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
     """
     t = pa.table({S.SAMPLE_ID: table.sample_id, S.STEP: table.step, S.RANK: table.rank, _POS: table.position,
                   "cost": table.cost})
-    t = t.replace_schema_metadata({PLAN_METADATA_KEY: json.dumps(table.meta).encode()})
+    meta_json = json.dumps(table.meta).encode()
+    t = t.replace_schema_metadata({PLAN_METADATA_KEY: meta_json, PLAN_DIGEST_KEY: plan_digest(table).encode(),
+                                   PLAN_SHA256_KEY: _plan_content_sha256(t, meta_json).encode()})
     with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
         fs, where = fsio.filesystem_and_path(str(tmp))
         pq.write_table(t, where, compression="zstd", filesystem=fs)
@@ -412,9 +496,18 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
     if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
         raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
+    recorded = (t.schema.metadata or {}).get(PLAN_SHA256_KEY)
+    if recorded is not None and recorded.decode() != _plan_content_sha256(t.select(list(need)), raw):
+        raise InputError(f"plan {path}: its content differs from the checksum 'fsdata plan' recorded "
+                         f"({PLAN_SHA256_KEY.decode()}); the plan file was edited or is corrupt: rerun 'fsdata plan'")
     col = lambda n: t.column(n).to_numpy()  # noqa: E731
-    return PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
+    if any(t.column(n).null_count for n in need):
+        raise InputError(f"plan {path}: null values in its columns; the plan file was edited or is corrupt: "
+                         "rerun 'fsdata plan'")
+    plan = PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
                      cost=col("cost"), meta=meta)
+    check_plan(plan, str(path))
+    return plan
 
 
 # ---- stage 2: write ------------------------------------------------------------------------------
@@ -492,7 +585,8 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
         raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
 
 
-def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int) -> FileEntry:
+def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
+               plan_digest: str | None = None) -> FileEntry:
     """Write one rank's file; the unit a distributed engine calls once per rank.
 
     Contract (byte-identical output for the same rows, whatever their order or chunking):
@@ -516,6 +610,9 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         output: the OUTPUT folder (or its temporary stand-in), a local path or a URI.
         schema: the rank-file schema.
         num_steps: S; every step ``0..S-1`` must hold at least one row.
+        plan_digest: the :func:`plan_digest` of the plan the rows come from, recorded in the
+            file's key-value metadata (``fsdata.plan_digest``) so finalize can refuse files of
+            another plan; None records nothing.
 
     Returns:
         The file's :class:`~fsdata.shards.manifest.FileEntry` (path relative to ``output``, rows, bytes, SHA-256).
@@ -526,6 +623,8 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     table = table.select([*schema.names, _POS])
     table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
     table = table.drop_columns([_POS]).cast(schema)
+    if plan_digest is not None:
+        schema = schema.with_metadata({**(schema.metadata or {}), PLAN_DIGEST_KEY: plan_digest.encode()})
     step = table.column(S.STEP).to_numpy()
     ranks = table.column(S.RANK).to_numpy()
     if len(ranks) and (ranks != rank).any():
@@ -567,10 +666,11 @@ def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -
         start = stop
 
 
-def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema) -> FileEntry:
+def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema,
+                         digest: str | None = None) -> FileEntry:
     with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
         table = pa.ipc.open_file(source).read_all()
-    return write_rank(r, table, out_dir, schema, plan.num_steps)
+    return write_rank(r, table, out_dir, schema, plan.num_steps, plan_digest=digest)
 
 
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
@@ -597,7 +697,8 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
         with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
-            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema),
+            digest = plan_digest(plan)
+            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema, digest),
                                range(plan.num_ranks)):
                 files.append(info)
                 bar.update(1)
@@ -619,11 +720,16 @@ def write_step_stats(path: Path | str, plan: Plan | PlanTable) -> None:
     _write_step_stats(path, counts, loads)
 
 
-def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
+def file_records(output: str | os.PathLike, num_ranks: int, expect_digest: str | None = None) -> list[FileEntry]:
     """Records of rank files already written under ``output`` (row count from the footer, size, SHA-256).
 
+    Args:
+        output: the folder holding the rank files.
+        num_ranks: R.
+        expect_digest: when given, every file's recorded plan digest must equal it.
+
     Raises:
-        InputError: a rank file is missing or unreadable.
+        InputError: a rank file is missing or unreadable, or was written from another plan.
     """
     output = fsio.normalize(output)
     remote = fsio.is_remote(output)
@@ -634,11 +740,45 @@ def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
         path = fsio.join(out, rel) if remote else out / rel
         try:
             fs, where = fsio.filesystem_and_path(str(path))
-            n = pq.read_metadata(where, filesystem=fs).num_rows
+            md = pq.read_metadata(where, filesystem=fs)
+            n = md.num_rows
         except (OSError, pa.ArrowException) as e:
             raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+        if expect_digest is not None:
+            got = (md.metadata or {}).get(PLAN_DIGEST_KEY)
+            if got is None or got.decode() != expect_digest:
+                what = "records no plan digest" if got is None else f"has plan digest {got.decode()[:12]}..."
+                raise InputError(f"{path}: {what}, but the plan's is {expect_digest[:12]}...: the rank files were "
+                                 "written from another plan (other seed, strategy, cost model, settings or input); "
+                                 "rerun 'fsdata write' with this plan")
         records.append(FileEntry(rank=r, path=rel, num_rows=n, num_bytes=fsio.size(path), sha256=sha256_file(path)))
     return records
+
+
+_OWN_ROOT_FILES = (STEP_STATS_NAME, DROPPED_NAME, MANIFEST_NAME)
+
+
+def _check_only_rank_files(out: Path | str, num_ranks: int) -> None:
+    """Refuse anything in ``out`` besides the plan's rank files and finalize's own root files
+    (an extra ``part-00001.parquet``, another rank's folder, hidden files or folders): folder-level
+    readers would read them as data.
+
+    Raises:
+        InputError: one line naming up to five such paths.
+    """
+    want = {rank_file_path(r) for r in range(num_ranks)} | set(_OWN_ROOT_FILES)
+    if fsio.is_remote(out):
+        base = fsio.resolve(out).path + "/"
+        files = [fsio.resolve(u).path[len(base):] for u in fsio.walk_files(out)]
+    else:
+        files = [p.relative_to(out).as_posix() for p in Path(out).rglob("*") if p.is_file() or p.is_symlink()]
+        files += [p.relative_to(out).as_posix() + "/" for p in Path(out).rglob("*")
+                  if p.is_dir() and not any(p.iterdir())]
+    own_tmp = re.compile(r"^\.(?:" + "|".join(map(re.escape, _OWN_ROOT_FILES)) + r")\.tmp-\d+$")
+    extra = sorted(f for f in files if f not in want and not own_tmp.match(f))
+    if extra:
+        raise InputError(f"{out} holds {extra[:5]} besides the plan's {num_ranks} rank files; folder readers would "
+                         "read them: remove them, or rerun 'fsdata write' into an empty OUTPUT")
 
 
 def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry] | None = None) -> Manifest:
@@ -666,8 +806,9 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         return fsio.join(out, name) if remote else out / name
 
     R = plan.num_ranks
+    _check_only_rank_files(out, R)
     if records is None:
-        records = file_records(out, R)
+        records = file_records(out, R, expect_digest=plan_digest(plan))
     records = sorted(records, key=lambda f: f.rank)
     counts, _ = plan.counts_and_loads()
     if [f.rank for f in records] != list(range(R)):
@@ -677,11 +818,6 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         if f.num_rows != int(counts[:, f.rank].sum()):
             raise InputError(f"{at(f.path)}: {f.num_rows} rows but the plan gives rank {f.rank} "
                              f"{int(counts[:, f.rank].sum())}; rerun 'fsdata write' with this plan")
-    expected = {rank_dir_name(f.rank) for f in records}
-    extra = sorted(name for name, _ in fsio.list_dir(out) if name not in expected and not name.startswith("_")
-                   and not name.startswith("."))
-    if extra:
-        raise InputError(f"{out} holds {extra[:5]} besides the rank files; write into an empty OUTPUT")
     fs, first = fsio.filesystem_and_path(str(at(records[0].path)))
     columns = pq.read_schema(first, filesystem=fs).names
     # Local: every root file goes to a hidden temporary first and all are renamed into place only
