@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fsdata import fsio
 from fsdata.errors import ConfigError, FsdataError
-from fsdata.guards import EnvironmentFailure, environment_error
+from fsdata.guards import EnvironmentFailure, environment_errno, environment_error
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,8 @@ def _wrap_write_error(e: BaseException, final: str, left: str) -> None:
     if isinstance(e, OSError) and not isinstance(e, FsdataError):
         cause = getattr(e, "cause", None) or e  # a Ray task's error carries the task's exception
         env = environment_error(cause, final, action="write")
+        if env is not None and environment_errno(cause) is None:  # the object store's own failure
+            raise EnvironmentFailure(f"cannot write {_shown(final)}: {env}; {left}") from None
         if env is not None:
             msg = str(env)
             if msg.endswith("; nothing was written"):

@@ -318,6 +318,11 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     except FsdataError:
         raise
     except Exception as e:  # noqa: BLE001 - a malformed output must give one line, never a traceback
+        from fsdata.guards import environment_error  # noqa: PLC0415
+
+        env = environment_error(e, output, action="read")
+        if env is not None:  # the store or the machine failed, not the output
+            raise env from None
         msg = str(e).splitlines()[0] if str(e) else ""
         raise VerifyError(f"{output} is malformed ({type(e).__name__}: {msg}); rerun 'fsdata balance'") from None
 

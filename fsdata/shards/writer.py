@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -58,6 +59,7 @@ from fsdata.shards.manifest import MANIFEST_NAME
 from fsdata.balancer.order import SHUFFLE
 from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, make_plan
 
+log = logging.getLogger(__name__)
 _POS = "position"
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
 ROW_GROUP_ROWS = 16384
@@ -673,6 +675,26 @@ def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Pat
     return write_rank(r, table, out_dir, schema, plan.num_steps, plan_digest=digest)
 
 
+_BUCKETS_PREFIX = "fsdata-buckets-"
+
+
+def _clean_stale_bucket_dirs() -> list[str]:
+    """Remove ``TMPDIR/fsdata-buckets-<pid>-*`` left by runs that were killed (their pid is gone)."""
+    from fsdata.atomic import _pid_alive  # noqa: PLC0415
+
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{_BUCKETS_PREFIX}*-*"):
+        try:
+            pid = int(p.name[len(_BUCKETS_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            log.warning("removed %s left by a killed run (process %d)", p, pid)
+            removed.append(str(p))
+    return removed
+
+
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
     """Stage 2: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
     under that prefix; the temporary buckets then go to a local temporary folder).
@@ -688,7 +710,8 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
     if remote:  # object stores have no place for scratch files: buckets go to local TMPDIR
-        bucket_dir = Path(tempfile.mkdtemp(prefix="fsdata-buckets-"))
+        _clean_stale_bucket_dirs()
+        bucket_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
     else:
         bucket_dir = out / ".buckets"
         bucket_dir.mkdir()

@@ -5,6 +5,8 @@ Runs against the same moto S3 server as ``test_object_store.py`` (its fixtures a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed: pip install 'freescale[test]'")
@@ -185,3 +187,69 @@ def test_failed_cleanup_is_reported_with_what_remains(s3, s3_input, monkeypatch,
     msgs = " ".join(r.getMessage() for r in caplog.records if r.name == atomic.log.name)
     assert "objects of the previous output remain under" in msgs and "aws s3 rm --recursive" in msgs
     assert main(["verify", f"s3://{b}/out", "--no-progress"]) == 0  # the new output is the current one
+
+
+# ---- object-store failures: one line naming the store and the cause ---------------------------------
+
+def test_refused_credentials_are_one_line(s3, s3_input, monkeypatch, capsys):
+    from moto import settings
+
+    b, inp = s3_input
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # moto now checks the (unknown) keys
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 2
+    err = _err_line(capsys)
+    assert f"object store s3://{b}" in err and "credentials were refused" in err
+    assert main(["verify", f"s3://{b}/in", "--no-progress"]) == 2
+    err = _err_line(capsys)
+    assert "credentials were refused" in err and "malformed" not in err
+
+
+def test_unreachable_endpoint_is_one_line(s3, s3_input, monkeypatch, capsys):
+    b, inp = s3_input
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    fsio._filesystem.cache_clear()
+    try:
+        capsys.readouterr()
+        assert main(["verify", f"s3://{b}/out", "--no-progress"]) == 2
+        err = _err_line(capsys)
+        assert f"object store s3://{b}" in err and "endpoint cannot be reached" in err and "127.0.0.1:1" in err
+    finally:
+        monkeypatch.undo()
+        fsio._filesystem.cache_clear()
+
+
+def test_network_cut_mid_write_reports_what_remains(s3, s3_input, monkeypatch, capsys):
+    from fsdata.shards import writer
+
+    b, inp = s3_input
+    real = writer.write_rank
+
+    def cut_at_rank_2(rank, *args, **kwargs):
+        if rank == 2:
+            monkeypatch.setattr(fsio, "delete", lambda p: (_ for _ in ()).throw(
+                OSError("AWS Error NETWORK_CONNECTION during DeleteObjects operation: curlCode: 7 (injected)")))
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7 (injected)")
+        return real(rank, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_rank", cut_at_rank_2)
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE, "--num-threads", "1"]) == 2
+    err = _err_line(capsys)
+    assert "nothing was written" not in err
+    assert re.search(rf"\d+ objects of this run remain under s3://{b}/out", err) and "aws s3 rm --recursive" in err
+
+
+def test_killed_runs_bucket_folders_are_cleaned(s3, s3_input, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"fsdata-buckets-{int(dead.stdout)}-abc123"
+    stale.mkdir()
+    (stale / "00000.arrow").write_bytes(b"x" * 100)
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
+    assert not stale.exists() and not list(tmp_path.glob("fsdata-buckets-*"))
