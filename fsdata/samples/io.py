@@ -172,7 +172,9 @@ class SampleSource:
             exprs = []
             for c in sorted(unknown):
                 if c in (S.ITEM_IDS, S.TIMESTAMPS):
-                    exprs.append((pl.col(c).null_count() + pl.col(c).explode(empty_as_null=False).null_count()).alias(c))
+                    # null lists, plus null elements inside non-null lists (a null list counts once)
+                    exprs.append((pl.col(c).null_count()
+                                  + pl.col(c).drop_nulls().explode(empty_as_null=False).null_count()).alias(c))
                 else:
                     exprs.append(pl.col(c).null_count().alias(c))
             counts.update(lf.select(exprs).collect(engine="streaming").row(0, named=True))

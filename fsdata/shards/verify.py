@@ -426,8 +426,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     off = np.argwhere(np.abs(recorded_costs - loads) > 1e-9 * np.maximum(np.abs(loads), 1.0))
     if len(off):
         s, r = map(int, off[0])
-        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {recorded_costs[s, r]!r}, recomputed "
-                          f"{loads[s, r]!r} under the manifest's cost model; rerun 'fsdata balance'")
+        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {float(recorded_costs[s, r])!r}, recomputed "
+                          f"{float(loads[s, r])!r} under the manifest's cost model; rerun 'fsdata balance'")
     ids = np.concatenate(all_ids) if all_ids else np.empty(0, np.int64)
     if len(ids) != m.num_samples_written:
         raise VerifyError(f"{len(ids)} rows written, manifest says num_samples_written={m.num_samples_written}")
