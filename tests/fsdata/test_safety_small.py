@@ -123,3 +123,22 @@ def test_plan_under_a_file_size_limit_names_the_plan(tmp_path):
     assert r.returncode == 2 and "file too large" in r.stderr, r.stderr
     assert str(tmp_path / "plan.parquet") in r.stderr and str(inp) not in r.stderr
     assert not (tmp_path / "plan.parquet").exists()
+
+
+@pytest.mark.parametrize("column", ["user_id", "target_item_id", "item_ids"])
+def test_negative_ids_are_refused_by_balance(tmp_path, capsys, column):
+    t = pq.read_table(write_samples(tmp_path / "ok.parquet", n=64))
+    if column == "item_ids":
+        items = t.column(column).to_pylist()
+        items[5][0] = -7
+        arr = pa.array(items, type=t.schema.field(column).type)
+    else:
+        vals = t.column(column).to_pylist()
+        vals[5] = -7
+        arr = pa.array(vals, type=t.schema.field(column).type)
+    pq.write_table(t.set_column(t.schema.get_field_index(column), column, arr), tmp_path / "bad.parquet")
+    capsys.readouterr()
+    assert main(["balance", str(tmp_path / "bad.parquet"), str(tmp_path / "out"), "--ranks", "2",
+                 "--batch-size-per-rank", "4", "--no-progress"]) == 2
+    err = _one_line(capsys)
+    assert column in err and "-7" in err and ">= 0" in err
