@@ -114,3 +114,48 @@ def test_finalize_rerun_that_fails_leaves_the_previous_complete_output(tmp_path)
     assert r.returncode == 2 and "file too large" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert _digests(out) == before and sorted(p.name for p in out.iterdir() if p.name.startswith("."))== []
     assert main(["verify", str(out), "--input", str(inp), "--no-progress"]) == 0
+
+
+_KILL_LOCAL = r"""
+import os, shutil, sys
+from fsdata import atomic
+from fsdata.cli import main
+from fsdata.shards import writer
+point = sys.argv[1]
+die = lambda: os._exit(9)
+real_rank, real_exchange, real_stats = writer.write_rank, atomic.exchange, writer.write_step_stats
+def write_rank(rank, *a, **k):
+    if point == "rank" and rank == 2:
+        die()
+    return real_rank(rank, *a, **k)
+def write_step_stats(*a, **k):
+    if point == "finalize":
+        die()
+    return real_stats(*a, **k)
+def exchange(a, b):
+    if point == "before-exchange":
+        die()
+    done = real_exchange(a, b)
+    if point == "after-exchange":
+        die()
+    return done
+writer.write_rank, writer.write_step_stats, atomic.exchange = write_rank, write_step_stats, exchange
+sys.exit(main(["balance", *sys.argv[2:], "--num-threads", "1", "--overwrite"]))
+"""
+
+
+@pytest.mark.parametrize("point, survivor", [("rank", "previous"), ("finalize", "previous"),
+                                             ("before-exchange", "previous"), ("after-exchange", "new")])
+def test_kill_at_each_point_of_a_local_replace(tmp_path, point, survivor):
+    inp = write_samples(tmp_path / "in.parquet", n=700)
+    out, ref = tmp_path / "out", tmp_path / "ref"
+    assert main(["balance", str(inp), str(ref), *_BALANCE]) == 0
+    assert main(["balance", str(inp), str(out), *_BALANCE[:-3], "--seed", "9", "--no-progress"]) == 0
+    before = _digests(out)
+    r = _run_py(_KILL_LOCAL, point, inp, out, *_BALANCE, cwd=tmp_path)
+    assert r.returncode == 9, r.stderr
+    assert _digests(out) == (before if survivor == "previous" else _digests(ref))
+    assert main(["verify", str(out), "--input", str(inp), "--no-progress"]) == 0
+    assert main(["balance", str(inp), str(out), *_BALANCE, "--overwrite"]) == 0  # the next run cleans up
+    assert _digests(out) == _digests(ref)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "out", "ref"]

@@ -253,3 +253,64 @@ def test_killed_runs_bucket_folders_are_cleaned(s3, s3_input, tmp_path, monkeypa
     b, inp = s3_input
     assert main(["balance", inp, f"s3://{b}/out", *_BALANCE]) == 0
     assert not stale.exists() and not list(tmp_path.glob("fsdata-buckets-*"))
+
+
+# ---- kills at every write and switch point: the previous output intact, or the new one complete -----
+
+_KILL_BALANCE = r"""
+import os, sys
+from fsdata import atomic, fsio
+from fsdata.cli import main
+from fsdata.shards import manifest, writer
+point = sys.argv[1]
+die = lambda: os._exit(9)
+real_rank, real_write, real_bytes, real_remove = writer.write_rank, manifest.Manifest.write, fsio.write_bytes, \
+    atomic.remove_remote
+def write_rank(rank, *a, **k):
+    if point == "rank" and rank == 2:
+        die()
+    return real_rank(rank, *a, **k)
+def write(self, out):
+    if point == "manifest":
+        die()
+    return real_write(self, out)
+def write_bytes(path, data):
+    if point == "pointer" and path.split("?")[0].endswith("_current.json"):
+        die()
+    return real_bytes(path, data)
+def remove_remote(prefix, what):
+    if point == "cleanup" and what == "the previous output":
+        die()
+    return real_remove(prefix, what)
+writer.write_rank, manifest.Manifest.write, fsio.write_bytes, atomic.remove_remote = \
+    write_rank, write, write_bytes, remove_remote
+sys.exit(main(["balance", *sys.argv[2:], "--num-threads", "1", "--overwrite"]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point, survivor", [("rank", "previous"), ("manifest", "previous"),
+                                             ("pointer", "previous"), ("cleanup", "new")])
+@pytest.mark.parametrize("layout", ["flat", "versioned"])
+def test_kill_at_each_point_of_an_s3_replace(s3, s3_input, local_out, tmp_path, point, survivor, layout):
+    from tests.fsdata.test_safety_paths import _run_py
+
+    b, inp = s3_input
+    out = f"s3://{b}/out"
+    assert main(["balance", inp, out, *_BALANCE, "--seed", "9"]) == 0
+    if layout == "versioned":  # a previous output that is itself a replaced one
+        assert main(["balance", inp, out, *_BALANCE, "--seed", "9", "--overwrite"]) == 0
+    def current():  # the objects of the output readers resolve (a killed run's version prefix aside)
+        d = s3.digests(fsio.resolve_pointer(out)[len("s3://"):])
+        return {k: v for k, v in d.items() if not k.startswith(("_versions/", "_current.json"))}
+
+    before = current()
+    r = _run_py(_KILL_BALANCE, point, inp, out, *_BALANCE, cwd=tmp_path)
+    assert r.returncode == 9, r.stderr
+    now = current()
+    assert now == (before if survivor == "previous" else _local_digests(local_out))
+    assert main(["verify", out, "--input", inp, "--no-progress"]) == 0
+    assert main(["balance", inp, out, *_BALANCE, "--overwrite"]) == 0  # the next replace cleans up
+    assert s3.digests(fsio.resolve_pointer(out)[len("s3://"):]) == _local_digests(local_out)
+    assert {k.split("/")[0] for k in s3.keys(f"{b}/out")} == {"_current.json", "_versions"}
+    assert len({k.split("/")[0] for k in s3.keys(f"{b}/out/_versions")}) == 1  # stale versions removed
