@@ -475,14 +475,6 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     if column_map is None:
         column_map = m.settings.get("input_columns_renamed") or None
     src = open_samples(input_path, column_map)
-    if m.input_digest is not None:
-        from fsdata.shards.writer import input_digest  # noqa: PLC0415
-
-        got = input_digest(src)
-        if got != m.input_digest:
-            raise VerifyError(f"the manifest's input_digest {m.input_digest[:30]}... is not the digest of --input "
-                              f"{input_path} ({got[:30]}...): the output was made from another input, or the "
-                              "manifest was edited: rerun 'fsdata balance' on this input")
     lengths, in_ids = src.lengths_and_ids()
     accounted = np.concatenate([ids, dropped])
     if len(in_ids) != len(accounted) or not np.array_equal(np.sort(in_ids), np.sort(accounted)):
@@ -549,6 +541,14 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
                 if not np.array_equal(got, want):
                     raise VerifyError(f"rank {f.rank}: strategy is 'shuffle' but its per-rank batches are not the "
                                       f"seeded contiguous slices (seed {m.seed}); rerun 'fsdata balance'")
+    if m.input_digest is not None:  # after the row checks, which name a lost or changed sample
+        from fsdata.shards.writer import input_digest  # noqa: PLC0415
+
+        got = input_digest(src)
+        if got != m.input_digest:
+            raise VerifyError(f"the manifest's input_digest {m.input_digest[:30]}... is not the digest of --input "
+                              f"{input_path} ({got[:30]}...): the output was made from another input (or a rewritten "
+                              "copy of it), or the manifest was edited: rerun 'fsdata balance' on this input")
     if ranks_written is not None:
         _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
     return baseline
