@@ -182,6 +182,10 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         missing = [k for k in KEYS if k not in raw]
         if missing:
             raise VerifyError(f"{where} lacks keys {missing}; rerun 'fsdata balance'")
+        for k in ("predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble"):
+            if raw[k] is not None and not isinstance(raw[k], float):  # fsdata writes these as JSON floats
+                raise VerifyError(f"{where}: {k} is {raw[k]!r}, not a float as fsdata writes it; the manifest was "
+                                  "edited: rerun 'fsdata balance'")
         missing = [k for k in _V2_SETTINGS if k not in m.settings]
         if missing:
             raise VerifyError(f"{where}: settings lacks {missing}; rerun 'fsdata balance'")
@@ -613,9 +617,9 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
             raise VerifyError(f"manifest {key} is {getattr(m, key)!r}, recomputing the plan gives {meta[key]!r}; {fix}")
     for key in ("predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble"):
         got = getattr(m, key)
-        if got is not None and meta[key] is not None and not _close(float(got), float(meta[key])):
-            raise VerifyError(f"manifest {key} is {float(got):.9%}, recomputing the plan gives "
-                              f"{float(meta[key]):.9%}; {fix}")
+        if (got is None) != (meta[key] is None) or (got is not None and float(got) != float(meta[key])):  # bit for bit
+            shown = [None if x is None else float(x) for x in (got, meta[key])]
+            raise VerifyError(f"manifest {key} is {shown[0]!r}, recomputing the plan gives {shown[1]!r}; {fix}")
     # every sample at the plan's step and rank, in the plan's order inside each rank file
     order = np.argsort(in_ids, kind="stable")
     row = order[np.searchsorted(in_ids[order], ids)]
