@@ -1,4 +1,12 @@
-"""Training-quality guard (issue 10, part 3): does balancing change what the model learns?
+"""Training quality: published tables reproduced, and whether balancing changes what the model learns.
+
+Modes (``python -m benchmarks.bench_quality MODE``):
+
+* ``--reproduce``: the published SASRec / HSTU tables (:mod:`benchmarks.quality_recipes`) trained to
+  convergence on per-user samples with the all-positions objective (:mod:`benchmarks.quality_convergence`).
+* ``--parity``: shuffle vs the default balance vs cost-budget at convergence, several seeds.
+* ``--per-user-vs-per-event``: the two sample kinds for the same epochs.
+* no mode: the early-training guard below (a samples-seen budget on per-event samples).
 
 For each dataset: ``fsdata convert --samples per-event --holdout last`` (leave-one-out), then for
 every setting and seed: ``fsdata balance`` (R ranks x B, the setting's flags, ``--seed S``) and
@@ -87,6 +95,18 @@ def _steps_for(shards: Path, samples_seen: int) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Dispatch: ``--reproduce`` / ``--parity`` / ``--per-user-vs-per-event`` (:mod:`benchmarks.quality_convergence`),
+    else the early-training guard below."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(m in argv for m in ("--reproduce", "--parity", "--per-user-vs-per-event")):
+        from benchmarks.quality_convergence import main as convergence_main
+
+        return convergence_main(argv)
+    return early_main(argv)
+
+
+def early_main(argv: list[str] | None = None) -> int:
+    """The early-training guard (module docstring): per-event samples, a samples-seen budget."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(REPO_ROOT / "bench-output"), help="bench_quality.json goes here")
     p.add_argument("--work", default="/tmp/bench_quality", help="scratch: converted samples, shards, runs")

@@ -21,7 +21,7 @@ Python API (docs/fsdata.md, "Python API")::
 import sys
 import types
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from fsdata.engines import balance  # noqa: E402
 from fsdata.errors import FsdataError  # noqa: E402

@@ -87,6 +87,9 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
                         "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
     p.add_argument("--remainder", default="drop", choices=["drop", "error"],
                    help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
+    p.add_argument("--epochs", type=int, default=1, metavar="E",
+                   help="epochs written one after the other, each with its own seeded shuffle and composition; "
+                        "steps are numbered on across epochs (default 1; fixed policy, local engine)")
 
 
 def _add_write_opts(p: argparse.ArgumentParser) -> None:
@@ -264,7 +267,8 @@ def _settings_from_args(a: argparse.Namespace):
                            else a.bucket_compression,
                            progress=not a.no_progress, overwrite=a.overwrite,
                            engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None),
-                           plan_window=DEFAULT_PLAN_WINDOW if getattr(a, "plan_window", None) is None else a.plan_window)
+                           plan_window=DEFAULT_PLAN_WINDOW if getattr(a, "plan_window", None) is None else a.plan_window,
+                           epochs=getattr(a, "epochs", 1))
 
 
 def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:
@@ -275,6 +279,10 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
 
     settings = m.get("settings") or {}
     summary["compose_window"] = settings.get("compose_window", 1)
+    summary["epochs"] = m.get("epochs", 1)
+    summary["steps_per_epoch"] = m.get("steps_per_epoch", round(m["num_steps"] / summary["epochs"]))
+    if "epoch_num_steps" in m:
+        summary["epoch_num_steps"] = m["epoch_num_steps"]
     summary["warning"] = high_bubble_warning(m)
     if summary["warning"]:
         log.warning(summary["warning"])
@@ -286,6 +294,14 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
     else:
         print(f"wrote {a.output}: {m['num_ranks']} ranks x {m['num_steps']} steps, "
               f"{m['num_samples_written']:,} samples ({m['num_samples_dropped']:,} dropped, see manifest)")
+        if summary["epochs"] > 1:
+            if "steps_per_epoch" in m:
+                print(f"  epochs             {summary['epochs']} x {summary['steps_per_epoch']} steps (epoch e: steps "
+                      f"e*{summary['steps_per_epoch']} .. (e+1)*{summary['steps_per_epoch']}-1)")
+            else:
+                per = m["epoch_num_steps"]
+                print(f"  epochs             {summary['epochs']}, steps per epoch {per[:8]}{' ...' if len(per) > 8 else ''}"
+                      " (epoch_num_steps in the manifest)")
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({m['strategy']}, {m['batch_policy']})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
         print(f"  proven bound       {m['lower_bound_bubble']:.4%}  (pigeonhole bound of these steps, equal "
@@ -360,6 +376,9 @@ def _cmd_write(a: argparse.Namespace) -> int:
                                bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
                                engine=a.engine, ray_address=a.ray_address)
     if settings.engine == "ray":
+        if plan.epochs > 1:
+            raise FsdataError(f"plan {a.plan} holds {plan.epochs} epochs; --engine ray writes one epoch only: "
+                              "use --engine local (the default)")
         from fsdata.engines.ray import write_ranks
     with atomic_output(a.output, overwrite=a.overwrite) as tmp:
         files = write_ranks(src, plan, tmp, settings)
@@ -409,7 +428,10 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(r, indent=2))
     else:
-        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps, {r['num_samples_written']:,} samples "
+        epochs = (f" ({r['epochs']} epochs of {min(r['epoch_num_steps'])}..{max(r['epoch_num_steps'])} steps, every "
+                  "sample once per epoch)"
+                  if r.get("epochs", 1) > 1 else "")
+        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
               + ("; input fully accounted for" if r["checked_input"] else ""))
     return 0

@@ -198,23 +198,37 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
         row_lengths[ids] = lengths
         source = (f"exact: global batches recomputed from the seed ({m.get('seed', 0)}); sample_id = input row "
                   "(as written by fsdata convert/synth)")
-    steps, _ = shuffled_steps(N, R, B, int(m.get("seed", 0)),
-                              shuffle=(m.get("settings") or {}).get("shuffle", LEGACY_SHUFFLE))
-    step_lengths = row_lengths[steps]
+    from fsdata.balancer.order import epoch_seed  # noqa: PLC0415
+
+    # E epochs (manifest ``epochs``, absent = 1): epoch e's global batches come from epoch_seed(seed, e)
+    E = int(m.get("epochs", 1))
+    per = m.get("epoch_num_steps") or [int(m.get("steps_per_epoch", S_ // max(E, 1)))] * E
+    first = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+    epoch_of = np.searchsorted(first[1:], out_steps, side="right")
     fix = "pass --input INPUT (the balance INPUT)" if input_path is None else "pass the same INPUT as 'fsdata balance'"
-    if (step_lengths < 0).any():
-        raise InputError(f"some samples of the global batches of {output} were not written, so their lengths are "
-                         f"unknown; {fix}")
     fixed = m.get("batch_policy", "fixed") == "fixed"
-    if fixed:
-        # composition (docs/balancer.md) regroups samples only inside windows of W global batches
-        W = max(1, int((m.get("settings") or {}).get("compose_window") or 1))
-        plan_step = np.full(N, -1, dtype=np.int64)
-        plan_step[steps.ravel()] = np.repeat(np.arange(len(steps)), R * B)
-        bad = np.flatnonzero(plan_step[row_of] // W != out_steps // W)
-        if len(bad):
-            raise InputError(f"the global batches recomputed from the seed do not match {output} (e.g. sample_id "
-                             f"{int(ids[bad[0]])} is in step {int(out_steps[bad[0]])}); {fix}")
+    all_steps, all_step_lengths = [], []
+    for e in range(E):
+        steps, _ = shuffled_steps(N, R, B, epoch_seed(int(m.get("seed", 0)), e),
+                                  shuffle=(m.get("settings") or {}).get("shuffle", LEGACY_SHUFFLE))
+        step_lengths = row_lengths[steps]
+        if (step_lengths < 0).any():
+            raise InputError(f"some samples of the global batches of {output} were not written, so their lengths are "
+                             f"unknown; {fix}")
+        if fixed:
+            # composition (docs/balancer.md) regroups samples only inside windows of W global batches
+            W = max(1, int((m.get("settings") or {}).get("compose_window") or 1))
+            plan_step = np.full(N, -1, dtype=np.int64)
+            plan_step[steps.ravel()] = np.repeat(np.arange(len(steps)), R * B)
+            sel = np.flatnonzero(epoch_of == e)
+            bad = sel[plan_step[row_of[sel]] // W != (out_steps[sel] - first[e]) // W]
+            if len(bad):
+                raise InputError(f"the global batches recomputed from the seed do not match {output} (e.g. sample_id "
+                                 f"{int(ids[bad[0]])} is in step {int(out_steps[bad[0]])}); {fix}")
+        all_steps.append(steps)
+        all_step_lengths.append(step_lengths)
+    steps, step_lengths = np.concatenate(all_steps), np.concatenate(all_step_lengths)
+    del all_steps, all_step_lengths
     step_costs = cost_model.cost(step_lengths)
     if fixed:  # the bound of the written (possibly composed) steps, as the manifest's lower_bound_bubble
         written = cost_model.cost(lengths[np.argsort(out_steps, kind="stable")]).reshape(S_, R * B)

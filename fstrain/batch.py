@@ -32,7 +32,11 @@ class Batch(Pipelineable):
         sample_ids: shape ``[B]``, int64.
         step: the step number (0-based, same on every rank).
         num_samples: B, this rank's count in this step.
-        global_num_samples: the step's count over all ranks (loss normaliser).
+        global_num_samples: the step's count over all ranks (loss normaliser of the last-position
+            objective).
+        global_num_tokens: the step's history items over all ranks: the supervised positions of
+            the all-position objective (its loss normaliser); -1 when the shards do not record it
+            (outputs of fsdata < 0.3), then a world-size-1 run uses its own count.
     """
 
     features: KeyedJaggedTensor
@@ -41,13 +45,14 @@ class Batch(Pipelineable):
     step: int
     num_samples: int
     global_num_samples: int
+    global_num_tokens: int = -1
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         """Copy to ``device`` (a new :class:`Batch`; ints stay on the host)."""
         return Batch(self.features.to(device=device, non_blocking=non_blocking),
                      self.target_ids.to(device=device, non_blocking=non_blocking),
                      self.sample_ids.to(device=device, non_blocking=non_blocking),
-                     self.step, self.num_samples, self.global_num_samples)
+                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens)
 
     def record_stream(self, stream: torch.Stream) -> None:
         """Mark every tensor as used by ``stream`` (CUDA only)."""
@@ -58,7 +63,7 @@ class Batch(Pipelineable):
     def pin_memory(self) -> "Batch":
         """Page-locked copy for asynchronous host-to-device transfer."""
         return Batch(self.features.pin_memory(), self.target_ids.pin_memory(), self.sample_ids.pin_memory(),
-                     self.step, self.num_samples, self.global_num_samples)
+                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -67,7 +72,7 @@ class Batch(Pipelineable):
 
 
 def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray, sample_ids: np.ndarray,
-               step: int, global_num_samples: int) -> Batch:
+               step: int, global_num_samples: int, global_num_tokens: int = -1) -> Batch:
     """Build a :class:`Batch` from flat numpy arrays.
 
     Args:
@@ -77,6 +82,7 @@ def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray
         sample_ids: shape ``[B]``, int64.
         step: the step number.
         global_num_samples: the step's count over all ranks.
+        global_num_tokens: the step's history items over all ranks (-1: unknown).
 
     Returns:
         The batch (CPU tensors).
@@ -88,7 +94,7 @@ def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray
                                               lengths=kjt_lengths, stride=B)
     return Batch(kjt, torch.from_numpy(np.array(targets, dtype=np.int64)),
                  torch.from_numpy(np.array(sample_ids, dtype=np.int64)),
-                 int(step), B, int(global_num_samples))
+                 int(step), B, int(global_num_samples), int(global_num_tokens))
 
 
 __all__ = ["HISTORY_KEY", "TARGET_KEY", "Batch", "make_batch"]

@@ -26,7 +26,7 @@ import torch
 
 from fstrain.data import make_batch
 from fstrain.errors import ConfigError
-from fstrain.model import with_negatives
+from fstrain.model import attach_negatives
 from fstrain.replay import make_replay_model, resolve_clock, time_forward_backward
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
         n = len(L)
         b = make_batch(rng.integers(0, num_items, int(L.sum())), L, rng.integers(0, num_items, n),
                        np.arange(n), step, n)
-        return with_negatives(b, num_items, cfg.num_negatives, seed).to(dev)
+        return attach_negatives(b, cfg, seed).to(dev)
 
     tick = resolve_clock(clock, dev)
     for i in range(warmup):

@@ -48,24 +48,50 @@ REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 
 
 
 def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    d = {"embedding_dim": 64, "num_layers": 2, "num_negatives": 128, **(defaults or {})}
+    from fstrain.model import MODELS, OBJECTIVES, Config
+
+    base = {f: Config.__dataclass_fields__[f].default for f in
+            ("model", "embedding_dim", "num_layers", "num_heads", "num_negatives", "max_seq_len", "dropout",
+             "temperature", "bucket_ratio", "attention", "negatives")}
+    d = {**base, **(defaults or {})}
     g = p.add_argument_group("model (fstrain.model.Config)")
+    g.add_argument("--model", choices=MODELS, default=d["model"],
+                   help=f"sasrec (softmax attention) or hstu (Zhai et al. 2024) (default {d['model']})")
+    g.add_argument("--objective", choices=OBJECTIVES, default=None,
+                   help="all-positions (next item at every history position) or last-position; default: from the "
+                        "manifest's sample kind (per-user: all-positions, per-event: last-position)")
     g.add_argument("--num-items", type=int, default=None, help="item table rows (default: max id + 1 from the shards)")
-    g.add_argument("--embedding-dim", type=int, default=d["embedding_dim"], help=f"default {d['embedding_dim']}")
+    g.add_argument("--embedding-dim", type=int, default=d["embedding_dim"],
+                   help=f"a multiple of 4 (default {d['embedding_dim']})")
     g.add_argument("--num-layers", type=int, default=d["num_layers"], help=f"default {d['num_layers']}")
-    g.add_argument("--num-heads", type=int, default=2)
+    g.add_argument("--num-heads", type=int, default=d["num_heads"], help=f"default {d['num_heads']}")
+    g.add_argument("--attention-dim", type=int, default=None, help="hstu: query/key width per head (default d/heads)")
+    g.add_argument("--linear-dim", type=int, default=None, help="hstu: value/gate width per head (default d/heads)")
     g.add_argument("--num-negatives", type=int, default=d["num_negatives"],
-                   help=f"sampled-softmax negatives shared per step (default {d['num_negatives']})")
-    g.add_argument("--max-seq-len", type=int, default=512)
-    g.add_argument("--bucket-ratio", type=float, default=1.25, help="attention length-bucket ratio (>= 1)")
-    g.add_argument("--attention", choices=("bucketed", "reference"), default="bucketed")
-    p.add_argument("--seed", type=int, default=0, help="init and negatives seed (default 0)")
+                   help=f"sampled-softmax negatives shared per step; 0: full softmax (default {d['num_negatives']})")
+    g.add_argument("--negatives", choices=("step", "sample"), default=d.get("negatives", "step"),
+                   help="step: K negatives shared by the step; sample: K per sample, keyed by sample id (both "
+                        "independent of the rank a sample lands on) (default step)")
+    g.add_argument("--temperature", type=float, default=d["temperature"],
+                   help=f"logits = similarity / temperature (default {d['temperature']})")
+    g.add_argument("--no-l2-normalize", dest="l2_normalize", action="store_false", default=True,
+                   help="plain dot products instead of cosine similarity")
+    g.add_argument("--dropout", type=float, default=d["dropout"], help=f"dropout rate (default {d['dropout']})")
+    g.add_argument("--max-seq-len", type=int, default=d["max_seq_len"], help=f"default {d['max_seq_len']}")
+    g.add_argument("--bucket-ratio", type=float, default=d["bucket_ratio"], help="attention length-bucket ratio (>= 1)")
+    g.add_argument("--attention", choices=("bucketed", "reference"), default=d["attention"])
+    p.add_argument("--seed", type=int, default=0, help="init, dropout and negatives seed (default 0)")
+
+
+_MODEL_FLAGS = ("model", "objective", "embedding_dim", "num_layers", "num_heads", "attention_dim", "linear_dim",
+                "num_negatives", "negatives", "temperature", "l2_normalize", "dropout", "max_seq_len", "bucket_ratio", "attention")
 
 
 def _model_kwargs(a: argparse.Namespace) -> dict:
-    kw = {"embedding_dim": a.embedding_dim, "num_layers": a.num_layers, "num_heads": a.num_heads,
-          "num_negatives": a.num_negatives, "max_seq_len": a.max_seq_len, "bucket_ratio": a.bucket_ratio,
-          "attention": a.attention}
+    kw = {k: getattr(a, k) for k in _MODEL_FLAGS}
+    for k in ("objective", "attention_dim", "linear_dim"):  # None: decided later (manifest, model)
+        if kw[k] is None:
+            del kw[k]
     if a.num_items is not None:
         kw["num_items"] = a.num_items
     return kw
@@ -108,12 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--collective-timeout-seconds", type=float, default=120.0,
                    help="a rank that makes no progress for this long makes every other rank exit with one line "
                    "naming it, the collective and the step (default 120)")
-    t.add_argument("--dense-lr", type=float, default=1e-3)
-    t.add_argument("--sparse-lr", type=float, default=0.05)
-    t.add_argument("--sparse-optimizer", choices=("rowwise_adagrad", "sgd"), default="rowwise_adagrad")
+    from fstrain.dist import SPARSE_OPTIMIZERS, OptimConfig
+
+    o = OptimConfig()
+    t.add_argument("--dense-lr", type=float, default=o.dense_lr, help=f"AdamW learning rate (default {o.dense_lr})")
+    t.add_argument("--weight-decay", type=float, default=o.weight_decay,
+                   help=f"AdamW weight decay of the dense tower (default {o.weight_decay})")
+    t.add_argument("--sparse-lr", type=float, default=o.sparse_lr, help=f"item-table learning rate (default {o.sparse_lr})")
+    t.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default=o.sparse_optimizer,
+                   help="fused item-table optimizer (adam: CUDA only, fbgemm has no CPU Adam) "
+                        f"(default {o.sparse_optimizer})")
     t.add_argument("--eval-data", default=None, metavar="EVAL.parquet",
                    help="held-out file (fsdata convert --holdout last): HR@10/NDCG@10 into eval.parquet and the summary")
     t.add_argument("--eval-every-steps", type=int, default=0, help="with --eval-data: period in steps (0: at the end)")
+    t.add_argument("--eval-every-epochs", type=int, default=0,
+                   help="with --eval-data: evaluate after every N epochs of the shards (fsdata balance --epochs)")
     t.add_argument("--eval-max-users", type=int, default=None,
                    help="with --eval-data: evaluate a fixed seeded sample of this many users (default: all)")
     t.add_argument("--simulate-ranks", action="store_true",
@@ -141,8 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flags(e, progress=False, name="fstrain")
     _add_model_flags(e)
     # model flags override the config recorded in the checkpoint only when given
-    e.set_defaults(embedding_dim=None, num_layers=None, num_heads=None, num_negatives=None, max_seq_len=None,
-                   bucket_ratio=None, attention=None)
+    e.set_defaults(**{k: None for k in _MODEL_FLAGS})
 
     r = sub.add_parser("replay", help="measure the bubble R ranks would see, on one device", epilog=_REPLAY_EPILOG,
                        formatter_class=fmt)
@@ -203,8 +237,10 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
     if a.eval_every_steps < 0:
         parser.error(f"--eval-every-steps must be >= 0, got {a.eval_every_steps}")
-    if a.eval_every_steps and not a.eval_data:
-        parser.error("--eval-every-steps needs --eval-data EVAL.parquet")
+    if a.eval_every_epochs < 0:
+        parser.error(f"--eval-every-epochs must be >= 0, got {a.eval_every_epochs}")
+    if (a.eval_every_steps or a.eval_every_epochs) and not a.eval_data:
+        parser.error("--eval-every-steps / --eval-every-epochs need --eval-data EVAL.parquet")
     if a.resume and not a.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
     for flag, path in (("--checkpoint-dir", a.checkpoint_dir), ("--metrics-dir", a.metrics_dir)):
@@ -222,8 +258,9 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       collective_timeout_seconds=a.collective_timeout_seconds,
                       pipeline=None if a.pipeline == "none" else a.pipeline,
                       eval_data=a.eval_data, eval_every_steps=a.eval_every_steps,
+                      eval_every_epochs=a.eval_every_epochs,
                       simulate_ranks=a.simulate_ranks, eval_max_users=a.eval_max_users,
-                      optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr,
+                      optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr, weight_decay=a.weight_decay,
                                         sparse_optimizer=a.sparse_optimizer))
     from fstrain.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
 

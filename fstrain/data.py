@@ -105,6 +105,43 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     return counts
 
 
+def load_step_tokens(manifest: Manifest) -> np.ndarray | None:
+    """Per-(step, rank) history tokens: the ``num_tokens`` column of ``_step_stats.parquet`` (the sum
+    of the samples' ``seq_len`` = ``len(item_ids)``; written since fsdata 0.3).
+
+    Args:
+        manifest: a loaded manifest.
+
+    Returns:
+        shape ``[S x R]``, int64; None when the output predates the column (or has no step stats).
+
+    Raises:
+        ShardError: the step stats are unreadable or do not cover every (step, rank) exactly once.
+    """
+    S, R = manifest.num_steps, manifest.num_ranks
+    stats_path = manifest.step_stats_path()
+    if not os.path.exists(stats_path):
+        return None
+    try:
+        names = pq.read_schema(stats_path).names
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"{stats_path} is unreadable ({e}); re-run fsdata balance") from None
+    if "num_tokens" not in names:
+        return None
+    try:
+        t = manifest.read_step_stats(columns=["step", "rank", "num_tokens"])
+    except ManifestError as e:
+        raise ShardError(str(e)) from None
+    step = t.column("step").to_numpy().astype(np.int64)
+    rank = t.column("rank").to_numpy().astype(np.int64)
+    if len(step) != S * R or step.min(initial=0) < 0 or step.max(initial=0) >= S or rank.max(initial=0) >= R:
+        raise ShardError(f"{stats_path}: {len(step)} rows but num_steps {S} x num_ranks {R} = {S * R} "
+                         "(one per step and rank) expected; re-run fsdata balance")
+    tokens = np.zeros((S, R), dtype=np.int64)
+    tokens[step, rank] = t.column("num_tokens").to_numpy().astype(np.int64)
+    return tokens
+
+
 def check_world_size(manifest: Manifest, world_size: int) -> None:
     """Raise :class:`ShardMismatchError` unless the shards were written for ``world_size`` ranks."""
     if world_size != manifest.num_ranks:
@@ -158,6 +195,8 @@ class ShardReader:
         counts = load_step_counts(m)
         self.local_counts = counts[:, rank]
         self.global_counts = counts.sum(axis=1)
+        tokens = load_step_tokens(m)
+        self._global_tokens = None if tokens is None else tokens.sum(axis=1)
         self.path = m.rank_file(rank)
         self._file, self._row_groups = self._open_and_check()
 
@@ -195,6 +234,42 @@ class ShardReader:
             raise ShardMismatchError(f"rank {self.rank}: {path} holds steps {lo_all}..{hi_all} but the manifest "
                                      f"says 0..{m.num_steps - 1} on every rank; re-run fsdata balance")
         return pf, keep
+
+    @property
+    def has_token_counts(self) -> bool:
+        """Whether the step stats carry ``num_tokens`` (outputs of fsdata >= 0.3)."""
+        return self._global_tokens is not None
+
+    @property
+    def global_token_counts(self) -> np.ndarray:
+        """Per-step GLOBAL history tokens: shape ``[S]`` int64, the sum over all ranks of the step's
+        samples' ``seq_len`` (``len(item_ids)``) from ``_step_stats.parquet``'s ``num_tokens``; the
+        all-position loss's normaliser (supervised positions of the whole global batch).
+
+        Raises:
+            ShardError: the output predates the ``num_tokens`` column (fsdata < 0.3).
+        """
+        if self._global_tokens is None:
+            raise ShardError(f"{self.manifest.step_stats_path()} has no num_tokens column (written by fsdata < 0.3); "
+                             "the all-position loss needs each step's global token count: re-run fsdata balance "
+                             "with fsdata >= 0.3")
+        return self._global_tokens
+
+    @property
+    def epochs(self) -> int:
+        """E, the epochs the shards hold (manifest ``epochs``; 1 when absent)."""
+        return self.manifest.epochs
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps per epoch (manifest ``steps_per_epoch``; ``num_steps`` when absent; the nominal
+        ``round(num_steps / epochs)`` under cost-budget with unequal epochs)."""
+        return self.manifest.steps_per_epoch
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch (E ints summing to ``num_steps``; exact under cost-budget too)."""
+        return self.manifest.epoch_num_steps
 
     def __len__(self) -> int:
         return self.end_step - self.start_step
@@ -235,7 +310,8 @@ class ShardReader:
                                      f"{int(self.local_counts[s])}; re-run fsdata balance")
                 with record_function("## make_batch ##"):
                     batch = make_batch(values[offsets[a]:offsets[b]], lengths[a:b], targets[a:b], sids[a:b],
-                                       s, int(self.global_counts[s]))
+                                       s, int(self.global_counts[s]),
+                                       -1 if self._global_tokens is None else int(self._global_tokens[s]))
                 yield batch, (t.slice(a, b - a).select(list(columns)) if columns else None)
                 expect = s + 1
         if expect != self.end_step:

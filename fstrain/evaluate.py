@@ -9,7 +9,9 @@ among the candidates gives
 * ``HR@K``   = mean over users of ``[rank < K]``,
 * ``NDCG@K`` = mean over users of ``[rank < K] / log2(rank + 2)`` (one relevant item, so the
   ideal DCG is 1; Järvelin & Kekäläinen 2002),
+* ``MRR``    = mean over users of ``1 / (rank + 1)`` (over the full ranking, no cutoff),
 
+reported for K = 10 and 50 (and any other ``k`` asked for),
 with ``rank`` 0-based. SASRec's original protocol ranks the target among 100 sampled negatives;
 we rank against the full vocabulary (no sampling noise, and sampled metrics can disagree with
 full ones: Krichene & Rendle, KDD 2020), so our numbers are lower than sampled ones.
@@ -50,6 +52,8 @@ from fstrain.model import NEGATIVE_KEY
 logger = logging.getLogger(__name__)
 
 DEFAULT_K = 10
+#: Cutoffs always reported (generative-recommenders reports HR/NDCG@10 and @50, and MRR).
+REPORTED_KS = (10, 50)
 
 
 def target_ranks(scores: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
@@ -64,6 +68,11 @@ def target_ranks(scores: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor
     """
     t = scores.gather(1, target_ids[:, None])
     return (scores > t).sum(1) + (scores == t).sum(1) - 1
+
+
+def mrr_sum(ranks: torch.Tensor) -> float:
+    """Sum over users of ``1 / (rank + 1)`` for 0-based ``ranks`` ``[U]`` int64 (mean reciprocal rank's numerator)."""
+    return float((1.0 / (ranks.to(torch.float64) + 1.0)).sum())
 
 
 def hr_ndcg_sums(ranks: torch.Tensor, k: int = DEFAULT_K) -> tuple[float, float]:
@@ -221,7 +230,8 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
         rank, world_size: this process's share of the users (sums are all-reduced when > 1).
 
     Returns:
-        ``{"hr@K", "ndcg@K", "num_users", "num_candidates", "k", "mask_history", "eval_seconds"}``.
+        ``{"hr@K", "ndcg@K" for K in {k, 10, 50}, "mrr", "num_users", "num_candidates", "k",
+        "mask_history", "eval_seconds"}``.
 
     Raises:
         ConfigError: an id is outside ``0..num_items-1``, a target is the padding id, or a
@@ -238,7 +248,8 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
     was_training = model.training
     model.eval()
     all_ids = torch.arange(num_items, dtype=torch.int64)
-    hits = ndcg = 0.0
+    ks = sorted({k, *REPORTED_KS})
+    sums = np.zeros(2 * len(ks) + 1, dtype=np.float64)  # hr@k..., ndcg@k..., mrr
     n_users = 0
     items = None
     for idx in _split(data.num_users, world_size, rank, batch_size):
@@ -250,18 +261,25 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
         if items is None:
             items = cand  # [N x d]: the whole table, looked up once per evaluation
         user = model.dense.user_vectors(hist, kjt[HISTORY_KEY].lengths())  # [b x d]
-        scores = (user @ items.t()).to(torch.float32)  # [b x N]
+        scores = model.dense.scores(user, items).to(torch.float32)  # [b x N]
         mask_scores(scores, targets.to(device), values, lengths, mask_history=mask_history, padding_id=padding_id)
-        h, g = hr_ndcg_sums(target_ranks(scores, targets.to(device)), k)
-        hits, ndcg, n_users = hits + h, ndcg + g, n_users + len(idx)
+        ranks = target_ranks(scores, targets.to(device))
+        for i, kk in enumerate(ks):
+            sums[i], sums[len(ks) + i] = np.add((sums[i], sums[len(ks) + i]), hr_ndcg_sums(ranks, kk))
+        sums[-1] += mrr_sum(ranks)
+        n_users += len(idx)
     if world_size > 1:
-        sums = torch.tensor([hits, ndcg, float(n_users)], dtype=torch.float64, device=device)
-        dist.all_reduce(sums)
-        hits, ndcg, n_users = float(sums[0]), float(sums[1]), int(sums[2])
+        t = torch.tensor([*sums, float(n_users)], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        sums, n_users = t[:-1].cpu().numpy(), int(t[-1])
     model.train(was_training)
     candidates = num_items - (1 if 0 <= padding_id < num_items else 0)
-    return {f"hr@{k}": hits / n_users, f"ndcg@{k}": ndcg / n_users, "num_users": n_users,
-            "num_candidates": candidates, "k": k, "mask_history": mask_history,
+    out = {}
+    for i, kk in enumerate(ks):
+        out[f"hr@{kk}"] = float(sums[i]) / n_users
+        out[f"ndcg@{kk}"] = float(sums[len(ks) + i]) / n_users
+    out["mrr"] = float(sums[-1]) / n_users
+    return {**out, "num_users": n_users, "num_candidates": candidates, "k": k, "mask_history": mask_history,
             "eval_seconds": time.perf_counter() - t0}
 
 
@@ -280,11 +298,13 @@ class Evaluator:
         rank, world_size, device: the job's.
         k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
         max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
+        steps_per_epoch: steps of one epoch of the shards (records then carry ``epoch`` = steps
+            done / steps per epoch); None: not recorded.
     """
 
     def __init__(self, path: str, *, every_steps: int, num_items: int, rank: int, world_size: int,
                  device: torch.device, k: int = DEFAULT_K, batch_size: int = 256, mask_history: bool = True,
-                 padding_id: int = 0, max_users: int | None = None) -> None:
+                 padding_id: int = 0, max_users: int | None = None, steps_per_epoch: int | None = None) -> None:
         if every_steps < 0:
             raise ConfigError(f"--eval-every-steps must be >= 0, got {every_steps}")
         self.data = load_eval_data(path).subsample(max_users)
@@ -293,6 +313,7 @@ class Evaluator:
                               f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
         _split(self.data.num_users, world_size, rank, batch_size)  # too few users for the ranks: fail now
         self.every_steps = every_steps
+        self.steps_per_epoch = steps_per_epoch
         self.kw = dict(num_items=num_items, k=k, batch_size=batch_size, mask_history=mask_history,
                        padding_id=padding_id, device=device, rank=rank, world_size=world_size)
         self.records: list[dict] = []
@@ -300,13 +321,16 @@ class Evaluator:
 
     def run(self, model, step: int) -> dict:
         """Evaluate now (every rank together) and record the result for ``step`` steps done."""
-        res = {"step": step, **evaluate_model(model, self.data, **self.kw)}
+        epoch = step / self.steps_per_epoch if self.steps_per_epoch else None
+        res = {"step": step, "epoch": epoch, **evaluate_model(model, self.data, **self.kw)}
         self.records.append(res)
         self.last_step = step
         k = self.kw["k"]
         if self.kw["rank"] == 0:
-            logger.info("eval step %d HR@%d %.4f NDCG@%d %.4f (%d users, %.1fs)", step, k, res[f"hr@{k}"], k,
-                        res[f"ndcg@{k}"], res["num_users"], res["eval_seconds"])
+            logger.info("eval step %d%s HR@%d %.4f NDCG@%d %.4f HR@50 %.4f NDCG@50 %.4f MRR %.4f (%d users, %.1fs)",
+                        step, "" if epoch is None else f" (epoch {epoch:g})", k, res[f"hr@{k}"],
+                        k, res[f"ndcg@{k}"], res["hr@50"], res["ndcg@50"], res["mrr"], res["num_users"],
+                        res["eval_seconds"])
         return res
 
     def maybe_run(self, model, step: int) -> dict | None:
@@ -314,6 +338,11 @@ class Evaluator:
         if self.every_steps and step % self.every_steps == 0 and step != self.last_step:
             return self.run(model, step)
         return None
+
+    def best(self, metric: str | None = None) -> dict | None:
+        """The record with the highest ``metric`` (default ``ndcg@K``; the first one on ties), or None."""
+        metric = metric or f"ndcg@{self.kw['k']}"
+        return max(self.records, key=lambda r: r[metric], default=None)
 
     def finish(self, model, step: int) -> dict | None:
         """Evaluate at the end unless ``step`` was just evaluated."""

@@ -51,7 +51,7 @@ def build_pec_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
     Raises:
         ConfigError: unknown sparse optimizer.
     """
-    opt_cls, kwargs = sparse_optimizer(optim)  # unknown name: ConfigError before any allocation
+    opt_cls, kwargs = sparse_optimizer(optim, env.device)  # unknown name: ConfigError before any allocation
     model = SequentialRecommender(config, device=torch.device("meta"))
     model.dense.to(env.device)
     model.ec = PECEmbeddingCollection(model.ec)
@@ -67,7 +67,8 @@ def build_pec_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
                                    sharders=sharders, data_parallel_wrapper=SumDataParallelWrapper())
     init_table_rows(dmp, config, seed=torch.initial_seed())  # the same table as build_sharded_model
     dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: torch.optim.Adam(params, lr=optim.dense_lr))
+                                      lambda params: torch.optim.AdamW(params, lr=optim.dense_lr, betas=optim.betas,
+                                                                                        weight_decay=optim.weight_decay))
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense_opt])
 
 

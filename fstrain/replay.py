@@ -31,7 +31,7 @@ from fsdata.balancer.bubble import run_bubble, step_bubbles
 from fsdata.errors import FsdataError
 from fstrain.data import Batch, ShardReader, infer_num_items, load_manifest
 from fstrain.errors import ConfigError, ShardError
-from fstrain.model import Config, SequentialRecommender, with_negatives
+from fstrain.model import Config, SequentialRecommender, attach_negatives
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     N = np.zeros((S, m.num_ranks))
     tick = resolve_clock(clock, dev)
     for s in range(S):
-        batches = [with_negatives(next(it), mdl.config.num_items, mdl.config.num_negatives, seed).to(dev)
+        batches = [attach_negatives(next(it), mdl.config, seed).to(dev)
                    for it in iters]
         if s == 0:
             for i in range(warmup):

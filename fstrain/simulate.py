@@ -45,4 +45,5 @@ class GlobalBatchReader:
                              np.concatenate([h.lengths().numpy() for h in hist]),
                              np.concatenate([p.target_ids.numpy() for p in parts]),
                              np.concatenate([p.sample_ids.numpy() for p in parts]),
-                             step, parts[0].global_num_samples)
+                             step, parts[0].global_num_samples,
+                             sum(int(h.lengths().sum()) for h in hist))

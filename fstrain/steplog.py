@@ -19,6 +19,7 @@ With a TensorBoard folder, the window's records of every rank are gathered on ra
   :data:`MAX_PER_RANK_CURVES`), and histograms over ranks ``compute_seconds_over_ranks`` etc. at any
   world size;
 * ``eval/<name>``: evaluation metrics passed to :meth:`StepLog.log_eval`.
+* ``eval_best/<name>``: the best evaluation of the run (highest NDCG@10), at its step (:meth:`StepLog.log_best`).
 
 Exposed communication is ``sparse_forward_seconds + sync_seconds`` (see :mod:`fstrain.metrics`;
 the pipelines report it in ``sync_seconds``).
@@ -157,6 +158,16 @@ class StepLog:
         for name, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._writer.add_scalar(f"eval/{name}", float(value), step)
+        self._writer.flush()
+
+    def log_best(self, record: dict) -> None:
+        """Write the best evaluation (``record`` from :meth:`fstrain.evaluate.Evaluator.best`) as
+        ``eval_best/<name>`` scalars at its step, ``eval_best/epoch`` included (rank 0)."""
+        if self._writer is None or not record:
+            return
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"eval_best/{name}", float(value), int(record["step"]))
         self._writer.flush()
 
     def finish(self) -> None:

@@ -35,7 +35,7 @@ from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sha
                           planned_device)
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
-from fstrain.model import NEGATIVE_KEY, Config, with_negatives
+from fstrain.model import NEGATIVE_KEY, OBJECTIVE_FOR_SAMPLES, Config, attach_negatives, objective_inputs
 from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
 from fstrain.steplog import StepLog
 
@@ -86,11 +86,27 @@ class TrainConfig:
     (:class:`fstrain.evaluate.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
     eval_every_steps: int = 0
     """Evaluate every this many steps (0: only at the end) when ``eval_data`` is set."""
+    eval_every_epochs: int = 0
+    """Evaluate after every this many epochs of the shards (``fsdata balance --epochs``; 0: by
+    ``eval_every_steps``) when ``eval_data`` is set."""
     eval_max_users: int | None = None
     """Evaluate a fixed seeded sample of this many users (``None``: all)."""
     simulate_ranks: bool = False
     """World size 1 trains on each step's whole global batch (every rank file of the shards read,
     :class:`fstrain.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
+
+
+def objective_for(manifest) -> str:
+    """The objective the field trains the manifest's samples with (:data:`fstrain.model.OBJECTIVE_FOR_SAMPLES`):
+    ``all-positions`` for ``per-user`` samples, else ``last-position`` (per-event, or samples made
+    without ``fsdata convert``, whose kind the manifest cannot say)."""
+    kind = (manifest.settings or {}).get("samples")
+    return OBJECTIVE_FOR_SAMPLES.get(kind, "last-position")
+
+
+def steps_per_epoch(manifest) -> int:
+    """Steps of one epoch of the shards (``fsdata balance --epochs``; one epoch: every step)."""
+    return int(getattr(manifest, "steps_per_epoch", None) or manifest.num_steps)
 
 
 def _sync(device: torch.device) -> None:
@@ -133,7 +149,8 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
     with record_function("## dense_forward_backward ##"):
         leaves = [x.detach().requires_grad_() for x in (hist, tgt, neg)]
         loss, (loss_sum, n) = model.dense(leaves[0], f[HISTORY_KEY].lengths(), leaves[1], leaves[2],
-                                          batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples)
+                                          batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples,
+                                          **objective_inputs(batch))
         loss.backward()
         _sync(device)
     t2 = time.perf_counter()
@@ -310,8 +327,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     torch.manual_seed(cfg.seed)
     model_kwargs = dict(cfg.model)
     model_kwargs.setdefault("num_items", infer_num_items(manifest))
+    model_kwargs.setdefault("objective", objective_for(manifest))
     mcfg = Config(**model_kwargs)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
+    dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
         found = latest_checkpoint(cfg.checkpoint_dir)
@@ -341,18 +360,25 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     if cfg.eval_data:
         from fstrain.evaluate import Evaluator
 
-        evaluator = Evaluator(cfg.eval_data, every_steps=cfg.eval_every_steps, num_items=mcfg.num_items,
+        spe = steps_per_epoch(manifest)
+        every = cfg.eval_every_epochs * spe if cfg.eval_every_epochs else cfg.eval_every_steps
+        evaluator = Evaluator(cfg.eval_data, every_steps=every, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
-                              max_users=cfg.eval_max_users)
+                              max_users=cfg.eval_max_users, steps_per_epoch=spe)
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
-    window_n, window_tokens, t_window = 0, 0, time.perf_counter()
+    window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
+    total_samples, total_tokens, t_start, eval_seconds = 0, 0, time.perf_counter(), 0.0
     step = start
     ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
     pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
+    if mcfg.objective == "all-positions" and env.world_size > 1 and not getattr(reader, "has_token_counts", False):
+        raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
+                         "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
+                         "re-run fsdata balance, or train with --objective last-position")
     if pipe:
-        host = (with_negatives(b, mcfg.num_items, mcfg.num_negatives, cfg.seed) for b in reader)
+        host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
         # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
         # unless checkpoints are taken between steps (the state must match the item's step)
         lag = env.device.type == "cuda" and not (cfg.checkpoint_dir and cfg.checkpoint_every_steps)
@@ -369,10 +395,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         if pipe:
             batch_step, loss_sum, n, num_tokens, timing = item
             timings.append(timing)
+            num_samples = timing.num_samples
         else:
             batch = item
             num_tokens = int(batch.lengths.sum())  # on the host, before the copy
-            batch = with_negatives(batch, mcfg.num_items, mcfg.num_negatives, cfg.seed)
+            num_samples = batch.num_samples
+            batch = attach_negatives(batch, mcfg, cfg.seed)
             if env.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copy below is asynchronous
             batch = batch.to(env.device, non_blocking=True)
@@ -388,18 +416,21 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         guard.step(step)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
+        window_samples += num_samples
         window_tokens += num_tokens
+        total_samples += num_samples
+        total_tokens += num_tokens
         if cfg.log_every_steps and step % cfg.log_every_steps == 0:
-            stats = torch.stack([window_loss, torch.tensor(float(window_n), dtype=torch.float64, device=env.device),
-                                 torch.tensor(float(window_tokens), dtype=torch.float64, device=env.device)])
+            stats = torch.stack([window_loss] + [torch.tensor(float(v), dtype=torch.float64, device=env.device)
+                                                 for v in (window_n, window_samples, window_tokens)])
             dist.all_reduce(stats)
             dt = time.perf_counter() - t_window
             if env.rank == 0:
                 logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
-                            stats[0].item() / max(1.0, stats[1].item()), stats[1].item() / dt, stats[2].item() / dt)
-            steplog.window(step, samples_per_second=stats[1].item() / dt, tokens_per_second=stats[2].item() / dt)
+                            stats[0].item() / max(1.0, stats[1].item()), stats[2].item() / dt, stats[3].item() / dt)
+            steplog.window(step, samples_per_second=stats[2].item() / dt, tokens_per_second=stats[3].item() / dt)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
-            window_n, window_tokens, t_window = 0, 0, time.perf_counter()
+            window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
@@ -411,10 +442,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             metrics = evaluator.maybe_run(dmp.module, step)
             if metrics:
                 steplog.log_eval(step, metrics)
+                eval_seconds += metrics["eval_seconds"]
             guard.step(step)  # an evaluation is progress, not a hang
     bar.close()
     if pipe:
         pipe.close()  # flushes
+    train_seconds = time.perf_counter() - t_start - eval_seconds
     if evaluator and step > start:
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
@@ -422,6 +455,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
         if step > start:
             save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
+    if evaluator:
+        steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, timings)
@@ -430,8 +465,16 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
                     "strategy": manifest.strategy})
     summary["simulate_ranks"] = cfg.simulate_ranks
+    totals = torch.tensor([float(total_samples), float(total_tokens)], dtype=torch.float64, device=env.device)
+    dist.all_reduce(totals)
+    summary.update({"num_samples_trained": int(totals[0]), "num_tokens_trained": int(totals[1]),
+                    "train_seconds": train_seconds, "tokens_per_second": float(totals[1]) / max(train_seconds, 1e-9)})
+    summary["objective"] = mcfg.objective
+    summary["model"] = mcfg.model
     if evaluator:
         summary["eval"] = evaluator.records
+        summary["eval_final"] = evaluator.records[-1] if evaluator.records else None
+        summary["eval_best"] = evaluator.best()
     if env.rank == 0:
         if cfg.metrics_dir and all_timings:
             write_step_times(all_timings, os.path.join(cfg.metrics_dir, "step_times.parquet"))

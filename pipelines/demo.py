@@ -1,11 +1,15 @@
 """``make demo``: the nightly job end to end on an embedded default (local files, no server).
 
-On MovieLens-1M from ``../shared/datasets`` when present (per-event samples, history up to 512),
-otherwise on generated samples with a heavy-tailed (lognormal) length distribution. Prints where
-the output went and the predicted bubble before and after balancing. Then it balances the same
-samples for a world size of 2 and ends with a short training run on those shards: 2 processes
-(``torch.distributed.run``), the prioritized, overlapped embedding pipeline, and the shared-memory
-(SM-free on CPU) all-to-all backend, logging loss, throughput and the measured bubble.
+On MovieLens-1M from ``../shared/datasets`` when present (per-event samples, history up to 512:
+the heavy-tailed workload 256 ranks see), otherwise on generated samples with a heavy-tailed
+(lognormal) length distribution. Prints where the output went and the predicted bubble before and
+after balancing. It ends with a short training run the way users train: MovieLens-1M per-user
+samples (``fsdata convert --samples per-user --holdout last``), balanced for a world size of 2,
+trained with the all-positions next-item
+objective by 2 processes (``torch.distributed.run``), the prioritized, overlapped embedding
+pipeline and the shared-memory (SM-free on CPU) all-to-all backend, then evaluated on the
+held-out items (HR@10, NDCG@10); logging loss, throughput and the measured bubble. Without the
+dataset, the training run uses the generated samples (last-position objective, no evaluation).
 
 It writes what there is to look at and prints where: the shards' HTML report (``fsdata report``:
 length histogram, cost per sample, per-rank load before/after, bubble per step), the training
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                "report": str(report_html.resolve())}
     if a.train_steps > 0:
         trained = train_demo(samples, out, a.train_steps, progress=progress, say=say)
-        summary["train"] = {k: trained[k] for k in ("num_steps", "measured_bubble") if k in trained}
+        summary["train"] = {k: trained[k] for k in ("num_steps", "measured_bubble", "objective", "eval_final")
+                            if k in trained}
         summary |= {"train_metrics": str(out / "train-metrics"),
                     "train_report": str((out / "train-report.html").resolve()), "tensorboard": str(out / "tensorboard")}
     if a.json:
@@ -119,28 +124,48 @@ def _say(to_stderr: bool):
     return (lambda *args: print(*args, file=sys.stderr)) if to_stderr else print
 
 
+#: The demo's training run: per-user samples, history up to 200 items (generative-recommenders' ML-1M cap).
+TRAIN_MAX_SEQ_LEN = 200
+
+
 def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True, say=print) -> dict:
-    """Balance ``samples`` for 2 ranks and train ``steps`` steps on them with 2 processes.
+    """Balance per-user MovieLens-1M samples for 2 ranks and train ``steps`` steps with 2 processes.
+
+    With the dataset present, ``fsdata convert --samples per-user --holdout last`` writes the
+    training samples and the evaluation file; the run uses the all-positions objective and ends
+    with a held-out evaluation. Without it, ``samples`` (generated) are trained with the
+    last-position objective.
 
     Args:
-        samples: the sample Parquet to balance for 2 ranks.
+        samples: the nightly job's samples (used only when MovieLens-1M is absent).
         out: the demo's output folder.
         steps: training steps.
         progress: show progress bars.
         say: prints the readable lines (``print``, or to stderr under ``--json``).
 
     Returns:
-        The rank-0 training summary (``measured_bubble``, ``num_steps``, ...).
+        The rank-0 training summary (``measured_bubble``, ``num_steps``, ``eval_final`` with the
+        dataset, ...).
 
     Raises:
         RuntimeError: the training processes failed.
     """
     from fsdata.cli import main as fsdata_main
 
+    no_progress = [] if progress else ["--no-progress"]
+    eval_file = None
+    if ML1M.exists():
+        samples, eval_file = out / "train-ml1m-per-user.parquet", out / "train-ml1m-eval.parquet"
+        if not (samples.exists() and eval_file.exists()):
+            rc = fsdata_main(["convert", str(ML1M), str(samples), "--format", "sequences", "--samples", "per-user",
+                              "--max-seq-len", str(TRAIN_MAX_SEQ_LEN), "--holdout", "last", "--holdout-output",
+                              str(eval_file), "--overwrite"] + no_progress)
+            if rc:
+                raise RuntimeError(f"fsdata convert for the training demo failed with status {rc}")
     shards = out / "train-shards-2ranks"
     if not any((shards / name).exists() for name in ("_manifest.json", "manifest.json")):
         rc = fsdata_main(["balance", str(samples), str(shards), "--ranks", "2", "--batch-size-per-rank", "32",
-                          "--overwrite"] + ([] if progress else ["--no-progress"]))
+                          "--overwrite"] + no_progress)
         if rc:
             raise RuntimeError(f"fsdata balance for the training demo failed with status {rc}")
     metrics = out / "train-metrics"
@@ -148,9 +173,11 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True, s
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fstrain.cli", "train", str(shards), "--max-steps", str(steps), "--log-every-steps", "5",
            "--pipeline", "prioritized", "--backend", "shm", "--metrics-dir", str(metrics),
-           "--tensorboard-dir", str(tensorboard),
-           "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64", "--json",
-           "--progress" if progress else "--no-progress"]
+           "--tensorboard-dir", str(tensorboard), "--max-seq-len", str(TRAIN_MAX_SEQ_LEN if eval_file else 512),
+           "--embedding-dim", "32", "--num-layers", "1", "--num-heads", "2", "--num-negatives", "64",
+           "--sparse-lr", "0.2", "--json", "--progress" if progress else "--no-progress"]
+    if eval_file:
+        cmd += ["--eval-data", str(eval_file)]
     say()
     say("training: " + " ".join(cmd[2:]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
@@ -158,8 +185,13 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True, s
     if proc.returncode:
         raise RuntimeError(f"training failed with status {proc.returncode}")
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    say(f"trained:           {summary['num_steps']} steps on 2 ranks (prioritized pipeline, shm backend); "
-          f"measured bubble {summary['measured_bubble']:.2%}; metrics in {metrics}")
+    say(f"trained:           {summary['num_steps']} steps on 2 ranks ({summary['objective']} objective, prioritized "
+        f"pipeline, shm backend); measured bubble {summary['measured_bubble']:.2%}; metrics in {metrics}")
+    if summary.get("eval_final"):
+        ev = summary["eval_final"]
+        say(f"held-out:          HR@10 {ev['hr@10']:.4f} NDCG@10 {ev['ndcg@10']:.4f} after {ev['epoch']:.2f} epochs "
+            f"({ev['num_users']:,} users, full ranking; a {steps}-step demo, far from convergence: "
+            "benchmarks/bench_quality.py --reproduce trains to it)")
     from fstrain.report import write_train_report
 
     report = write_train_report(shards, metrics, out / "train-report.html", input_path=samples)

@@ -120,6 +120,8 @@ class NightlyConfig:
     """``--compose-window`` W of ``fsdata balance`` (docs/balancer.md, "Composition"); 1 = off."""
     plan_window: int = DEFAULT_PLAN_WINDOW
     """``--plan-window`` K of ``fsdata balance`` (steps planned together)."""
+    epochs: int = 1
+    """``--epochs`` E of ``fsdata balance`` (E epochs, each with its own seeded shuffle and composition)."""
     extra: dict | None = None
     """Anything else a caller wants in the key (e.g. a dataset version tag)."""
 
@@ -504,7 +506,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
                                cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
                                batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
                                budget=cfg.budget, compose_window=cfg.compose_window, plan_window=cfg.plan_window,
-                               num_threads=num_threads,
+                               epochs=cfg.epochs, num_threads=num_threads,
                                bucket_compression=bucket_compression, progress=progress,
                                engine=engine, ray_address=ray_address)
     manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
@@ -731,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plan-window", type=int, default=DEFAULT_PLAN_WINDOW, metavar="K",
                    help=f"steps planned together (rounded up to a multiple of --compose-window; default "
                         f"{DEFAULT_PLAN_WINDOW}): bounds the planning memory per window, the unit of a Ray plan task")
+    b.add_argument("--epochs", type=int, default=1, metavar="E",
+                   help="epochs written, each with its own seeded shuffle and composition, steps numbered on "
+                        "(default 1)")
     add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
@@ -770,7 +775,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model, seed=a.seed,
                         strategy=a.strategy, batch_policy=a.batch_policy, budget=a.budget,
                         partitioner=a.partitioner, remainder=a.remainder, compose_window=a.compose_window,
-                        plan_window=a.plan_window)
+                        plan_window=a.plan_window, epochs=a.epochs)
     r = run_nightly(cfg, a.output, progress=resolve_progress(a.progress), keep_runs=a.keep_runs,
                     num_threads=a.num_threads,
                     bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,

@@ -5,10 +5,17 @@ analytic models below and what ``fstrain calibrate`` fits on a device. Specs (``
 
 * ``tokens``: ``L`` (linear, e.g. memory-bound embedding work).
 * ``quadratic``: ``L^2 + 64*L`` (the shape used in BACKGROUND.md's measurements).
-* ``hstu[:d_model=256,num_heads=4,head_dim=64,num_layers=4,causal=1]``: FLOPs of HSTU layers
-  (Zhai et al. 2024, "Actions Speak Louder than Words", and NVIDIA recsys-examples' HSTU
-  balancer): per layer, the U/V/Q/K projection ``2*L*d*4*h*dh``, the output projection
-  ``2*L*h*dh*d``, and attention ``QK^T`` plus ``AV`` ``2*2*h*dh*L^2`` (halved when causal).
+* ``hstu[:d_model=256,num_heads=4,head_dim=64,num_layers=4,causal=1]``: forward matmul FLOPs of
+  HSTU layers (Zhai et al. 2024, "Actions Speak Louder than Words", eqs. 1-3; layer as in
+  meta-recsys/generative-recommenders' ``SequentialTransductionUnitJagged`` and fstrain's
+  :class:`fstrain.hstu.HSTUBlock` with ``embedding_dim=d_model`` and
+  ``attention_dim=linear_dim=head_dim``, as in GR's configs where ``dqk == dv``). Per layer, the
+  U/V/Q/K projection ``2*L*d*4*h*dh``, the output projection ``2*L*h*dh*d``, and attention
+  ``QK^T`` plus ``AV`` ``2*2*h*dh*L^2``. ``causal=1`` halves the ``L^2`` term, as fused causal
+  kernels skip the masked half; ``HSTUBlock`` computes the full score matrix and masks it, and its
+  counted matmul FLOPs equal ``causal=0`` exactly (tests/fstrain/test_hstu.py). Not counted:
+  elementwise work (layer norms, SiLU, bias, gating, mask): by operation count about 1-3% at
+  the defaults and under 10% at d_model 50.
 * ``verl``: ``24576*L + L^2`` (verl's sequence balancing FLOPs proxy for a 7B LLM).
 * ``poly:c0=..,c1=..,c2=..`` or a path to a JSON file
   ``{"kind": "polynomial", "coefficients": [c0, c1, c2]}`` (written by ``fstrain calibrate``).

@@ -96,3 +96,28 @@ def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
     order = np.empty(num_samples, dtype=np.int64)
     order[pos] = np.arange(num_samples, dtype=np.int64)
     return order
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s shuffle and composition (``fsdata balance --epochs``).
+
+    Epoch 0 uses ``seed`` itself (so a one-epoch run is the run of fsdata 0.2); epoch ``e >= 1`` uses
+    the first 63 bits of ``numpy.random.SeedSequence([seed, 0x65706F63, e])`` (stable across numpy
+    versions by NumPy's policy), a non-negative integer that JSON keeps exactly.
+
+    Args:
+        seed: the run's seed (``--seed``), >= 0.
+        epoch: the epoch, >= 0.
+
+    Returns:
+        The epoch's seed, an ``int`` in ``[0, 2**63)``.
+
+    Raises:
+        ValueError: a negative ``epoch``.
+    """
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    if epoch == 0:
+        return int(seed)
+    state = np.random.SeedSequence([int(seed), 0x65706F63, int(epoch)]).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> np.uint64(1))

@@ -31,8 +31,11 @@ def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timing
         The written :class:`fsdata.shards.manifest.Manifest`.
 
     Raises:
-        ConfigError: unknown engine, or ``ray`` without Ray installed.
+        ConfigError: unknown engine, ``ray`` without Ray installed, or ``ray`` with ``epochs > 1``.
     """
+    from fsdata.shards.writer import check_epochs  # noqa: PLC0415
+
+    check_epochs(settings)
     if settings.engine == "local":
         from fsdata.engines.local import run as run_local
 

@@ -40,8 +40,12 @@ DROPPED_NAMES = {2: "_dropped.parquet", 1: "dropped.parquet"}
 #: The root file names that this version writes.
 MANIFEST_NAME = MANIFEST_NAMES[FORMAT_VERSION]
 STEP_STATS_NAME = STEP_STATS_NAMES[FORMAT_VERSION]
-#: Columns of the step stats, in order, with their Arrow types (docs/format.md).
-STEP_STATS_TYPES = {"step": "int32", "rank": "int32", "num_samples": "int32", "predicted_cost": "double"}
+#: Columns of the step stats, in order, with their Arrow types (docs/format.md); ``num_tokens`` is
+#: written since fsdata 0.3 (:data:`STEP_STATS_OPTIONAL`: older outputs lack it and still read).
+STEP_STATS_TYPES = {"step": "int32", "rank": "int32", "num_samples": "int32", "predicted_cost": "double",
+                    "num_tokens": "int64"}
+#: Step-stats columns an older output may lack.
+STEP_STATS_OPTIONAL = ("num_tokens",)
 DROPPED_NAME = DROPPED_NAMES[FORMAT_VERSION]
 #: Key order of a written manifest (docs/format.md); unknown keys read from a file are kept after these.
 KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy",
@@ -53,7 +57,7 @@ _REQUIRED = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", 
 _V2_KEYS = ("fsdata_version", "input_digest", "step_stats_sha256", "dropped_sha256")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: Columns of the step stats, one row per (step, rank), sorted by step then rank.
-STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost")
+STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost", "num_tokens")
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
@@ -68,14 +72,17 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
+def write_step_stats(path: str | os.PathLike, counts, loads, num_tokens=None) -> None:
     """Write the step stats (``_step_stats.parquet``): one row per (step, rank), sorted by step then
-    rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64.
+    rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64 and
+    ``num_tokens`` int64 (when given).
 
     Args:
         path: the file to write (local path or URI).
         counts: shape ``[S x R]``, int; samples per (step, rank).
         loads: shape ``[S x R]``, float64; predicted cost per (step, rank), seconds.
+        num_tokens: shape ``[S x R]``, int; the sum of the samples' history lengths (``seq_len`` =
+            ``len(item_ids)``) per (step, rank); None: the column is not written (fsdata < 0.3 layout).
     """
     import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
     import pyarrow as pa  # noqa: PLC0415
@@ -87,6 +94,7 @@ def write_step_stats(path: str | os.PathLike, counts, loads) -> None:
         "rank": pa.array(np.tile(np.arange(R, dtype=np.int32), S_)),
         "num_samples": pa.array(counts.ravel().astype(np.int32)),
         "predicted_cost": pa.array(loads.ravel()),
+        **({} if num_tokens is None else {"num_tokens": pa.array(np.asarray(num_tokens).ravel().astype(np.int64))}),
     })
     fs, where = fsio.filesystem_and_path(path)
     pq.write_table(table, where, compression="zstd", filesystem=fs)
@@ -150,13 +158,18 @@ def find_manifest(output: str | os.PathLike) -> Path | str:
 
 @dataclass(frozen=True, slots=True)
 class FileEntry:
-    """One rank file: ``rank``, ``path`` (relative to OUTPUT), ``num_rows``, ``num_bytes``, ``sha256``."""
+    """One rank file: ``rank``, ``path`` (relative to OUTPUT), ``num_rows``, ``num_bytes``, ``sha256``.
+
+    ``step_tokens`` (not written to the manifest): shape ``[S]`` int64, the rank's history tokens per
+    step, as counted by the writer (:func:`fsdata.shards.writer.write_rank`); None when unknown.
+    """
 
     rank: int
     path: str
     num_rows: int
     num_bytes: int | None = None
     sha256: str | None = None
+    step_tokens: Any = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "path": self.path, "num_rows": self.num_rows, "num_bytes": self.num_bytes,
@@ -212,7 +225,9 @@ class Manifest:
         fsdata_version: the fsdata that wrote it (v2).
         input_digest: digest of the input (v2; see :func:`fsdata.shards.writer.input_digest`).
         settings: every creation setting.
-        extra: keys this fsdata does not know, kept as read (written back after the known keys).
+        extra: keys this fsdata does not know, kept as read (written back after the known keys);
+            ``epochs``, ``steps_per_epoch`` and ``epoch_num_steps`` live here (written only when
+            E > 1; read through :attr:`epochs`, :attr:`steps_per_epoch`, :attr:`epoch_num_steps`).
     """
 
     path: str = ""
@@ -243,6 +258,42 @@ class Manifest:
     extra: dict = field(default_factory=dict)
 
     # ---- reading ----------------------------------------------------------------------------
+    @property
+    def epochs(self) -> int:
+        """E, the epochs the shards hold (``epochs``; 1 when absent: one-epoch outputs)."""
+        return int(self.extra.get("epochs", 1))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps per epoch: ``steps_per_epoch`` when every epoch has the same count (always under
+        the fixed policy; epoch ``e`` is then steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``);
+        under cost-budget with unequal epochs the nominal ``round(num_steps / epochs)`` (exact
+        boundaries: :attr:`epoch_num_steps`); ``num_steps`` for a one-epoch output."""
+        if "steps_per_epoch" in self.extra:
+            return int(self.extra["steps_per_epoch"])
+        return int(round(self.num_steps / self.epochs))
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch: E ints summing to ``num_steps`` (``epoch_num_steps``, written under
+        cost-budget; else ``steps_per_epoch`` E times)."""
+        if "epoch_num_steps" in self.extra:
+            return [int(x) for x in self.extra["epoch_num_steps"]]
+        return [self.steps_per_epoch] * self.epochs
+
+    def epoch_first_steps(self):
+        """First step of each epoch plus ``num_steps`` at the end: shape ``[E+1]`` int64 (epoch ``e``
+        is steps ``first[e] .. first[e+1] - 1``)."""
+        import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
+
+        return np.concatenate([[0], np.cumsum(self.epoch_num_steps)]).astype(np.int64)
+
+    def epoch_of_step(self, step):
+        """Epoch of a step (int or integer array), shape like ``step``, int64."""
+        import numpy as np  # noqa: PLC0415
+
+        return np.searchsorted(self.epoch_first_steps()[1:], step, side="right")
+
     def rank_file(self, rank: int) -> str:
         """Path of ``rank``'s Parquet file (``path`` joined with the entry's relative path; a URI
         for a remote OUTPUT)."""
@@ -261,7 +312,8 @@ class Manifest:
         """Read the step stats (the one reader of that file for verify, the report and fstrain).
 
         Args:
-            columns: subset of ``step``, ``rank``, ``num_samples``, ``predicted_cost`` (None: all).
+            columns: subset of ``step``, ``rank``, ``num_samples``, ``predicted_cost``, ``num_tokens``
+                (None: all the file has: ``num_tokens`` only when present, fsdata >= 0.3).
             filters: pyarrow row filters, e.g. ``[("step", "<", 8)]``.
 
         Returns:
@@ -278,6 +330,9 @@ class Manifest:
         want = list(STEP_STATS_TYPES) if columns is None else list(columns)
         try:
             fs, where = fsio.filesystem_and_path(path)
+            if columns is None:  # an older output lacks the optional columns
+                names = pq.read_schema(where, filesystem=fs).names
+                want = [c for c in want if c in names or c not in STEP_STATS_OPTIONAL]
             t = pq.read_table(where, columns=want, filters=filters, filesystem=fs)
         except (OSError, pa.ArrowException) as e:
             raise ManifestError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'",
@@ -379,6 +434,18 @@ class Manifest:
             v = raw.get(k)
             if v is not None and (os.path.isabs(v) or ".." in Path(v).parts or "/" in v or not v):
                 raise ManifestError(f"{where}: '{k}' {v!r} must be a file name inside OUTPUT; rerun 'fsdata balance'")
+        if "epochs" in raw or "steps_per_epoch" in raw or "epoch_num_steps" in raw:
+            E = _int(raw, "epochs", where, minimum=1)
+            per = raw.get("epoch_num_steps")
+            if per is not None and (not isinstance(per, list) or len(per) != E or any(
+                    isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in per) or sum(per) != num_steps):
+                raise ManifestError(f"{where}: epoch_num_steps {per!r} is not {E} positive step counts summing to "
+                                    f"num_steps {num_steps}; rerun 'fsdata balance'")
+            if "steps_per_epoch" in raw or per is None:
+                S_e = _int(raw, "steps_per_epoch", where, minimum=1 if num_steps else 0)
+                if E * S_e != num_steps or (per is not None and set(per) != {S_e}):
+                    raise ManifestError(f"{where}: epochs {E} x steps_per_epoch {S_e} != num_steps {num_steps}"
+                                        f"{'' if per is None else ' or epoch_num_steps'}; rerun 'fsdata balance'")
         return cls(
             path=str(path), format_version=version, num_ranks=num_ranks, num_steps=num_steps, batch_size_per_rank=B,
             batch_policy=_str(raw, "batch_policy", where), strategy=_str(raw, "strategy", where, ""),

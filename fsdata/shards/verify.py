@@ -15,9 +15,16 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   the fixed policy, ``sample_id`` unique, the counts and ``_dropped.parquet`` consistent;
 * ``predicted_bubble`` recomputed from the rank files; ``lower_bound_bubble`` recomputed from
   the written steps (fixed policy);
-* with ``--input``: written plus dropped equals the input set; every written row's content equals
+* ``num_tokens`` of the step stats (fsdata >= 0.3; older outputs lack it) equals the sum of the
+  rows' ``len(item_ids)`` per (step, rank), exactly;
+* with E epochs (``epochs``, ``steps_per_epoch`` or under cost-budget ``epoch_num_steps``;
+  absent = 1): epoch e is steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1`` (cost-budget:
+  the epochs' step counts in order), and every epoch holds every sample exactly
+  once, written in that epoch or recorded as dropped in that epoch (``_dropped.parquet``'s
+  ``epoch`` column); no sample twice in one epoch, none missing;
+* with ``--input``: written plus dropped equals the input set (in every epoch); every written row's content equals
   the input row of the same ``sample_id`` (a per-sample hash of all input columns); the written
-  steps hold the seeded global batches (``seed``), window by window under composition
+  steps hold the seeded global batches (``seed``; epoch e: :func:`fsdata.balancer.order.epoch_seed`), window by window under composition
   (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
   batch is the seeded contiguous slice.
 
@@ -247,9 +254,11 @@ def _read_step_stats(out: Path | str, m: Manifest, check_checksums: bool = True)
     except ManifestError as e:
         raise VerifyError(str(e)) from None
     need = {"step": pa.int32(), "rank": pa.int32(), "num_samples": pa.int32(), "predicted_cost": pa.float64()}
+    if "num_tokens" in t.schema.names:  # fsdata >= 0.3
+        need["num_tokens"] = pa.int64()
     if t.schema.names != list(need) or any(t.schema.field(k).type != v for k, v in need.items()):
         raise VerifyError(f"{path}: columns {t.schema} differ from step int32, rank int32, num_samples int32, "
-                          "predicted_cost float64; rerun 'fsdata balance'")
+                          "predicted_cost float64[, num_tokens int64]; rerun 'fsdata balance'")
     if t.num_rows != m.num_steps * m.num_ranks or any(t.column(k).null_count for k in need):
         raise VerifyError(f"{path} has {t.num_rows} rows (or nulls), expected num_steps*num_ranks = "
                           f"{m.num_steps * m.num_ranks}; rerun 'fsdata balance'")
@@ -274,6 +283,59 @@ def _read_dropped(out: Path | str, m: Manifest, check_checksums: bool = True) ->
             or t.column(S.SAMPLE_ID).null_count):
         raise VerifyError(f"{path}: no integer sample_id column without nulls; rerun 'fsdata balance'")
     return t.column(S.SAMPLE_ID).to_numpy().astype(np.int64)
+
+
+def _read_dropped_epochs(out: Path | str, m: Manifest, num_dropped: int) -> np.ndarray:
+    """Epoch of each dropped row: the ``epoch`` column of ``_dropped.parquet`` (E > 1), else zeros."""
+    if m.epochs == 1 or not m.dropped_file:
+        return np.zeros(num_dropped, np.int64)
+    path = _at(out, m.dropped_file)
+    try:
+        fs, where = fsio.filesystem_and_path(str(path))
+        t = pq.read_table(where, filesystem=fs)
+    except (OSError, pa.ArrowException) as e:
+        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
+    if "epoch" not in t.schema.names or not pa.types.is_integer(t.schema.field("epoch").type) or t.column("epoch").null_count:
+        raise VerifyError(f"{path}: no integer epoch column without nulls, though the output holds {m.epochs} epochs; "
+                          "rerun 'fsdata balance'")
+    ep = t.column("epoch").to_numpy().astype(np.int64)
+    if len(ep) and (ep.min() < 0 or ep.max() >= m.epochs):
+        raise VerifyError(f"{path}: epoch {int(ep[(ep < 0) | (ep >= m.epochs)][0])} lies outside 0..{m.epochs - 1}; "
+                          "rerun 'fsdata balance'")
+    return ep
+
+
+def _check_epochs(m: Manifest, ids: np.ndarray, steps_written: np.ndarray, dropped: np.ndarray,
+                  dropped_epoch: np.ndarray) -> None:
+    """Every epoch holds every sample exactly once: written in it or dropped in it (E > 1)."""
+    E, first = m.epochs, m.epoch_first_steps()
+    if m.settings.get("epochs", E) != E:
+        raise VerifyError(f"manifest settings.epochs is {m.settings.get('epochs')!r} but epochs is {E}; the manifest "
+                          "was edited: rerun 'fsdata balance'")
+    epoch = m.epoch_of_step(steps_written)
+    reference = None
+    for e in range(E):
+        span = f"steps {int(first[e])}..{int(first[e + 1]) - 1}"
+        written = ids[epoch == e]
+        dropped_e = dropped[dropped_epoch == e]
+        uniq, dup = sorted_unique(written)
+        if dup:
+            raise VerifyError(f"epoch {e} ({span}): {dup} samples appear more than once; "
+                              "every epoch must hold every sample exactly once: rerun 'fsdata balance'")
+        if len(dropped_e) and (sorted_unique(dropped_e)[1] or np.isin(dropped_e, uniq).any()):
+            raise VerifyError(f"epoch {e}: some samples are recorded as dropped twice, or both written and dropped")
+        held = np.sort(np.concatenate([written, dropped_e]))
+        if len(held) != m.num_samples_input:
+            raise VerifyError(f"epoch {e} ({span}) holds {len(held)} samples written or "
+                              f"dropped, the input has {m.num_samples_input}; every epoch must hold every sample "
+                              "exactly once: rerun 'fsdata balance'")
+        if reference is None:
+            reference = held
+        elif not np.array_equal(held, reference):
+            lost = np.setdiff1d(reference, held)
+            raise VerifyError(f"epoch {e} lacks {len(lost)} samples of epoch 0 (e.g. sample_id "
+                              f"{lost[:3].tolist()}); every epoch must hold every sample exactly once: rerun "
+                              "'fsdata balance'")
 
 
 def _row_hashes(table: pa.Table) -> np.ndarray:
@@ -406,6 +468,7 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
             raise VerifyError(f"manifest per_rank_count {recorded!r} differs from the step stats' {want}; "
                               "rerun 'fsdata balance'")
     loads = np.zeros((steps, R))
+    tokens = np.zeros((steps, R), dtype=np.int64)
     all_ids: list[np.ndarray] = []
     all_hashes: list[np.ndarray] = []
     step_of: list[np.ndarray] = []
@@ -422,6 +485,7 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
                               "ranks would disagree on the step count")
         costs = cost_model.cost(lengths)
         loads[:, r] = np.bincount(step, weights=costs, minlength=steps)
+        tokens[:, r] = np.bincount(step, weights=lengths.astype(np.float64), minlength=steps).astype(np.int64)
         all_ids.append(ids)
         rank_of.append(np.full(len(ids), r, dtype=np.int64))
         step_of.append(step)
@@ -434,18 +498,31 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
         s, r = map(int, off[0])
         raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {float(recorded_costs[s, r])!r}, recomputed "
                           f"{float(loads[s, r])!r} under the manifest's cost model; rerun 'fsdata balance'")
+    if "num_tokens" in stats.schema.names:
+        recorded_tokens = stats.column("num_tokens").to_numpy().reshape(steps, R)
+        off = np.argwhere(recorded_tokens != tokens)
+        if len(off):
+            s, r = map(int, off[0])
+            raise VerifyError(f"step_stats num_tokens of step {s} rank {r} is {int(recorded_tokens[s, r])}, the rank "
+                              f"file's rows hold {int(tokens[s, r])} history items; rerun 'fsdata balance'")
     ids = np.concatenate(all_ids) if all_ids else np.empty(0, np.int64)
     if len(ids) != m.num_samples_written:
         raise VerifyError(f"{len(ids)} rows written, manifest says num_samples_written={m.num_samples_written}")
-    uniq, duplicates = sorted_unique(ids)
-    if duplicates:
-        raise VerifyError(f"{duplicates} samples appear more than once across ranks")
+    E = m.epochs
+    if E == 1:
+        uniq, duplicates = sorted_unique(ids)
+        if duplicates:
+            raise VerifyError(f"{duplicates} samples appear more than once across ranks")
     dropped = _read_dropped(out, m, check_checksums)
     if len(dropped) != m.num_samples_dropped:
         raise VerifyError(f"{len(dropped)} dropped ids recorded, manifest says num_samples_dropped={m.num_samples_dropped}")
-    if m.num_samples_written + m.num_samples_dropped != m.num_samples_input:
-        raise VerifyError("num_samples_written + num_samples_dropped != num_samples_input in the manifest")
-    if len(dropped) and (sorted_unique(dropped)[1] or np.isin(dropped, uniq).any()):
+    if m.num_samples_written + m.num_samples_dropped != E * m.num_samples_input:
+        raise VerifyError("num_samples_written + num_samples_dropped != num_samples_input"
+                          f"{f' x epochs ({E})' if E > 1 else ''} in the manifest")
+    dropped_epoch = _read_dropped_epochs(out, m, len(dropped))
+    if E > 1:
+        _check_epochs(m, ids, np.concatenate(step_of) if step_of else np.empty(0, np.int64), dropped, dropped_epoch)
+    elif len(dropped) and (sorted_unique(dropped)[1] or np.isin(dropped, uniq).any()):
         raise VerifyError("some samples are recorded as dropped twice, or both written and dropped")
     achieved = bubble.run_bubble(loads)
     if not _close(achieved, m.predicted_bubble):
@@ -462,30 +539,40 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     baseline = m.baseline_predicted_bubble
     if input_path is not None:
         baseline = _check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
-                                        np.concatenate(all_hashes), dropped, out, np.concatenate(rank_of))
+                                        np.concatenate(all_hashes), dropped, out, dropped_epoch,
+                                        np.concatenate(rank_of))
         checked_input = True
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
             "predicted_bubble": achieved, "baseline_predicted_bubble": baseline, "lower_bound_bubble": lower,
-            "checked_input": checked_input}
+            "checked_input": checked_input, **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
+               if E > 1 else {})}
 
 
 def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
                          steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path | str,
-                         ranks_written: np.ndarray | None = None):
-    """Sample set, per-sample content, seed, strategy and input-side bubbles against the input;
-    the input digest; and (same fsdata version) the whole plan recomputed from the input and the
-    recorded settings (:func:`_check_recomputed_plan`)."""
+                         dropped_epoch: np.ndarray | None = None, ranks_written: np.ndarray | None = None):
+    """Sample set, per-sample content, seed, strategy and input-side bubbles against the input
+    (per epoch with E > 1); the input digest; and (same fsdata version, one epoch) the whole plan
+    recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`)."""
+    from fsdata.balancer.order import epoch_seed
+
     if column_map is None:
         column_map = m.settings.get("input_columns_renamed") or None
     src = open_samples(input_path, column_map)
     lengths, in_ids = src.lengths_and_ids()
-    accounted = np.concatenate([ids, dropped])
-    if len(in_ids) != len(accounted) or not np.array_equal(np.sort(in_ids), np.sort(accounted)):
-        lost = np.setdiff1d(in_ids, accounted)
-        extra = np.setdiff1d(accounted, in_ids)
-        raise VerifyError(f"written + dropped does not equal the input: {len(lost)} input samples missing "
-                          f"(e.g. {lost[:5].tolist()}), {len(extra)} not in the input (e.g. {extra[:5].tolist()})")
+    E, first_steps = m.epochs, m.epoch_first_steps()
+    epoch_written = m.epoch_of_step(steps_written) if E > 1 else np.zeros(len(ids), np.int64)
+    if dropped_epoch is None:
+        dropped_epoch = np.zeros(len(dropped), np.int64)
+    for e in range(E):
+        accounted = np.concatenate([ids[epoch_written == e], dropped[dropped_epoch == e]])
+        if len(in_ids) != len(accounted) or not np.array_equal(np.sort(in_ids), np.sort(accounted)):
+            lost = np.setdiff1d(in_ids, accounted)
+            extra = np.setdiff1d(accounted, in_ids)
+            raise VerifyError(f"written + dropped{f' in epoch {e}' if E > 1 else ''} does not equal the input: "
+                              f"{len(lost)} input samples missing (e.g. {lost[:5].tolist()}), {len(extra)} not in "
+                              f"the input (e.g. {extra[:5].tolist()})")
     if len(in_ids) != m.num_samples_input:
         raise VerifyError(f"the input has {len(in_ids)} samples, the manifest says num_samples_input={m.num_samples_input}")
     # content: hash every input row (cast to the rank files' column types) and compare by sample_id
@@ -511,32 +598,49 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
     R, B, N = m.num_ranks, m.batch_size_per_rank, len(in_ids)
     if N < R * B:
         raise VerifyError(f"the input has {N} samples, fewer than one step of {R}x{B}")
-    gsteps, _ = shuffled_steps(N, R, B, m.seed, shuffle=(m.settings or {}).get("shuffle", LEGACY_SHUFFLE))
+    shuffle = (m.settings or {}).get("shuffle", LEGACY_SHUFFLE)
     costs = cost_model.cost(lengths)
-    step_costs = costs[gsteps]
-    baseline_ranks = np.broadcast_to(np.arange(R * B, dtype=np.int32) // B, gsteps.shape)
     from fsdata.balancer.partition import per_rank_loads
 
-    baseline = bubble.run_bubble(per_rank_loads(step_costs, baseline_ranks, R))
+    W = _compose_window(m)
+    idx_of = np.argsort(in_ids, kind="stable")
+    all_gsteps = []
+    baseline_loads = []
+    for e in range(E):
+        gsteps, _ = shuffled_steps(N, R, B, epoch_seed(m.seed, e), shuffle=shuffle)
+        step_costs = costs[gsteps]
+        baseline_ranks = np.broadcast_to(np.arange(R * B, dtype=np.int32) // B, gsteps.shape)
+        baseline_loads.append(per_rank_loads(step_costs, baseline_ranks, R))
+        del step_costs, gsteps
+    baseline = bubble.run_bubble(np.concatenate(baseline_loads))
     if m.baseline_predicted_bubble is not None and not _close(baseline, m.baseline_predicted_bubble):
         raise VerifyError(f"recomputed baseline_predicted_bubble {baseline:.9%} (seed {m.seed}) differs from the "
                           f"manifest's {m.baseline_predicted_bubble:.9%}")
-    W = _compose_window(m)
+    for e in range(E):
+        seed_e = epoch_seed(m.seed, e)
+        gsteps, _ = shuffled_steps(N, R, B, seed_e, shuffle=shuffle)
+        if m.batch_policy == "fixed":
+            # every written step holds samples of the seeded global batches of its composition window
+            # (W = 1: exactly the seeded global batch of that step; docs/balancer.md, "Composition")
+            sel = epoch_written == e
+            step_of_id = np.full(N, -1, dtype=np.int64)
+            row = idx_of[np.searchsorted(in_ids[idx_of], ids[sel])]
+            e0 = int(first_steps[e])
+            step_of_id[row] = steps_written[sel] - e0
+            expect = np.repeat(np.arange(len(gsteps)), R * B)
+            bad = np.flatnonzero(step_of_id[gsteps.ravel()] // W != expect // W)
+            if len(bad):
+                s = int(expect[bad[0]]) + e0
+                where = "step" if W == 1 else f"window of {W} steps starting at step"
+                first = s - (s - e0) % W
+                raise VerifyError(f"{where} {first} does not hold the seeded global batch{'es' if W > 1 else ''} of "
+                                  f"seed {m.seed}{f' (epoch {e}, epoch seed {seed_e})' if E > 1 else ''}; the output "
+                                  "was made with another seed or edited: rerun 'fsdata balance'")
+            if m.strategy == "shuffle":
+                all_gsteps.append(gsteps)
     if m.batch_policy == "fixed":
-        # every written step holds samples of the seeded global batches of its composition window
-        # (W = 1: exactly the seeded global batch of that step; docs/balancer.md, "Composition")
-        step_of_id = np.full(N, -1, dtype=np.int64)
-        idx_of = np.argsort(in_ids, kind="stable")
-        row = idx_of[np.searchsorted(in_ids[idx_of], ids)]
-        step_of_id[row] = steps_written
-        expect = np.repeat(np.arange(len(gsteps)), R * B)
-        bad = np.flatnonzero(step_of_id[gsteps.ravel()] // W != expect // W)
-        if len(bad):
-            s = int(expect[bad[0]])
-            where = "step" if W == 1 else f"window of {W} steps starting at step"
-            raise VerifyError(f"{where} {s // W * W} does not hold the seeded global batch{'es' if W > 1 else ''} of "
-                              f"seed {m.seed}; the output was made with another seed or edited: rerun 'fsdata balance'")
         if m.strategy == "shuffle":
+            gsteps = np.concatenate(all_gsteps)
             for f in m.files:
                 fs, inner = fsio.filesystem_and_path(str(_at(out, f.path)))
                 t = pq.read_table(inner, columns=[S.SAMPLE_ID], filesystem=fs)
@@ -553,7 +657,7 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
             raise VerifyError(f"the manifest's input_digest {m.input_digest[:30]}... is not the digest of --input "
                               f"{input_path} ({got[:30]}...): the output was made from another input (or a rewritten "
                               "copy of it), or the manifest was edited: rerun 'fsdata balance' on this input")
-    if ranks_written is not None:
+    if ranks_written is not None and E == 1:  # several epochs: the per-epoch checks above
         _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
     return baseline
 

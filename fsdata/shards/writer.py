@@ -99,6 +99,9 @@ class BalanceSettings:
             the output is byte-identical either way (not recorded in the manifest).
         ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
             ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
+        epochs: E (``--epochs``), epochs written one after the other, each with its own seeded
+            shuffle and composition (epoch e from :func:`fsdata.balancer.order.epoch_seed`);
+            steps are numbered on across epochs. 1: the single-epoch output of fsdata 0.2.
     """
 
     num_ranks: int
@@ -123,6 +126,7 @@ class BalanceSettings:
     engine: Literal["local", "ray"] = "local"
     ray_address: str | None = None
     num_workers: int | None = None
+    epochs: int = 1
 
     def __post_init__(self) -> None:
         if self.num_workers is not None:  # the old name (threads, not processes): still accepted
@@ -216,8 +220,12 @@ def _check_seq_len(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> None:
 class PlanTable:
     """The plan of one input, one entry per input row in input order (docs/fsdata.md, "Stages").
 
+    With E epochs (``meta["epochs"]``, absent = 1) every per-row array has ``E*N`` entries: entry
+    ``e*N + i`` is input row ``i`` in epoch ``e`` (``sample_id`` repeated per epoch), and epoch
+    ``e``'s steps are ``e*S_e .. e*S_e + S_e - 1`` with ``S_e = meta["steps_per_epoch"]``.
+
     Attributes:
-        sample_id: shape ``[N]`` int64.
+        sample_id: shape ``[N]`` int64 (``[E*N]`` with E epochs; likewise below).
         step: shape ``[N]`` int32; -1 for a dropped row.
         rank: shape ``[N]`` int32; -1 for a dropped row.
         position: shape ``[N]`` int32, the row's index inside its (step, rank) per-rank batch
@@ -249,7 +257,20 @@ class PlanTable:
 
     @property
     def num_steps(self) -> int:
+        """Steps per rank over all epochs."""
         return int(self.meta["num_steps"])
+
+    @property
+    def epochs(self) -> int:
+        """E, the epochs the plan holds (1 when the plan does not say)."""
+        return int(self.meta.get("epochs", 1))
+
+    @property
+    def epoch_num_steps(self) -> list[int]:
+        """Steps of each epoch, E ints summing to ``num_steps`` (equal under the fixed policy)."""
+        if "epoch_num_steps" in self.meta:
+            return [int(x) for x in self.meta["epoch_num_steps"]]
+        return [int(self.meta.get("steps_per_epoch", self.num_steps))] * self.epochs
 
     def counts_and_loads(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64.
@@ -274,6 +295,13 @@ class PlanTable:
         if self.dropped_sample_id is not None:
             return self.dropped_sample_id
         return self.sample_id[self.step < 0]
+
+    def dropped_epochs(self) -> np.ndarray:
+        """Epoch of each dropped row, aligned with :meth:`dropped_sample_ids`; shape ``[D]`` int32."""
+        if self.dropped_sample_id is not None:
+            return np.zeros(len(self.dropped_sample_id), dtype=np.int32)
+        n = len(self.sample_id) // max(self.epochs, 1)
+        return (np.flatnonzero(self.step < 0) // max(n, 1)).astype(np.int32)
 
 
 def plan_digest(plan: PlanTable) -> str:
@@ -314,8 +342,9 @@ def check_plan(plan: PlanTable, where: str) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise InputError(f"plan {where}: {k} is {v!r}, not an integer >= {lo}; {fix}")
     R, S_, N = m["num_ranks"], m["num_steps"], len(plan.sample_id)
-    if N != m["num_samples_input"]:
-        raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']}; {fix}")
+    if N != plan.epochs * m["num_samples_input"]:  # E epochs: E*N rows
+        raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']} x epochs "
+                         f"{plan.epochs}; {fix}")
     step, rank, pos = (np.asarray(a, dtype=np.int64) for a in (plan.step, plan.rank, plan.position))
     kept = step >= 0
     for name, a, hi in (("step", step, S_), ("rank", rank, R)):
@@ -366,8 +395,22 @@ def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.
     return pos
 
 
+def sample_kind(src: SampleSource) -> str | None:
+    """``per-user`` or ``per-event`` when every input file says so in the Parquet key-value metadata
+    ``fsdata convert`` writes (``freescale.convert``), else None (samples made elsewhere)."""
+    kinds = set()
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        meta = pq.ParquetFile(where, filesystem=fs).metadata.metadata or {}
+        try:
+            kinds.add(json.loads(meta[b"freescale.convert"]).get("samples"))
+        except (KeyError, ValueError, AttributeError):
+            return None
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
-    return {"partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
+    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
             "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
@@ -415,20 +458,21 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
                          cost=np.empty(0), meta=meta, counts=plan.counts, loads=plan.loads,
                          dropped_sample_id=np.asarray(dropped_sample_id, dtype=np.int64))
     position = plan.position if plan.position is not None else _positions(plan.step, plan.rank, plan.order_key)
-    return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32),
-                     rank=plan.rank.astype(np.int32), position=position.astype(np.int32),
+    return PlanTable(sample_id=np.asarray(sample_ids, dtype=np.int64), step=plan.step.astype(np.int32, copy=False),
+                     rank=plan.rank.astype(np.int32, copy=False), position=position.astype(np.int32, copy=False),
                      cost=np.asarray(costs, dtype=np.float64), meta=meta)
 
 
-def plan_costs(costs: np.ndarray, settings: BalanceSettings) -> Plan:
+def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None = None) -> Plan:
     """:func:`fsdata.balancer.plan.make_plan` under ``settings`` (the one call every engine plans with).
 
     Args:
         costs: shape ``[N]`` float64, per-sample cost in input order.
         settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
+        seed: the seed to plan with instead of ``settings.seed`` (an epoch's seed).
     """
     return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
-                     seed=settings.seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
+                     seed=settings.seed if seed is None else seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
                      compose_window=settings.compose_window, plan_window=settings.plan_window)
 
@@ -444,15 +488,131 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
         ConfigError: impossible settings or an unknown cost model.
     """
     check_reserved_columns(src)
+    check_epochs(settings)
     cost_model = load_cost_model(settings.cost_model)
     t0 = time.perf_counter()
     lengths, ids = src.lengths_and_ids()
     t1 = time.perf_counter()
     costs = cost_model.cost(lengths)
-    plan = plan_costs(costs, settings)
-    table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    del lengths
+    if settings.epochs == 1:
+        plan = plan_costs(costs, settings)
+        table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
+    else:
+        table = _plan_epochs(src, costs, ids, cost_model, settings)
     if timings is not None:
         timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
+    return table
+
+
+def check_epochs(settings: BalanceSettings) -> None:
+    """Validate ``settings.epochs``.
+
+    Raises:
+        ConfigError: not an integer >= 1, or E > 1 with ``--engine ray`` (it plans and writes one
+            epoch).
+    """
+    E = settings.epochs
+    if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
+        raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
+    if E > 1 and settings.engine == "ray":
+        raise ConfigError(f"--epochs {E} is not supported by --engine ray yet; use --engine local (the default) "
+                          "for several epochs")
+
+
+def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_model: CostModel,
+                 settings: BalanceSettings) -> PlanTable:
+    """Plan ``settings.epochs`` epochs, one :func:`plan_costs` call per epoch with
+    :func:`fsdata.balancer.order.epoch_seed`, and join them as one :class:`PlanTable` of ``E*N``
+    entries (epoch e's steps shifted by the steps of the epochs before it: ``e*S`` under the fixed
+    policy, where every epoch has ``S = N // (R*B)`` steps; under cost-budget each epoch has its own
+    count, recorded in ``epoch_num_steps``). Planning memory is one epoch's plan at a time (itself
+    planned window by window under the fixed policy); the joined table holds ``E*N`` entries.
+
+    Run figures are over all steps: loads and counts concatenated, the proven bounds recombined
+    from per-step bounds (:func:`fsdata.balancer.bubble.bound_bubble`'s formula) of the steps
+    :func:`fsdata.balancer.plan.make_plan` bounds (the written steps under the fixed policy, the
+    seeded global batches under cost-budget).
+    """
+    from fsdata.balancer import bubble  # noqa: PLC0415
+    from fsdata.balancer.order import epoch_seed  # noqa: PLC0415
+    from fsdata.balancer.plan import _bound_ratio, _merge_info, shuffled_steps  # noqa: PLC0415
+
+    E, N = int(settings.epochs), len(costs)
+    R, B = settings.num_ranks, settings.batch_size_per_rank
+    step = np.full(E * N, -1, dtype=np.int32)
+    rank = np.full(E * N, -1, dtype=np.int32)
+    position = np.full(E * N, -1, dtype=np.int32)
+    loads, counts, baseline, pinfos, cinfos = [], [], [], [], []
+    bound, bound_simple, mean, un_bound, un_mean = [], [], [], [], []
+    first: Plan | None = None
+    epoch_steps: list[int] = []
+    offset = 0
+    for e in range(E):
+        seed_e = epoch_seed(settings.seed, e)
+        plan = plan_costs(costs, settings, seed=seed_e)
+        if first is None:
+            first = plan
+        S = plan.num_steps
+        sl = slice(e * N, (e + 1) * N)
+        kept = plan.step >= 0
+        step[sl] = np.where(kept, plan.step + offset, -1)
+        rank[sl] = plan.rank
+        position[sl] = (plan.position if plan.position is not None
+                        else _positions(plan.step, plan.rank, plan.order_key))  # cost-budget
+        loads.append(plan.loads)
+        counts.append(plan.counts)
+        baseline.append(plan.baseline_loads)
+        pinfos.append(plan.partition_info)
+        cinfos.append(plan.compose_info)
+        if plan.position is None:  # cost-budget: make_plan bounds the seeded global batches
+            g, _ = shuffled_steps(N, R, B, seed_e)
+            sc = costs[g]
+            del g
+        else:  # the written (possibly composed) steps
+            rows = np.flatnonzero(kept)
+            rows = rows[np.argsort(plan.step[rows], kind="stable")]
+            sc = costs[rows].reshape(S, R * B)
+            del rows
+        bound.append(bubble.step_proven_bound(sc, R, B))
+        bound_simple.append(bubble.step_lower_bound(sc, R, B))
+        mean.append(sc.sum(axis=1) / R)
+        epoch_steps.append(int(S))
+        offset += S
+        if plan.compose_window > 1:
+            g, _ = shuffled_steps(N, R, B, seed_e)
+            gc = costs[g]
+            un_bound.append(bubble.step_proven_bound(gc, R, B))
+            un_mean.append(gc.sum(axis=1) / R)
+            del g, gc
+        del plan, sc, kept
+    cat = np.concatenate
+    compose_info = first.compose_info
+    if first.compose_window > 1 and all(c is not None and "uncomposed_lower_bound_bubble" in c for c in cinfos):
+        compose_info = _merge_info(cinfos)
+        compose_info.update(compose_window=first.compose_info["compose_window"],
+                            compose_window_requested=first.compose_info.get("compose_window_requested"),
+                            uncomposed_lower_bound_bubble=_bound_ratio(cat(un_bound), cat(un_mean)))
+        if "sub_window_sizes_used" in compose_info:
+            compose_info["sub_window_sizes_used"] = dict(sorted(compose_info["sub_window_sizes_used"].items(),
+                                                                key=lambda kv: int(kv[0])))
+    joined = Plan(num_ranks=R, batch_size_per_rank=B, num_steps=offset, step=step, rank=rank,
+                  order_key=np.empty(0, dtype=np.int64), dropped=np.empty(0, dtype=np.int64), loads=cat(loads),
+                  counts=cat(counts), baseline_loads=cat(baseline), lower_bound_bubble=_bound_ratio(cat(bound), cat(mean)),
+                  partition_info=_merge_info(pinfos), lower_bound_bubble_simple=_bound_ratio(cat(bound_simple), cat(mean)),
+                  compose_window=first.compose_window, compose_info=compose_info, budget_used=first.budget_used,
+                  position=position, plan_window=first.plan_window)
+    table = plan_table_from_plan(src, joined, np.tile(np.asarray(ids, dtype=np.int64), E),
+                                 np.tile(np.asarray(costs, dtype=np.float64), E), cost_model, settings)
+    meta = table.meta
+    # steps_per_epoch when every epoch has the same count (always under the fixed policy);
+    # epoch_num_steps under cost-budget, whose epochs differ by a few steps
+    per_epoch = {"steps_per_epoch": epoch_steps[0]} if len(set(epoch_steps)) == 1 else {}
+    if settings.batch_policy == "cost-budget":
+        per_epoch["epoch_num_steps"] = epoch_steps
+    meta.update(num_samples_input=int(N), epochs=E, **per_epoch)
+    meta["settings"]["epochs"] = E
+    meta["manifest_extra"].update(epochs=E, **per_epoch)
     return table
 
 
@@ -498,6 +658,13 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
     if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
         raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
+    E, S_all = meta.get("epochs", 1), meta.get("num_steps")
+    per = meta.get("epoch_num_steps", [meta.get("steps_per_epoch")] * E if isinstance(E, int) else None)
+    if (isinstance(E, bool) or not isinstance(E, int) or E < 1 or t.num_rows % E
+            or (E > 1 and (not isinstance(per, list) or len(per) != E
+                           or not all(isinstance(x, int) and x > 0 for x in per) or sum(per) != S_all))):
+        raise InputError(f"plan {path}: epochs {E!r} and steps per epoch {per!r} do not match its {t.num_rows} rows "
+                         f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
     recorded = (t.schema.metadata or {}).get(PLAN_SHA256_KEY)
     if recorded is not None and recorded.decode() != _plan_content_sha256(t.select(list(need)), raw):
         raise InputError(f"plan {path}: its content differs from the checksum 'fsdata plan' recorded "
@@ -517,6 +684,8 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
 def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: Path, progress: bool,
             compression: str | None = None) -> None:
     R = plan.num_ranks
+    E = plan.epochs
+    N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
     options = pa.ipc.IpcWriteOptions(compression=compression)
     ipc_schema = schema.append(pa.field(_POS, pa.int32()))
     writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
@@ -534,34 +703,36 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
                     idx = np.arange(offset, offset + n)
                     offset += n
                     sid = batch.column(schema.get_field_index(S.SAMPLE_ID)).to_numpy(zero_copy_only=False)
-                    if offset > len(plan.sample_id) or not np.array_equal(sid.astype(np.int64), plan.sample_id[idx]):
+                    if offset > N or not np.array_equal(sid.astype(np.int64), plan.sample_id[idx]):
                         raise InputError(f"input file {path}: rows differ from the plan's sample_id order; the plan "
                                          "was made from another input: rerun 'fsdata plan' on this input")
-                    rank = plan.rank[idx]
-                    keep = rank >= 0
-                    order = np.argsort(rank, kind="stable")
-                    order = order[keep[order]]
-                    if not len(order):
-                        bar.update(n)
-                        continue
-                    cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
-                    if src.has_seq_len:
-                        _check_seq_len(batch, schema, path)
-                    cols.append(pa.array(plan.step[idx], type=pa.int32()))
-                    cols.append(pa.array(rank, type=pa.int32()))
-                    cols.append(pa.array(plan.position[idx], type=pa.int32()))
-                    table = pa.RecordBatch.from_arrays(cols, schema=ipc_schema).take(pa.array(order))
-                    sorted_ranks = rank[order]
-                    bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
-                    starts = np.concatenate([[0], bounds])
-                    ends = np.concatenate([bounds, [len(order)]])
-                    for a, b in zip(starts, ends):
-                        r = int(sorted_ranks[a])
-                        w = writers.get(r)
-                        if w is None:
-                            w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
-                                                             options=options)
-                        w.write_batch(table.slice(a, b - a))
+                    cols = None
+                    for e in range(E):  # each input row once per epoch, with that epoch's place
+                        eidx = idx + e * N
+                        rank = plan.rank[eidx]
+                        keep = rank >= 0
+                        order = np.argsort(rank, kind="stable")
+                        order = order[keep[order]]
+                        if not len(order):
+                            continue
+                        if cols is None:
+                            cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
+                            if src.has_seq_len:
+                                _check_seq_len(batch, schema, path)
+                        arrays = [*cols, pa.array(plan.step[eidx], type=pa.int32()), pa.array(rank, type=pa.int32()),
+                                  pa.array(plan.position[eidx], type=pa.int32())]
+                        table = pa.RecordBatch.from_arrays(arrays, schema=ipc_schema).take(pa.array(order))
+                        sorted_ranks = rank[order]
+                        bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
+                        starts = np.concatenate([[0], bounds])
+                        ends = np.concatenate([bounds, [len(order)]])
+                        for a, b in zip(starts, ends):
+                            r = int(sorted_ranks[a])
+                            w = writers.get(r)
+                            if w is None:
+                                w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
+                                                                 options=options)
+                            w.write_batch(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
                 # a full disk or read-only bucket folder is the machine's fault, not the input's
@@ -580,8 +751,8 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
             w.close()
     finally:
         bar.close()
-    if offset != len(plan.sample_id):
-        raise InputError(f"input {src.path} has {offset} rows but the plan has {len(plan.sample_id)}; the plan was "
+    if offset != N:
+        raise InputError(f"input {src.path} has {offset} rows but the plan has {N}; the plan was "
                          "made from another input: rerun 'fsdata plan' on this input")
     if len(writers) != R:
         raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
@@ -636,6 +807,7 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         raise ValueError(f"write_rank({rank}): steps must cover 0..{num_steps - 1} with rows in each")
     rel = rank_file_path(rank)
     ends = np.cumsum(counts)
+    tokens = _step_tokens(step, pc.list_value_length(table.column(S.ITEM_IDS)), num_steps)
     output = fsio.normalize(output)
     if fsio.is_remote(output):
         sink = pa.BufferOutputStream()
@@ -646,7 +818,7 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         data = sink.getvalue()
         fsio.write_bytes(fsio.join(output, rel), data)
         return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size,
-                         sha256=hashlib.sha256(data).hexdigest())
+                         sha256=hashlib.sha256(data).hexdigest(), step_tokens=tokens)
     out = Path(output)
     (out / rank_dir_name(rank)).mkdir(exist_ok=True)
     path = out / rel
@@ -654,7 +826,38 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         _write_whole_steps(w, table, ends)
     n = table.num_rows
     del table
-    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path))
+    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path),
+                     step_tokens=tokens)
+
+
+def _step_tokens(step: np.ndarray, lengths, num_steps: int) -> np.ndarray:
+    """History tokens per step of one rank: ``sum(len(item_ids))`` over the rows of each step;
+    shape ``[num_steps]`` int64 (exact: integer sums)."""
+    if not len(step):
+        return np.zeros(num_steps, dtype=np.int64)
+    lengths = lengths.to_numpy(zero_copy_only=False) if hasattr(lengths, "to_numpy") else lengths
+    # float64 sums of integers stay exact below 2**53 tokens per step
+    return np.bincount(np.asarray(step, dtype=np.int64), weights=np.asarray(lengths, dtype=np.float64),
+                       minlength=num_steps).astype(np.int64)
+
+
+def rank_step_tokens(path: str | os.PathLike, num_steps: int) -> np.ndarray:
+    """History tokens per step of a written rank file (``step`` and the ``item_ids`` lengths, read
+    one row group at a time); shape ``[num_steps]`` int64.
+
+    Raises:
+        InputError: the file is unreadable.
+    """
+    out = np.zeros(num_steps, dtype=np.int64)
+    try:
+        fs, where = fsio.filesystem_and_path(str(path))
+        pf = pq.ParquetFile(where, filesystem=fs)
+        for g in range(pf.metadata.num_row_groups):
+            t = pf.read_row_group(g, columns=[S.STEP, S.ITEM_IDS])
+            out += _step_tokens(t.column(S.STEP).to_numpy(), pc.list_value_length(t.column(S.ITEM_IDS)), num_steps)
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+    return out
 
 
 def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -> None:
@@ -734,13 +937,14 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     return files
 
 
-def write_step_stats(path: Path | str, plan: Plan | PlanTable) -> None:
-    """``_step_stats.parquet`` of ``plan`` (the format: :func:`fsdata.shards.manifest.write_step_stats`)."""
+def write_step_stats(path: Path | str, plan: Plan | PlanTable, num_tokens: np.ndarray | None = None) -> None:
+    """``_step_stats.parquet`` of ``plan`` (the format: :func:`fsdata.shards.manifest.write_step_stats`);
+    ``num_tokens`` ``[S x R]`` int64: history tokens per (step, rank) (None: no ``num_tokens`` column)."""
     if isinstance(plan, PlanTable):
         counts, loads = plan.counts_and_loads()
     else:
         counts, loads = plan.counts, plan.loads
-    _write_step_stats(path, counts, loads)
+    _write_step_stats(path, counts, loads, num_tokens)
 
 
 def file_records(output: str | os.PathLike, num_ranks: int, expect_digest: str | None = None) -> list[FileEntry]:
@@ -855,9 +1059,11 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         staged.append((tmp, out / name))
         return tmp
 
+    tokens = np.stack([f.step_tokens if f.step_tokens is not None else rank_step_tokens(at(f.path), plan.num_steps)
+                       for f in records], axis=1)
     try:
         stats_path = stage(STEP_STATS_NAME)
-        write_step_stats(stats_path, plan)
+        write_step_stats(stats_path, plan, tokens)
         meta = plan.meta
         dropped = plan.dropped_sample_ids()
         dropped_file = dropped_path = None
@@ -865,9 +1071,11 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             dropped_file = DROPPED_NAME
             dropped_path = stage(dropped_file)
             fs, where = fsio.filesystem_and_path(str(dropped_path))
-            pq.write_table(pa.table({S.SAMPLE_ID: pa.array(dropped, type=pa.int64()),
-                                     "reason": pa.array(["remainder"] * len(dropped))}),
-                           where, compression="zstd", filesystem=fs)
+            cols = {S.SAMPLE_ID: pa.array(dropped, type=pa.int64())}
+            if plan.epochs > 1:  # the remainder is per epoch
+                cols["epoch"] = pa.array(plan.dropped_epochs(), type=pa.int32())
+            cols["reason"] = pa.array(["remainder"] * len(dropped))
+            pq.write_table(pa.table(cols), where, compression="zstd", filesystem=fs)
         m = Manifest(
             path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
             num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),

@@ -38,7 +38,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.dist import dense_parameters
-from fstrain.model import NEGATIVE_KEY
+from fstrain.model import NEGATIVE_KEY, objective_inputs
 from fstrain.pipelines.base import PipelineError, TrainPipeline
 from fstrain.pipelines.ordering import CollectiveOrderGate, needs_ordered_collectives
 
@@ -376,7 +376,7 @@ class PrioritizedPipeline(TrainPipeline):
             pos = dict(zip(f.keys(), torch.split(ex.inverse, lengths)))
             loss, output = self.dmp.module.dense(
                 leaf[pos[HISTORY_KEY]], f[HISTORY_KEY].lengths(), leaf[pos[TARGET_KEY]], leaf[pos[NEGATIVE_KEY]],
-                batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples)
+                batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples, **objective_inputs(batch))
             loss.backward()
         with self._phase("dense_allreduce"):
             pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below

@@ -34,8 +34,11 @@ def synthetic_steps(num_steps: int, global_batch: int, *, seed: int = 0, num_ite
 
 def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_rank: int,
                  strategy: str = "balanced", policy: str = "fixed", seed: int = 0, num_items: int = 50,
-                 max_len: int = 24, steps_per_row_group: int = 2) -> str:
+                 max_len: int = 24, steps_per_row_group: int = 2, samples: str | None = None) -> str:
     """Write an fsdata-format OUTPUT with ``num_ranks`` rank files; returns ``out``.
+
+    ``samples`` (``per-user`` / ``per-event``) is recorded as the manifest's ``settings.samples``
+    (fstrain picks its objective from it); the step stats always carry ``num_tokens``.
 
     ``strategy='balanced'`` assigns with LPT on ``L^2 + 64 L``; ``'shuffle'`` cuts contiguously.
     ``policy='cost-budget'`` gives every step random per-rank counts (>= 1, same global batch).
@@ -60,7 +63,7 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
         for r in range(R):
             idx = np.flatnonzero(ranks == r)
             per_rank[r].extend((s, int(i)) for i in idx)
-            stats.append((s, r, len(idx), float(costs[idx].sum())))
+            stats.append((s, r, len(idx), float(costs[idx].sum()), int(st["lengths"][idx].sum())))
     files = []
     for r in range(R):
         rel = f"{schema.rank_dir_name(r)}/part-00000.parquet"
@@ -84,7 +87,8 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
     st = pa.table({"step": pa.array([x[0] for x in stats], pa.int32()),
                    "rank": pa.array([x[1] for x in stats], pa.int32()),
                    "num_samples": pa.array([x[2] for x in stats], pa.int32()),
-                   "predicted_cost": pa.array([x[3] for x in stats], pa.float64())})
+                   "predicted_cost": pa.array([x[3] for x in stats], pa.float64()),
+                   "num_tokens": pa.array([x[4] for x in stats], pa.int64())})
     pq.write_table(st, os.path.join(out, schema.STEP_STATS_NAME))
     manifest = {"format_version": schema.FORMAT_VERSION, "num_ranks": R, "num_steps": num_steps,
                 "batch_size_per_rank": B, "batch_policy": policy, "strategy": strategy,
@@ -93,7 +97,8 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
                 "cost_model": {"kind": "polynomial", "name": "quadratic", "coefficients": [0.0, 64.0, 1.0]},
                 "seed": seed, "predicted_bubble": 0.0, "baseline_predicted_bubble": 0.0,
                 "lower_bound_bubble": 0.0, "columns": ["sample_id", "user_id", "item_ids", "target_item_id", "step"],
-                "step_stats_file": schema.STEP_STATS_NAME, "files": files, "settings": {}}
+                "step_stats_file": schema.STEP_STATS_NAME, "files": files,
+                "settings": {} if samples is None else {"samples": samples}}
     with open(os.path.join(out, schema.MANIFEST_NAME), "w") as f:
         json.dump(manifest, f, indent=1)
     return out

@@ -93,19 +93,24 @@ def test_evaluate_model_equals_per_user_brute_force(tmp_path):
     data = load_eval_data(_eval_file(tmp_path / "e.parquet"))
     res = evaluate_model(model, data, num_items=50, k=10, batch_size=7)
     W = model.ec.embeddings["item_table"].weight.detach()
-    hits = ndcg = 0.0
+    Wn = torch.nn.functional.normalize(W, dim=-1)  # the model scores by cosine similarity (l2_normalize)
+    model.eval()
+    hits = ndcg = mrr = hits50 = 0.0
     with torch.no_grad():
         for u in range(data.num_users):
             h = torch.from_numpy(data.values[data.offsets[u]:data.offsets[u + 1]])
             user = model.dense.user_vectors(W[h], torch.tensor([len(h)]))[0]
-            s = (W @ user).numpy().astype(np.float64)
+            s = (Wn @ user).numpy().astype(np.float64)
             t = int(data.target_ids[u])
             cand = [i for i in range(1, 50) if i == t or i not in set(h.tolist())]
             rank = sum(s[i] > s[t] for i in cand)
             hits += rank < 10
+            hits50 += rank < 50
             ndcg += 1 / math.log2(rank + 2) if rank < 10 else 0.0
+            mrr += 1 / (rank + 1)
     assert res["num_users"] == 40 and res["num_candidates"] == 49
     assert res["hr@10"] == pytest.approx(hits / 40) and res["ndcg@10"] == pytest.approx(ndcg / 40, abs=1e-9)
+    assert res["hr@50"] == pytest.approx(hits50 / 40) and res["mrr"] == pytest.approx(mrr / 40, abs=1e-9)
 
 
 def test_bad_eval_files(tmp_path):
