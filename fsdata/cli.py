@@ -336,7 +336,13 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
     table = make_plan_table(open_samples(a.input, a.columns), settings)
-    write_plan(a.plan, table, overwrite=a.overwrite)
+    try:
+        write_plan(a.plan, table, overwrite=a.overwrite)
+    except OSError as e:  # a full disk or file-size limit is about PLAN, not the input
+        from fsdata.guards import raise_if_environment
+
+        raise_if_environment(e, a.plan, action="write")
+        raise
     m = table.meta
     out = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "num_samples_input",
                              "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
@@ -384,8 +390,11 @@ def _cmd_write(a: argparse.Namespace) -> int:
 
 
 def _cmd_finalize(a: argparse.Namespace) -> int:
+    from fsdata.guards import check_not_bucket_root
     from fsdata.shards.writer import finalize, read_plan
 
+    a.output, a.plan = fsio.normalize(a.output), fsio.normalize(a.plan)
+    check_not_bucket_root(a.output, output_name="OUTPUT")
     if not fsio.is_dir(a.output):
         raise FsdataError(f"output {a.output} does not exist; write it with 'fsdata write INPUT PLAN OUTPUT'")
     m = finalize(a.output, read_plan(a.plan))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import urllib.parse
@@ -42,11 +43,50 @@ _BUCKET_SCHEMES = ("s3", "gs", "gcs")
 PathLike = str | os.PathLike
 
 
+def _clean_key(path: str, uri: str) -> str:
+    """A URI's path with ``.``, ``..``, empty segments and trailing slashes resolved, like
+    :func:`posixpath.normpath` but never above the root (and ``//`` collapsed at the start too).
+
+    Raises:
+        ConfigError: ``..`` climbs above the bucket / root.
+    """
+    out: list[str] = []
+    for seg in path.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if not out:
+                raise ConfigError(f"{uri.split('?', 1)[0]}: '..' climbs above the bucket or root; "
+                                  "write the path without '..'")
+            out.pop()
+            continue
+        out.append(seg)
+    return ("/" if path.startswith("/") else "") + "/".join(out)
+
+
 def normalize(path: PathLike) -> PathLike:
-    """``file:///abs/path`` -> ``/abs/path`` (a local path, handled as one); anything else unchanged."""
+    """A path's one spelling, applied before any check or use.
+
+    ``file:///abs/path`` -> ``/abs/path`` (a local path, handled as one; local paths are compared
+    by their real path where it matters, :func:`fsdata.guards.overlap`). A remote URI gets its
+    path normalised: ``.`` and empty segments (``//``) dropped, ``..`` applied, trailing ``/``
+    removed (``s3://b/x/../in/`` -> ``s3://b/in``); the scheme, authority and query are kept.
+    Anything else is returned unchanged.
+
+    Raises:
+        ConfigError: a URI whose ``..`` climbs above its bucket or root.
+    """
     if isinstance(path, str) and path[:7].lower() == "file://":
         parts = urllib.parse.urlsplit(path)
         return urllib.parse.unquote(parts.path) or "/"
+    if isinstance(path, str) and _SCHEME.match(path):
+        parts = urllib.parse.urlsplit(path)
+        clean = _clean_key(parts.path, path)
+        if parts.path.startswith("/") and not clean.startswith("/"):
+            clean = "/" + clean
+        if clean == "/":
+            clean = ""
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, clean, parts.query, parts.fragment))
     return path
 
 
@@ -114,11 +154,11 @@ def resolve(uri: str) -> RemotePath:
     if scheme in _BUCKET_SCHEMES:
         fs, _ = _filesystem(f"{scheme}://{parts.netloc}/{query}")
         bucket = parts.hostname if parts.hostname is not None else parts.netloc
-        key = urllib.parse.unquote(parts.path).strip("/")
+        key = _clean_key(urllib.parse.unquote(parts.path), uri).strip("/")
         return RemotePath(fs=fs, path=f"{bucket}/{key}".rstrip("/"), prefix=f"{scheme}://", query=query)
     fs, inner = _from_uri(uri)
     root = f"{parts.scheme}://{parts.netloc}"
-    return RemotePath(fs=fs, path=inner.rstrip("/") or "/", prefix=root, query=query)
+    return RemotePath(fs=fs, path=_clean_key(inner, uri).rstrip("/") or "/", prefix=root, query=query)
 
 
 def resolve_fs(path: PathLike) -> tuple[pafs.FileSystem, str]:
@@ -365,3 +405,38 @@ def scan_parquet(files: list[str]):
         return pl.scan_pyarrow_dataset(ds.dataset([resolve(f).path for f in files], filesystem=r.fs,
                                                   format="parquet"))
     return pl.scan_parquet(files)
+
+
+#: The pointer object of an object-store OUTPUT that was replaced (``--overwrite``): it names the
+#: version prefix (``_versions/<id>``, inside OUTPUT) that holds the current output (docs/fsdata.md,
+#: "Replacing an output on an object store").
+POINTER_NAME = "_current.json"
+VERSIONS_DIR = "_versions"
+
+
+def resolve_pointer(path: PathLike) -> PathLike:
+    """The location that holds an OUTPUT now: ``path`` itself, or for an object-store OUTPUT with a
+    pointer object (``_current.json``) the version prefix it names.
+
+    Readers resolve the pointer once and then read everything (manifest, rank files, stats) from
+    the returned prefix. A local path is returned unchanged (local outputs are replaced by rename).
+
+    Raises:
+        ConfigError: the pointer object is unreadable or names something outside ``_versions/``.
+    """
+    path = normalize(path)
+    if not is_remote(path):
+        return path
+    ptr = join(path, POINTER_NAME)
+    if not is_file(ptr):
+        return path
+    try:
+        target = json.loads(read_bytes(ptr).decode())["target"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{ptr.split('?', 1)[0]} is not a valid pointer object ({type(e).__name__}: {e}); "
+                          "rerun the command that wrote this output with --overwrite") from None
+    parts = target.split("/") if isinstance(target, str) else []
+    if len(parts) != 2 or parts[0] != VERSIONS_DIR or parts[1] in ("", ".", ".."):
+        raise ConfigError(f"{ptr.split('?', 1)[0]} names {target!r}, not a version inside the output; "
+                          "rerun the command that wrote this output with --overwrite")
+    return join(path, target)

@@ -119,6 +119,22 @@ def overlap(output: str | os.PathLike, input_path: str | os.PathLike) -> str | N
     return None
 
 
+def check_not_bucket_root(output: str | os.PathLike, *, output_name: str = "output") -> None:
+    """Refuse an object-store output that is a whole bucket, however it is spelt (the URI is
+    normalised first: ``s3://b/.``, ``s3://b/keep/..`` and ``s3://b//`` are ``s3://b``).
+
+    Raises:
+        ConfigError: one line naming the output and a prefix to use instead.
+    """
+    out = fsio.normalize(output)
+    if not fsio.is_remote(out):
+        return
+    r = fsio.resolve(out)
+    if r.prefix.endswith("://") and "/" not in r.path:
+        raise ConfigError(f"{output_name} {output} is a whole bucket ({r.uri()}); write into a prefix inside it, "
+                          f"e.g. {r.uri(r.path + '/shards')}")
+
+
 def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.PathLike | None], *,
                        output_name: str = "output", input_name: str = "input") -> None:
     """Refuse an output that equals, contains or lies inside any input, before anything is touched.
@@ -133,8 +149,10 @@ def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.Path
         input_name: how the error names the inputs (e.g. ``"INPUT"``, ``"--from-shards"``).
 
     Raises:
-        ConfigError: the paths overlap; the message names both and the fix.
+        ConfigError: the paths overlap, or ``output`` is a whole bucket (``s3://b``, also spelt
+            ``s3://b/.`` or ``s3://b/x/..``); the message names both and the fix.
     """
+    check_not_bucket_root(output, output_name=output_name)
     for given in inputs:
         if given is None:
             continue
@@ -194,6 +212,48 @@ def environment_errno(exc: BaseException) -> int | None:
     return None
 
 
+_AWS_ERROR = re.compile(r"AWS Error ([A-Z_]+)(?: \(HTTP status (\d+)\))?")
+_S3_WHERE = re.compile(r"(?:key '([^']*)' in )?bucket '([^']+)'")
+_DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "INVALID_CLIENT_TOKEN_ID",
+           "EXPIRED_TOKEN", "MISSING_AUTHENTICATION_TOKEN")
+_UNREACHABLE = ("NETWORK_CONNECTION", "ENDPOINT_RESOLUTION_FAILURE", "REQUEST_TIMEOUT", "SLOW_DOWN",
+                "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE")
+
+
+def object_store_error(exc: BaseException, location: str | os.PathLike | None = None) -> EnvironmentFailure | None:
+    """Turn an object-store failure (credentials refused, endpoint unreachable, network cut; the
+    ``AWS Error ...`` text of PyArrow's S3 client) into one line naming the store and the cause.
+
+    Returns:
+        The error to raise, or None when ``exc`` is not an object-store failure.
+    """
+    text = str(exc)
+    m = _AWS_ERROR.search(text)
+    if m is None and "curlCode" not in text:
+        return None
+    code = m.group(1) if m else "NETWORK_CONNECTION"
+    w = _S3_WHERE.search(text)
+    if w is not None:
+        where = f"s3://{w.group(2)}" + (f"/{w.group(1)}" if w.group(1) else "")
+    else:
+        where = str(location).split("?", 1)[0] if location else "the object store"
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL_S3")
+    store = f"{where} (endpoint {endpoint})" if endpoint else where
+    detail = text.split(f"AWS Error {code}", 1)[-1].split("operation:", 1)[-1].strip().splitlines()[0][:160]
+    if code in _DENIED or (m and m.group(2) in ("401", "403")):
+        cause = f"access denied: the credentials were refused ({code})"
+        fix = ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE or the instance role) "
+               "and the bucket's permissions")
+    elif code in _UNREACHABLE or "curlCode" in text:
+        cause = f"the endpoint cannot be reached ({code}: {detail})"
+        fix = ("check the endpoint (AWS_ENDPOINT_URL or ?endpoint_override=HOST:PORT&scheme=http), the network "
+               "and the region, then rerun")
+    else:
+        cause = f"the store refused the request ({code}: {detail})"
+        fix = "check the bucket, its region and your permissions, then rerun"
+    return EnvironmentFailure(f"object store {store}: {cause}; {fix}")
+
+
 def public_path(path: str | os.PathLike) -> str:
     """The path a user asked for: hidden atomic temporaries (``.NAME.tmp-<pid>-<id>``, see
     :mod:`fsdata.atomic`) and anything below them are replaced by ``NAME``."""
@@ -225,7 +285,7 @@ def environment_error(exc: BaseException, location: str | os.PathLike | None = N
     """
     code = environment_errno(exc)
     if code is None:
-        return None
+        return object_store_error(exc, location)
     where = getattr(exc, "filename", None)
     if not where:
         m = _QUOTED_PATH.search(str(exc))

@@ -12,13 +12,19 @@ Composition only (the logic lives in :mod:`fsdata`). Layout under the work folde
     runs/<run_key>/verify.json
     runs/<run_key>/_SUCCESS          # written last: summary and the SHA-256 of every file of the run
     runs/.<run_key>.tmp-<pid>-<id>/  # a run being built; renamed to runs/<run_key> when complete
+    runs/.<run_key>.tmp-.../.input/  # the copy of the input the run reads (removed before _SUCCESS)
     latest -> runs/<run_key>         # switched atomically (symlink + rename) after verify passes
 
 ``run_key`` hashes the input files' bytes and every setting that changes the output, so a rerun
 with the same inputs is a no-op -- after the published run's files are checked against their
-recorded SHA-256 (a changed or truncated file is detected and the run rebuilt). A run is built in
-a hidden folder; a failed or killed run is removed (at once, or by the next run) and redone from
-the start. ``latest`` only moves forward, to a run created no earlier than the published one and
+recorded SHA-256 (a changed or truncated file is detected and the run rebuilt). The run reads a copy of
+the input taken while hashing it, and is stored under the key of the bytes it read (an input
+replaced mid-run cannot be published under the old input's key; cost: one extra read and a
+transient copy of the input in the work folder). A run is built in a hidden folder; a failed or
+killed run is removed (at once, or by the next run) and redone from the start; a killed run that
+was already complete is kept. A rebuilt run replaces the previous one with one atomic exchange, so
+``latest`` names a complete run at every point; ``.latest.tmp-*`` left by a killed publish are
+removed by the next run. ``latest`` only moves forward, to a run created no earlier than the published one and
 after the last rollback; ``--rollback RUN`` publishes an older complete run on purpose. After a
 publish, ``--keep-runs N`` keeps the N newest runs (never the published run or the last rollback
 target). A failure never touches ``latest``: trainers keep reading the previous verified output.
@@ -39,6 +45,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
@@ -51,6 +58,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from fsdata import __version__ as fsdata_version
+from fsdata.atomic import exchange
 from fsdata.engines import balance
 from fsdata.shards.manifest import sha256_file
 from fsdata.shards.writer import BalanceSettings
@@ -76,6 +84,7 @@ RUN_INFO_NAME = "run.json"
 SUCCESS_NAME = "_SUCCESS"
 #: Manifest names of the balance OUTPUT, newest format first (v2 ``_manifest.json``, v1 ``manifest.json``).
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
+_RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
 
 
 class LockHeldError(FsdataError):
@@ -127,14 +136,57 @@ def _input_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def run_key(cfg: NightlyConfig) -> str:
-    """Hex key of a run: SHA-256 of the input bytes, the settings and the fsdata version (16 chars)."""
-    if not Path(cfg.input).exists():
-        raise FsdataError(f"input {cfg.input} does not exist; pass the nightly log or sample files")
+def run_key(cfg: NightlyConfig, input_digest: str | None = None) -> str:
+    """Hex key of a run: SHA-256 of the input bytes, the settings and the fsdata version (16 chars).
+
+    Args:
+        cfg: the settings.
+        input_digest: the digest of the bytes the run read (:func:`snapshot_input`); default:
+            hash ``cfg.input`` now.
+    """
+    if input_digest is None:
+        if not Path(cfg.input).exists():
+            raise FsdataError(f"input {cfg.input} does not exist; pass the nightly log or sample files")
+        input_digest = _input_digest(cfg.input)
     h = hashlib.sha256()
-    h.update(_input_digest(cfg.input).encode())
+    h.update(input_digest.encode())
     h.update(json.dumps({**asdict(cfg), "input": None, "fsdata": fsdata_version}, sort_keys=True).encode())
     return h.hexdigest()[:16]
+
+
+SNAPSHOT_NAME = ".input"
+
+
+def snapshot_input(path: str, dest: Path, chunk_bytes: int = 1 << 22) -> tuple[str, str]:
+    """Copy the input into ``dest`` while hashing the bytes copied; the run reads the copy.
+
+    So the run key names exactly the bytes the run read, even when the input is replaced while the
+    job runs. File names are kept (a text log's extension picks its separator); the files of a
+    folder input are numbered so their order is kept.
+
+    Returns:
+        ``(path to read, input digest)``: the digest equals :func:`_input_digest` of an unchanged input.
+
+    Raises:
+        FsdataError: the input does not exist or holds no Parquet file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FsdataError(f"input {path} does not exist; pass the nightly log or sample files")
+    files = [str(p)] if p.is_file() else list_parquet_files(path)
+    dest.mkdir()
+    h = hashlib.sha256()
+    for i, f in enumerate(files):
+        name = os.path.basename(f)
+        target = dest / (name if p.is_file() else f"{i:06d}-{name}")
+        fh = hashlib.sha256()
+        with open(f, "rb") as src, open(target, "wb") as out:
+            while block := src.read(chunk_bytes):
+                fh.update(block)
+                out.write(block)
+        h.update(name.encode())
+        h.update(fh.hexdigest().encode())
+    return (str(dest / os.path.basename(files[0])) if p.is_file() else str(dest)), h.hexdigest()
 
 
 def publish(work_dir: Path, run_dir: Path) -> None:
@@ -144,6 +196,42 @@ def publish(work_dir: Path, run_dir: Path) -> None:
         tmp.unlink()
     os.symlink(os.path.relpath(run_dir, work_dir), tmp)
     os.replace(tmp, work_dir / "latest")
+
+
+def _clean_stale_work_tmp(work: Path) -> list[str]:
+    """Remove ``.latest.tmp-PID`` and ``.nightly.lock.holder.tmp-PID`` left by killed runs (we hold
+    the lock, so every one is stale)."""
+    removed = []
+    for p in work.glob(".*.tmp-*"):
+        if p.name.startswith((".latest.tmp-", f".{HOLDER_NAME}.tmp-")):
+            p.unlink(missing_ok=True)
+            removed.append(str(p))
+    return removed
+
+
+def _swap_in(stage: Path, run_dir: Path) -> None:
+    """Move the complete ``stage`` to ``run_dir``, replacing a previous ``run_dir``.
+
+    With a previous one, the two are swapped in one atomic step (``renameat2(RENAME_EXCHANGE)``),
+    so ``run_dir`` (and ``latest``, which may name it) always holds a complete run; then the
+    previous one (now at the stage's name) is removed. Where the file system has no exchange,
+    two renames; a kill between them leaves the previous run at ``.<key>.old-...``, which the
+    next run moves back (:func:`_clean_unfinished`).
+    """
+    if not run_dir.exists():
+        os.replace(stage, run_dir)
+        return
+    if exchange(stage, run_dir):
+        _remove(stage)  # the previous run, now at the stage's name
+        return
+    old = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.replace(run_dir, old)
+    try:
+        os.replace(stage, run_dir)
+    except BaseException:
+        os.replace(old, run_dir)
+        raise
+    _remove(old)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +397,20 @@ def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
     if not runs.is_dir():
         return removed
     for p in sorted(runs.iterdir()):
+        if p.name.startswith(".") and ".old-" in p.name:
+            key = p.name[1:].split(".old-", 1)[0]
+            if not (runs / key).exists() and (p / SUCCESS_NAME).exists():
+                # killed between the two renames of a rebuild: this is the previous run; put it back
+                os.replace(p, runs / key)
+                log.warning("restored run %s from %s left by a killed run", key, p.name)
+                continue
+        if p.name.startswith(".") and ".tmp-" in p.name and (p / SUCCESS_NAME).exists():
+            key = p.name[1:].split(".tmp-", 1)[0]
+            if not (runs / key).exists() and check_run(p) is None:
+                # killed after the run was complete, before its rename: keep it
+                os.replace(p, runs / key)
+                log.warning("kept complete run %s from %s left by a killed run", key, p.name)
+                continue
         stale = p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
         unfinished = not p.name.startswith(".") and p.is_dir() and not (p / SUCCESS_NAME).exists()
         if (stale or unfinished) and (protect is None or p.resolve() != protect.resolve()):
@@ -375,17 +477,22 @@ def _validate(cfg: NightlyConfig) -> None:
 
 
 def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_threads: int,
-           bucket_compression: str | None, engine: str = "local", ray_address: str | None = None) -> dict:
-    """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last."""
+           bucket_compression: str | None, engine: str = "local", ray_address: str | None = None,
+           read_from: str | None = None) -> dict:
+    """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last.
+
+    ``read_from`` is the input snapshot to read (:func:`snapshot_input`; default ``cfg.input``);
+    it is removed before ``_SUCCESS`` is written."""
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": _iso(created_ns),
             "built_at": _iso(_now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
             "input": os.path.abspath(cfg.input), "config": asdict(cfg)}
     (stage / RUN_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
-    samples = cfg.input
+    source = read_from or cfg.input
+    samples = source
     if cfg.format != "samples":
         samples = str(stage / "samples.parquet")
         log.info("convert %s -> %s", cfg.input, samples)
-        convert(cfg.input, samples, fmt=cfg.format, samples=cfg.samples, max_seq_len=cfg.max_seq_len,
+        convert(source, samples, fmt=cfg.format, samples=cfg.samples, max_seq_len=cfg.max_seq_len,
                 user_col=cfg.user_col, item_col=cfg.item_col, time_col=cfg.time_col, sep=cfg.sep,
                 has_header=cfg.has_header, progress=progress)
     columns = cfg.columns if cfg.format == "samples" else None
@@ -409,6 +516,8 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progre
         log.warning(checked["warning"])
     (stage / "verify.json").write_text(json.dumps(checked, indent=2))
     _write_report(stage, key, samples, columns)
+    if read_from is not None:
+        _remove(stage / SNAPSHOT_NAME)
     summary = {"profile": report, "verify": checked}
     tmp_done = stage / f".{SUCCESS_NAME}.tmp"
     tmp_done.write_text(json.dumps({**summary, "files": _file_digests(stage)}))
@@ -474,8 +583,10 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
         key = run_key(cfg)
         runs = work / "runs"
         run_dir = runs / key
+        _clean_stale_work_tmp(work)
         published = _published_run(work)
         removed = _clean_unfinished(runs, published)
+        published = _published_run(work)  # a run put back by the cleanup
         skipped = rebuilt = False
         problem = check_run(run_dir) if (run_dir / SUCCESS_NAME).exists() else "absent"
         if problem is None:
@@ -491,15 +602,20 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
             stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             stage.mkdir()
             try:
+                # the run reads a copy of the input made while hashing it: the key names the bytes read
+                read_from, digest = snapshot_input(cfg.input, stage / SNAPSHOT_NAME)
+                read_key = run_key(cfg, digest)
+                if read_key != key:
+                    log.warning("input %s changed after it was hashed; this run is built from the bytes it read "
+                                "(run %s, not %s)", cfg.input, read_key, key)
+                    key, run_dir = read_key, runs / read_key
+                    known = [h["created_unix_ns"] for h in _history(work)
+                             if h["run_key"] == key and "created_unix_ns" in h]
+                    created = _created_ns(run_dir) or (min(known) if known else _now_ns())
                 _build(cfg, stage, key, created, progress=progress, num_threads=num_threads,
-                       bucket_compression=bucket_compression, engine=engine, ray_address=ray_address)
-                if run_dir.exists():
-                    old = runs / f".{key}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                    os.replace(run_dir, old)  # latest may dangle until the next rename (microseconds)
-                    os.replace(stage, run_dir)
-                    _remove(old)
-                else:
-                    os.replace(stage, run_dir)
+                       bucket_compression=bucket_compression, engine=engine, ray_address=ray_address,
+                       read_from=read_from)
+                _swap_in(stage, run_dir)
             except BaseException:
                 _remove(stage)
                 raise
@@ -547,8 +663,12 @@ def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: flo
     with work_lock(work, lock_timeout_seconds):
         key = Path(run).name
         run_dir = work / "runs" / key
+        have = sorted(p.name for p in (work / "runs").glob("*")
+                      if _RUN_KEY.match(p.name) and (p / SUCCESS_NAME).exists())
+        if not _RUN_KEY.match(key):
+            raise ConfigError(f"--rollback {run}: not a run key (16 hex digits; a hidden .tmp/.old folder is a run "
+                              f"being built or removed, never published); complete runs are {have}")
         if not (run_dir / SUCCESS_NAME).exists():
-            have = sorted(p.name for p in (work / "runs").glob("*") if (p / SUCCESS_NAME).exists())
             raise ConfigError(f"--rollback {run}: no complete run {run_dir}; complete runs are {have}")
         problem = check_run(run_dir)
         if problem is not None:

@@ -481,10 +481,11 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
         raise InputError(f"input file {chunk.path}: read {start} rows where its footer says {chunk.num_rows}; "
                          "the file changed while balancing: rerun")
     del rename
-    return [_pack(pa.Table.from_batches(p, schema=out_schema).combine_chunks(), compression) for p in pieces]
+    out = [_pack(pa.Table.from_batches(p, schema=out_schema).combine_chunks(), compression) for p in pieces]
+    return out if len(out) > 1 else out[0]  # one rank group: Ray's num_returns=1 stores the value itself
 
 
-def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int],
+def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int], plan_digest: str,
                       *pieces: pa.Table) -> list:
     """Write the rank files of ranks ``ranks[0] .. ranks[1]-1`` (runs as a Ray task).
 
@@ -493,6 +494,7 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
         schema: the rank-file schema.
         num_steps: S.
         ranks: ``(first, end)`` of the group.
+        plan_digest: recorded in every rank file (:func:`fsdata.shards.writer.plan_digest`).
         pieces: the group's rows from every chunk (resolved from the object store by Ray).
 
     Returns:
@@ -510,7 +512,8 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
     cuts = np.searchsorted(r, np.arange(first, end + 1), side="left")
     entries = []
     for i, rank in enumerate(range(first, end)):
-        entries.append(write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps))
+        entries.append(write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps,
+                                  plan_digest=plan_digest))
     return entries, _node_id()
 
 
@@ -589,10 +592,46 @@ def ray_session(address: str | None = None, **init_kwargs) -> Iterator[object]:
         where = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
         raise ConfigError(f"cannot start or join Ray at {where} ({str(e).splitlines()[0]}); start the cluster with "
                           "'ray start --head' and pass its address with --ray-address HOST:PORT") from None
+    started = _our_processes()  # the raylet, GCS, agents and workers this call started
     try:
         yield ray
     finally:
         ray.shutdown()
+        _end_leftovers(started)
+
+
+def _our_processes() -> list:
+    """This process's descendants (``psutil.Process``; empty when psutil is unavailable)."""
+    try:
+        import psutil  # noqa: PLC0415 (a Ray dependency)
+
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "ray" in " ".join(p.cmdline()).lower() or "ray" in p.name().lower():
+                    out.append(p)
+        return out
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _end_leftovers(procs: list, grace_s: float = 5.0) -> None:
+    """After ``ray.shutdown()``: wait for the Ray processes this run started, end any still running
+    (SIGTERM, then SIGKILL), and log which; nothing of ours is left running after the job."""
+    if not procs:
+        return
+    import psutil  # noqa: PLC0415
+
+    procs = [p for p in procs + _our_processes() if p.is_running()]
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            log.warning("ending Ray process %d (%s) left after ray.shutdown()", p.pid, p.name())
+            p.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: int | None = None) -> np.ndarray:
@@ -629,7 +668,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         InputError: the input does not match the plan, or a file fails to read midway.
         VerifyError: a written file does not read back as the plan says.
     """
-    from fsdata.shards.writer import output_schema  # noqa: PLC0415
+    from fsdata.shards.writer import output_schema, plan_digest  # noqa: PLC0415
 
     t0 = time.perf_counter()
     schema = output_schema(src)
@@ -660,7 +699,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
                                       plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
                 pieces.append([refs] if G == 1 else refs)
         write_fn = ray.remote(num_cpus=1)(_write_group_task)
-        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])),
+        digest = plan_digest(plan)
+        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])), digest,
                                       *[p[g] for p in pieces]) for g in range(G)]
         del pieces
         written = _get(ray, write_refs)

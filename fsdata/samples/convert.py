@@ -87,7 +87,8 @@ def read_sequences(path: Path) -> pl.DataFrame:
         InputError: empty file, a line without items, or a token that is not an integer.
     """
     _check_input_file(path)
-    tokens = pl.scan_lines(str(path)).select(line=pl.col("line").str.strip_chars()).filter(pl.col("line") != "")
+    tokens = (pl.scan_lines(str(path)).select(line=pl.col("line").str.strip_chars_start("\ufeff").str.strip_chars())
+              .filter(pl.col("line") != ""))  # a UTF-8 byte order mark before the first line is not a token
     try:
         df = (tokens.select(parts=pl.col("line").str.split(" ").list.eval(
             pl.element().filter(pl.element() != "").cast(pl.Int64, strict=True))).collect())
@@ -99,6 +100,11 @@ def read_sequences(path: Path) -> pl.DataFrame:
     if df.height == 0:
         raise InputError(f"input {path} has no non-blank lines; expected 'user item1 item2 ...' per line")
     df = df.select(user_id=pl.col("parts").list.first(), item_ids=pl.col("parts").list.slice(1))
+    neg = df.with_row_index("_line", offset=1).filter(
+        (pl.col("user_id") < 0) | (pl.col("item_ids").list.min() < 0)).head(1)
+    if neg.height:
+        raise InputError(f"input {path}: non-blank line {neg['_line'][0]} has a negative id; user and item ids "
+                         "must be >= 0: map them to non-negative integers first")
     return df
 
 
@@ -106,7 +112,7 @@ def _first_bad_token(path: Path) -> str:
     """`` line N: token 'x' is not an integer;`` for the first such token of a sequences file, else ``:``."""
     try:
         rows = (pl.scan_lines(str(path)).with_row_index("_line", offset=1)
-                .select("_line", tok=pl.col("line").str.strip_chars().str.split(" "))
+                .select("_line", tok=pl.col("line").str.strip_chars_start("\ufeff").str.strip_chars().str.split(" "))
                 .explode("tok").filter(pl.col("tok") != "")
                 .filter(pl.col("tok").cast(pl.Int64, strict=False).is_null())
                 .head(1).collect())
@@ -139,10 +145,7 @@ def _locate_bad_rows(ev: pl.DataFrame, names: dict[str, str], header_lines: int,
     for c in [c for c in ev.columns if c != "_row"]:
         col = ev[c]
         bad = col.is_null()
-        if col.dtype == pl.String:
-            bad = bad | (col.cast(pl.Int64, strict=False).is_null())
-        elif not col.dtype.is_integer():
-            bad = bad | (col.cast(pl.Int64, strict=False).is_null())
+        bad = bad | (col.cast(pl.Int64, strict=False).is_null())  # text, floats, and ids >= 2^63
         idx = bad.arg_true()
         if len(idx):
             i = int(idx[0])
@@ -150,8 +153,26 @@ def _locate_bad_rows(ev: pl.DataFrame, names: dict[str, str], header_lines: int,
             where = f"line {row + 1 + header_lines}" if text else f"row {row}"
             value = col[i]
             shown = "empty (blank line or missing field)" if value is None else f"'{value}'"
+            if value is not None and col.dtype.is_integer():
+                shown += " (does not fit int64: ids must be below 2^63)"
             return f"{where}, column '{names.get(c, c)}': {shown}"
     return ""
+
+
+def _check_non_negative(ev: pl.DataFrame, path: Path, names: dict[str, str], header_lines: int, text: bool) -> None:
+    """User and item ids must be >= 0 (fstrain's embedding tables index them).
+
+    Raises:
+        InputError: the first negative id, with its line (text) or row (Parquet).
+    """
+    for c in ("user_id", "item_id"):
+        idx = (ev[c] < 0).arg_true()
+        if len(idx):
+            i = int(idx[0])
+            row = int(ev["_row"][i])
+            where = f"line {row + 1 + header_lines}" if text else f"row {row}"
+            raise InputError(f"input {path} {where}, column '{names.get(c, c)}': id {int(ev[c][i])} is negative; "
+                             "user and item ids must be >= 0: map them to non-negative integers first")
 
 
 def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | None,
@@ -226,6 +247,12 @@ def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | Non
     if nulls:
         where = _locate_bad_rows(raw, given, header_lines, text)
         raise InputError(f"input {path}: null values in {nulls}, first at {where}; drop or fill those rows first")
+    _check_non_negative(ev, path, given, header_lines, text)
+    dup = ev.height - ev.select([c for c in ev.columns if c != "_row"]).n_unique()
+    if dup:
+        log.warning("input %s has %d exact duplicate events (same user, item%s); they are kept as separate "
+                    "interactions: deduplicate the log first if they are logging repeats", path, dup,
+                    " and time" if t else "")
     order = ["user_id", "ts", "_row"] if t else ["user_id", "_row"]
     first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
     ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
@@ -352,7 +379,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             if held is not None:
                 summary.num_events = num_events_all
                 summary.holdout = asdict(held)
-            writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps(asdict(summary)).encode()})
+            # the file name only: the same log under another path gives the same bytes (and input digest)
+            writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
+                                                                          "input": src.name}).encode()})
         if held is not None:
             write_eval_file(eval_table, holdout_output, held, overwrite=overwrite)
     return summary

@@ -120,6 +120,56 @@ def check_id_range(files: list[str], schema: pa.Schema, rename: dict[str, str], 
                              "or a hash into 0..2^63-1) and write the input again")
 
 
+def check_ids_non_negative(files: list[str], schema: pa.Schema, rename: dict[str, str], columns: list[str],
+                           path: str | os.PathLike) -> None:
+    """Refuse negative user/item ids (fstrain's embedding tables index them, and ``fstrain
+    evaluate`` refuses them): reads the minima from the footers' statistics; a column without
+    statistics is scanned.
+
+    Raises:
+        InputError: a negative value; the message names the column, the value and the fix.
+    """
+    theirs = {rename.get(n, n): n for n in schema.names}
+    for c in (c for c in columns if c in theirs):
+        name = theirs[c]
+        t = schema.field(name).type
+        if pa.types.is_unsigned_integer(t.value_type if (pa.types.is_list(t) or pa.types.is_large_list(t)) else t):
+            continue
+        lo = _stats_min(files, name)
+        if lo is None:
+            lo = _scan_min(files, name)
+        if lo is not None and lo < 0:
+            shown = f"{name} (mapped to {c})" if name != c else c
+            raise InputError(f"input {path}: column {shown} holds {lo}; user and item ids must be >= 0 (fstrain's "
+                             "embedding tables index them): remap them to non-negative integers")
+
+
+def _stats_min(files: list[str], name: str) -> int | None:
+    """Smallest value of column ``name`` from footer statistics; None if any row group lacks them."""
+    lo = None
+    for f in files:
+        fs, where = fsio.filesystem_and_path(f)
+        md = pq.read_metadata(where, filesystem=fs)
+        idx = [j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name]
+        for g in range(md.num_row_groups):
+            for j in idx:
+                st = md.row_group(g).column(j).statistics
+                if st is None or not st.has_min_max:
+                    return None
+                lo = st.min if lo is None else min(lo, st.min)
+    return lo
+
+
+def _scan_min(files: list[str], name: str) -> int | None:
+    import polars as pl
+
+    col = pl.col(name)
+    lf = fsio.scan_parquet(files)
+    if isinstance(lf.collect_schema()[name], pl.List):
+        col = col.explode()
+    return lf.select(col.min()).collect().item()
+
+
 def _stats_max(files: list[str], name: str) -> int | None:
     """Largest value of column ``name`` from footer statistics; None if any row group lacks them."""
     hi = None

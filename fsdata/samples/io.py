@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from fsdata import fsio
 from fsdata.samples import schema as S
-from fsdata.samples.diagnose import check_column_map, check_id_range, text_log_hint
+from fsdata.samples.diagnose import check_column_map, check_id_range, check_ids_non_negative, text_log_hint
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import raise_if_environment
 
@@ -174,7 +174,9 @@ class SampleSource:
             exprs = []
             for c in sorted(unknown):
                 if c in (S.ITEM_IDS, S.TIMESTAMPS):
-                    exprs.append((pl.col(c).null_count() + pl.col(c).explode(empty_as_null=False).null_count()).alias(c))
+                    # null lists, plus null elements inside non-null lists (a null list counts once)
+                    exprs.append((pl.col(c).null_count()
+                                  + pl.col(c).drop_nulls().explode(empty_as_null=False).null_count()).alias(c))
                 else:
                     exprs.append(pl.col(c).null_count().alias(c))
             counts.update(lf.select(exprs).collect(engine="streaming").row(0, named=True))
@@ -317,5 +319,6 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     if num_rows == 0:
         raise InputError(f"input {path} has no rows; it must hold at least one step of samples")
     check_id_range(files, first_schema, rename, [S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)
+    check_ids_non_negative(files, first_schema, rename, [S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)
     return SampleSource(path=str(path), files=files, rename=rename, columns=names, num_rows=num_rows,
                         has_timestamps=S.TIMESTAMPS in types, has_seq_len=S.SEQ_LEN in types)

@@ -474,7 +474,7 @@ class Manifest:
             ManifestError: missing (kind ``missing``), unknown version (kind ``version``), or
                 unparsable / malformed (kind ``invalid``); one line naming the file and the fix.
         """
-        output = fsio.normalize(output)
+        output = fsio.resolve_pointer(output)  # an object-store OUTPUT replaced with --overwrite
         p = find_manifest(output)
         try:
             raw = json.loads(p.read_text() if isinstance(p, Path) else fsio.read_bytes(p).decode())

@@ -97,6 +97,55 @@ def _cost_model(m: Manifest) -> CostModel:
 _V2_SETTINGS = ("num_ranks", "batch_size_per_rank", "seed", "strategy", "batch_policy", "remainder", "partitioner")
 
 
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?[0-9A-Za-z.+-]*)?$")
+
+
+def _check_recorded_settings(m: Manifest, where: str) -> None:
+    """What the manifest records about how it was made must hang together (without the input):
+    ``batch_policy`` against ``settings.budget_used`` / ``partition_info`` and the per-rank counts'
+    policy, the partitioner name, ``plan_window``, the cost model's name and ``fsdata_version``."""
+    from fsdata.balancer.plan import PARTITIONERS  # noqa: PLC0415
+
+    s = m.settings or {}
+    fix = "the manifest was edited: rerun 'fsdata balance'"
+    if m.format_version >= 2 and m.fsdata_version is not None and (
+            not isinstance(m.fsdata_version, str) or not _VERSION.match(m.fsdata_version)):
+        raise VerifyError(f"{where}: fsdata_version {m.fsdata_version!r} is not a version; {fix}")
+    if "partitioner" in s and isinstance(s["partitioner"], str) and s["partitioner"] not in PARTITIONERS:
+        raise VerifyError(f"{where}: settings.partitioner {s['partitioner']!r} is not one of "
+                          f"{', '.join(PARTITIONERS)}; {fix}")
+    info = s.get("partition_info")
+    method = info.get("method") if isinstance(info, dict) else None
+    if "budget_used" in s:
+        if m.batch_policy == "fixed" and s["budget_used"] is not None:
+            raise VerifyError(f"{where}: batch_policy is 'fixed' but settings.budget_used is {s['budget_used']!r} "
+                              f"(set by cost-budget only); {fix}")
+        if m.batch_policy == "cost-budget" and m.strategy == "balanced" and not isinstance(s["budget_used"],
+                                                                                          (int, float)):
+            raise VerifyError(f"{where}: batch_policy is 'cost-budget' but settings.budget_used is "
+                              f"{s['budget_used']!r}; {fix}")
+    if method is not None and m.strategy == "balanced" and (method == "cost-budget") != (m.batch_policy == "cost-budget"):
+        raise VerifyError(f"{where}: batch_policy is {m.batch_policy!r} but settings.partition_info.method is "
+                          f"{method!r}; {fix}")
+    pw, cw = s.get("plan_window"), s.get("compose_window", 1)
+    if pw is not None and (not isinstance(pw, int) or isinstance(pw, bool) or pw < 1
+                           or (isinstance(cw, int) and cw >= 1 and pw % cw)):
+        raise VerifyError(f"{where}: settings.plan_window {pw!r} is not a positive multiple of compose_window "
+                          f"{cw!r}; {fix}")
+    name = m.cost_model.get("name") if isinstance(m.cost_model, dict) else None
+    if isinstance(name, str) and name.split(":", 1)[0] in ("tokens", "quadratic", "verl", "hstu", "poly"):
+        try:
+            named = load_cost_model(name)
+        except FsdataError:
+            raise VerifyError(f"{where}: cost_model name {name!r} is not a cost model; {fix}") from None
+        coef = m.cost_model.get("coefficients")
+        if not isinstance(coef, list) or len(coef) != 3 or any(
+                not isinstance(c, (int, float)) or not _close(float(c), float(n))
+                for c, n in zip(coef, named.coefficients)):
+            raise VerifyError(f"{where}: cost_model name {name!r} has coefficients {list(named.coefficients)}, "
+                              f"the manifest records {coef!r}; {fix}")
+
+
 def _check_manifest_fields(m: Manifest, where: str) -> None:
     for value, allowed, key in ((m.strategy, STRATEGIES, "strategy"), (m.batch_policy, BATCH_POLICIES, "batch_policy"),
                                 (m.remainder_policy, REMAINDER_POLICIES, "remainder_policy")):
@@ -140,6 +189,10 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         missing = [k for k in KEYS if k not in raw]
         if missing:
             raise VerifyError(f"{where} lacks keys {missing}; rerun 'fsdata balance'")
+        for k in ("predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble"):
+            if raw[k] is not None and not isinstance(raw[k], float):  # fsdata writes these as JSON floats
+                raise VerifyError(f"{where}: {k} is {raw[k]!r}, not a float as fsdata writes it; the manifest was "
+                                  "edited: rerun 'fsdata balance'")
         missing = [k for k in _V2_SETTINGS if k not in m.settings]
         if missing:
             raise VerifyError(f"{where}: settings lacks {missing}; rerun 'fsdata balance'")
@@ -150,6 +203,7 @@ def _check_manifest_fields(m: Manifest, where: str) -> None:
         if key in s and s[key] != top:
             raise VerifyError(f"{where}: settings.{key} is {s[key]!r} but {key if key != 'remainder' else 'remainder_policy'}"
                               f" is {top!r}; the manifest was edited: rerun 'fsdata balance'")
+    _check_recorded_settings(m, where)
     if m.remainder_policy == "error" and m.num_samples_dropped:
         raise VerifyError(f"{where}: remainder_policy is 'error' but {m.num_samples_dropped} samples are recorded as dropped")
     if m.num_samples_dropped and not m.dropped_file:
@@ -171,6 +225,8 @@ def _check_listing(out: Path | str, m: Manifest) -> None:
         p = _at(out, name)
         if name in allowed_root and not folder:
             continue
+        if isinstance(out, str) and name == fsio.VERSIONS_DIR and folder:
+            continue  # versions of an object-store OUTPUT (a replace killed before its pointer switched)
         f = rank_dirs.get(name)
         if f is not None and folder:
             inside = sorted(q for q, _ in fsio.list_dir(p))
@@ -371,7 +427,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         VerifyError: any violation or malformed file, one line with the rank/step and numbers.
         InputError: ``input_path`` is not a readable sample input.
     """
-    output = fsio.normalize(output)
+    output = fsio.resolve_pointer(output)  # normalised; an object store's pointer object followed
     if input_path is not None:
         input_path = fsio.normalize(input_path)
     try:
@@ -380,6 +436,11 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     except FsdataError:
         raise
     except Exception as e:  # noqa: BLE001 - a malformed output must give one line, never a traceback
+        from fsdata.guards import environment_error  # noqa: PLC0415
+
+        env = environment_error(e, output, action="read")
+        if env is not None:  # the store or the machine failed, not the output
+            raise env from None
         msg = str(e).splitlines()[0] if str(e) else ""
         raise VerifyError(f"{output} is malformed ({type(e).__name__}: {msg}); rerun 'fsdata balance'") from None
 
@@ -411,6 +472,7 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     all_ids: list[np.ndarray] = []
     all_hashes: list[np.ndarray] = []
     step_of: list[np.ndarray] = []
+    rank_of: list[np.ndarray] = []
     cost_of: list[np.ndarray] = []
     for f in tqdm(m.files, unit="rank", desc="verify", disable=not progress):
         r = f.rank
@@ -425,6 +487,7 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
         loads[:, r] = np.bincount(step, weights=costs, minlength=steps)
         tokens[:, r] = np.bincount(step, weights=lengths.astype(np.float64), minlength=steps).astype(np.int64)
         all_ids.append(ids)
+        rank_of.append(np.full(len(ids), r, dtype=np.int64))
         step_of.append(step)
         cost_of.append(costs)
         if hashes is not None:
@@ -433,8 +496,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     off = np.argwhere(np.abs(recorded_costs - loads) > 1e-9 * np.maximum(np.abs(loads), 1.0))
     if len(off):
         s, r = map(int, off[0])
-        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {recorded_costs[s, r]!r}, recomputed "
-                          f"{loads[s, r]!r} under the manifest's cost model; rerun 'fsdata balance'")
+        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {float(recorded_costs[s, r])!r}, recomputed "
+                          f"{float(loads[s, r])!r} under the manifest's cost model; rerun 'fsdata balance'")
     if "num_tokens" in stats.schema.names:
         recorded_tokens = stats.column("num_tokens").to_numpy().reshape(steps, R)
         off = np.argwhere(recorded_tokens != tokens)
@@ -476,7 +539,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     baseline = m.baseline_predicted_bubble
     if input_path is not None:
         baseline = _check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
-                                        np.concatenate(all_hashes), dropped, out, dropped_epoch)
+                                        np.concatenate(all_hashes), dropped, out, dropped_epoch,
+                                        np.concatenate(rank_of))
         checked_input = True
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
@@ -487,9 +551,10 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
 
 def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
                          steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path | str,
-                         dropped_epoch: np.ndarray | None = None):
+                         dropped_epoch: np.ndarray | None = None, ranks_written: np.ndarray | None = None):
     """Sample set, per-sample content, seed, strategy and input-side bubbles against the input
-    (per epoch with E > 1)."""
+    (per epoch with E > 1); the input digest; and (same fsdata version, one epoch) the whole plan
+    recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`)."""
     from fsdata.balancer.order import epoch_seed
 
     if column_map is None:
@@ -584,7 +649,99 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
                 if not np.array_equal(got, want):
                     raise VerifyError(f"rank {f.rank}: strategy is 'shuffle' but its per-rank batches are not the "
                                       f"seeded contiguous slices (seed {m.seed}); rerun 'fsdata balance'")
+    if m.input_digest is not None:  # after the row checks, which name a lost or changed sample
+        from fsdata.shards.writer import input_digest  # noqa: PLC0415
+
+        got = input_digest(src)
+        if got != m.input_digest:
+            raise VerifyError(f"the manifest's input_digest {m.input_digest[:30]}... is not the digest of --input "
+                              f"{input_path} ({got[:30]}...): the output was made from another input (or a rewritten "
+                              "copy of it), or the manifest was edited: rerun 'fsdata balance' on this input")
+    if ranks_written is not None and E == 1:  # several epochs: the per-epoch checks above
+        _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
     return baseline
+
+
+def _canon(x):
+    import json  # noqa: PLC0415
+
+    return json.loads(json.dumps(x, sort_keys=True, default=float))
+
+
+def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.ndarray, in_ids: np.ndarray,
+                           ids: np.ndarray, steps_written: np.ndarray, ranks_written: np.ndarray,
+                           out: Path | str) -> None:
+    """Recompute the plan from the input and the manifest's settings (as ``fsdata balance`` made
+    it) and require the output to be exactly it: every sample at its step, rank and position, and
+    every recorded setting and figure (``settings`` incl. ``partition_info``, ``compose``,
+    ``plan_window``, ``budget_used``; the extra figures; ``predicted_bubble``...) equal.
+
+    Skipped (with a log line) for outputs of another fsdata version or shuffle, whose plans this
+    version does not reproduce.
+
+    Raises:
+        VerifyError: the first difference, one line.
+    """
+    import logging  # noqa: PLC0415
+
+    from fsdata import __version__  # noqa: PLC0415
+    from fsdata.balancer.order import SHUFFLE  # noqa: PLC0415
+    from fsdata.shards.writer import BalanceSettings, plan_costs, plan_table_from_plan  # noqa: PLC0415
+
+    st = m.settings or {}
+    if m.fsdata_version != __version__ or st.get("shuffle") != SHUFFLE:
+        logging.getLogger(__name__).info("plan not recomputed: %s was written by fsdata %s (this is %s)", out,
+                                         m.fsdata_version, __version__)
+        return
+    try:
+        settings = BalanceSettings(
+            num_ranks=m.num_ranks, batch_size_per_rank=m.batch_size_per_rank, seed=m.seed, strategy=m.strategy,
+            batch_policy=m.batch_policy, remainder=m.remainder_policy, partitioner=st.get("partitioner"),
+            budget=st.get("budget"),
+            compose_window=(st.get("compose") or {}).get("compose_window_requested") or st.get("compose_window") or 1,
+            plan_window=st.get("plan_window") or 1, progress=False)
+        plan = plan_costs(costs, settings)
+        table = plan_table_from_plan(src, plan, in_ids, costs, cost_model, settings)
+    except FsdataError as e:
+        raise VerifyError(f"the manifest's settings do not reproduce a plan ({e}); the manifest was edited: rerun "
+                          "'fsdata balance'") from None
+    fix = "the output was edited or made with other settings: rerun 'fsdata balance'"
+    meta = table.meta
+    for key in sorted(set(meta["settings"]) | set(st)):
+        want, got = _canon(meta["settings"].get(key)), _canon(st.get(key))
+        if want != got:
+            raise VerifyError(f"manifest settings.{key} is {str(got)[:120]}, recomputing the plan from --input gives "
+                              f"{str(want)[:120]}; {fix}")
+    for key, want in meta.get("manifest_extra", {}).items():
+        if _canon((m.extra or {}).get(key)) != _canon(want):
+            raise VerifyError(f"manifest {key} is {str((m.extra or {}).get(key))[:120]}, recomputing the plan "
+                              f"gives {str(want)[:120]}; {fix}")
+    for key in ("num_steps", "batch_policy", "strategy", "remainder_policy"):
+        if getattr(m, key) != meta[key]:
+            raise VerifyError(f"manifest {key} is {getattr(m, key)!r}, recomputing the plan gives {meta[key]!r}; {fix}")
+    for key in ("predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble"):
+        got = getattr(m, key)
+        if (got is None) != (meta[key] is None) or (got is not None and float(got) != float(meta[key])):  # bit for bit
+            shown = [None if x is None else float(x) for x in (got, meta[key])]
+            raise VerifyError(f"manifest {key} is {shown[0]!r}, recomputing the plan gives {shown[1]!r}; {fix}")
+    # every sample at the plan's step and rank, in the plan's order inside each rank file
+    order = np.argsort(in_ids, kind="stable")
+    row = order[np.searchsorted(in_ids[order], ids)]
+    bad = np.flatnonzero((table.step[row] != steps_written) | (table.rank[row] != ranks_written))
+    if len(bad):
+        i = int(bad[0])
+        raise VerifyError(f"sample_id {int(ids[i])} is at step {int(steps_written[i])} rank {int(ranks_written[i])}, "
+                          f"the plan recomputed from --input puts it at step {int(table.step[row[i]])} rank "
+                          f"{int(table.rank[row[i]])}; {fix}")
+    want_key = (table.step[row].astype(np.int64) * m.num_ranks + table.rank[row]) * (len(ids) + 1) + \
+        table.position[row]
+    for r in range(m.num_ranks):
+        sel = ranks_written == r
+        k = want_key[sel]
+        if len(k) > 1 and (np.diff(k) < 0).any():
+            j = int(np.flatnonzero(np.diff(k) < 0)[0])
+            raise VerifyError(f"rank {r}: rows {j} and {j + 1} are not in the plan's order inside their step (or "
+                              f"steps); {fix}")
 
 
 def _bound_kind(m) -> str:

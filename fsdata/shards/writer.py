@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -53,15 +55,22 @@ from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.manifest import sha256_file  # noqa: F401 (also importable from here, as before)
 from fsdata.shards.manifest import write_step_stats as _write_step_stats
 from fsdata.shards.manifest import DROPPED_NAME, FORMAT_VERSION, STEP_STATS_NAME, FileEntry, Manifest, rank_dir_name, rank_file_path
+from fsdata.shards.manifest import MANIFEST_NAME
 from fsdata.balancer.order import SHUFFLE
 from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, make_plan
 
+log = logging.getLogger(__name__)
 _POS = "position"
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
 ROW_GROUP_ROWS = 16384
 #: Version of the plan Parquet's layout (key ``fsdata.balancer.plan`` in its key-value metadata).
 PLAN_FORMAT_VERSION = 1
 PLAN_METADATA_KEY = b"fsdata.plan"
+#: Key-value metadata key of the plan digest (:func:`plan_digest`), in the plan file and in every
+#: rank file written from that plan: finalize refuses rank files of another plan.
+PLAN_DIGEST_KEY = b"fsdata.plan_digest"
+#: Key-value metadata key of the plan file's content checksum (columns and metadata).
+PLAN_SHA256_KEY = b"fsdata.plan_sha256"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -293,6 +302,83 @@ class PlanTable:
             return np.zeros(len(self.dropped_sample_id), dtype=np.int32)
         n = len(self.sample_id) // max(self.epochs, 1)
         return (np.flatnonzero(self.step < 0) // max(n, 1)).astype(np.int32)
+
+
+def plan_digest(plan: PlanTable) -> str:
+    """Hex SHA-256 that identifies a plan: its settings and figures (``meta``, canonical JSON), its
+    per-(step, rank) counts and its dropped sample ids. Every engine computes the same digest for
+    the same plan (it needs no per-row arrays); plans that differ in seed, strategy, cost model,
+    input or any setting differ in it even when their per-rank counts are equal.
+    """
+    h = hashlib.sha256(b"fsdata-plan-digest/1\n")
+    h.update(json.dumps(plan.meta, sort_keys=True, separators=(",", ":")).encode())
+    counts, _ = plan.counts_and_loads()
+    h.update(np.ascontiguousarray(counts, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(plan.dropped_sample_ids(), dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def _plan_content_sha256(t: pa.Table, meta_json: bytes) -> str:
+    """SHA-256 of a plan file's columns (values, in order) and its metadata JSON."""
+    h = hashlib.sha256(meta_json)
+    for name in t.column_names:
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(t.column(name).to_numpy()).tobytes())
+    return h.hexdigest()
+
+
+def check_plan(plan: PlanTable, where: str) -> None:
+    """Check a plan read from a file is internally consistent (one line naming what is wrong).
+
+    Raises:
+        InputError: settings of the wrong type or range, a rank or step out of range or negative
+            (other than -1 for a dropped row), positions that do not number each (step, rank)
+            batch 0..n-1, an empty (step, rank), or a count other than the fixed batch size.
+    """
+    fix = "the plan file was edited or is corrupt: rerun 'fsdata plan'"
+    m = plan.meta
+    for k, lo in (("num_ranks", 1), ("num_steps", 0), ("batch_size_per_rank", 1), ("num_samples_input", 0)):
+        v = m.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise InputError(f"plan {where}: {k} is {v!r}, not an integer >= {lo}; {fix}")
+    R, S_, N = m["num_ranks"], m["num_steps"], len(plan.sample_id)
+    if N != plan.epochs * m["num_samples_input"]:  # E epochs: E*N rows
+        raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']} x epochs "
+                         f"{plan.epochs}; {fix}")
+    step, rank, pos = (np.asarray(a, dtype=np.int64) for a in (plan.step, plan.rank, plan.position))
+    kept = step >= 0
+    for name, a, hi in (("step", step, S_), ("rank", rank, R)):
+        bad = np.flatnonzero((a < -1) | (a >= hi))
+        if len(bad):
+            raise InputError(f"plan {where}: row {int(bad[0])} has {name} {int(a[bad[0]])}, outside -1 (dropped) "
+                             f"and 0..{hi - 1}; {fix}")
+    bad = np.flatnonzero(kept != (rank >= 0))
+    if len(bad):
+        raise InputError(f"plan {where}: row {int(bad[0])} has step {int(step[bad[0]])} but rank "
+                         f"{int(rank[bad[0]])} (both -1 for a dropped row, else both >= 0); {fix}")
+    bad = np.flatnonzero(kept != (pos >= 0))
+    if len(bad):
+        raise InputError(f"plan {where}: row {int(bad[0])} has position {int(pos[bad[0]])} (-1 exactly for "
+                         f"dropped rows); {fix}")
+    flat = step[kept] * R + rank[kept]
+    counts = np.bincount(flat, minlength=S_ * R) if S_ else np.zeros(0, np.int64)
+    if len(counts) != S_ * R or (counts < 1).any():
+        i = int(np.flatnonzero(counts < 1)[0]) if len(counts) == S_ * R else 0
+        raise InputError(f"plan {where}: step {i // R} rank {i % R} has no rows (every step gives every rank at "
+                         f"least one); {fix}")
+    if m.get("batch_policy") == "fixed" and (counts != m["batch_size_per_rank"]).any():
+        i = int(np.flatnonzero(counts != m["batch_size_per_rank"])[0])
+        raise InputError(f"plan {where}: step {i // R} rank {i % R} has {int(counts[i])} rows, not "
+                         f"batch_size_per_rank {m['batch_size_per_rank']} (batch_policy fixed); {fix}")
+    order = np.lexsort((pos[kept], flat))
+    f_sorted, p_sorted = flat[order], pos[kept][order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(f_sorted)) + 1]) if len(f_sorted) else np.zeros(0, int)
+    first = np.repeat(starts, np.diff(np.append(starts, len(f_sorted))))
+    bad = np.flatnonzero(p_sorted != np.arange(len(f_sorted)) - first)
+    if len(bad):
+        b = int(f_sorted[bad[0]])
+        raise InputError(f"plan {where}: the positions of step {b // R} rank {b % R} are not 0..n-1 (repeated or "
+                         f"missing position); {fix}")
 
 
 def _positions(step: np.ndarray, rank: np.ndarray, order_key: np.ndarray) -> np.ndarray:
@@ -540,7 +626,9 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
     """
     t = pa.table({S.SAMPLE_ID: table.sample_id, S.STEP: table.step, S.RANK: table.rank, _POS: table.position,
                   "cost": table.cost})
-    t = t.replace_schema_metadata({PLAN_METADATA_KEY: json.dumps(table.meta).encode()})
+    meta_json = json.dumps(table.meta).encode()
+    t = t.replace_schema_metadata({PLAN_METADATA_KEY: meta_json, PLAN_DIGEST_KEY: plan_digest(table).encode(),
+                                   PLAN_SHA256_KEY: _plan_content_sha256(t, meta_json).encode()})
     with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
         fs, where = fsio.filesystem_and_path(str(tmp))
         pq.write_table(t, where, compression="zstd", filesystem=fs)
@@ -577,9 +665,18 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
                            or not all(isinstance(x, int) and x > 0 for x in per) or sum(per) != S_all))):
         raise InputError(f"plan {path}: epochs {E!r} and steps per epoch {per!r} do not match its {t.num_rows} rows "
                          f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
+    recorded = (t.schema.metadata or {}).get(PLAN_SHA256_KEY)
+    if recorded is not None and recorded.decode() != _plan_content_sha256(t.select(list(need)), raw):
+        raise InputError(f"plan {path}: its content differs from the checksum 'fsdata plan' recorded "
+                         f"({PLAN_SHA256_KEY.decode()}); the plan file was edited or is corrupt: rerun 'fsdata plan'")
     col = lambda n: t.column(n).to_numpy()  # noqa: E731
-    return PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
+    if any(t.column(n).null_count for n in need):
+        raise InputError(f"plan {path}: null values in its columns; the plan file was edited or is corrupt: "
+                         "rerun 'fsdata plan'")
+    plan = PlanTable(sample_id=col(S.SAMPLE_ID), step=col(S.STEP), rank=col(S.RANK), position=col(_POS),
                      cost=col("cost"), meta=meta)
+    check_plan(plan, str(path))
+    return plan
 
 
 # ---- stage 2: write ------------------------------------------------------------------------------
@@ -661,7 +758,8 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
         raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
 
 
-def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int) -> FileEntry:
+def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
+               plan_digest: str | None = None) -> FileEntry:
     """Write one rank's file; the unit a distributed engine calls once per rank.
 
     Contract (byte-identical output for the same rows, whatever their order or chunking):
@@ -685,6 +783,9 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         output: the OUTPUT folder (or its temporary stand-in), a local path or a URI.
         schema: the rank-file schema.
         num_steps: S; every step ``0..S-1`` must hold at least one row.
+        plan_digest: the :func:`plan_digest` of the plan the rows come from, recorded in the
+            file's key-value metadata (``fsdata.plan_digest``) so finalize can refuse files of
+            another plan; None records nothing.
 
     Returns:
         The file's :class:`~fsdata.shards.manifest.FileEntry` (path relative to ``output``, rows, bytes, SHA-256).
@@ -695,6 +796,8 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     table = table.select([*schema.names, _POS])
     table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
     table = table.drop_columns([_POS]).cast(schema)
+    if plan_digest is not None:
+        schema = schema.with_metadata({**(schema.metadata or {}), PLAN_DIGEST_KEY: plan_digest.encode()})
     step = table.column(S.STEP).to_numpy()
     ranks = table.column(S.RANK).to_numpy()
     if len(ranks) and (ranks != rank).any():
@@ -768,10 +871,31 @@ def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -
         start = stop
 
 
-def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema) -> FileEntry:
+def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema,
+                         digest: str | None = None) -> FileEntry:
     with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
         table = pa.ipc.open_file(source).read_all()
-    return write_rank(r, table, out_dir, schema, plan.num_steps)
+    return write_rank(r, table, out_dir, schema, plan.num_steps, plan_digest=digest)
+
+
+_BUCKETS_PREFIX = "fsdata-buckets-"
+
+
+def _clean_stale_bucket_dirs() -> list[str]:
+    """Remove ``TMPDIR/fsdata-buckets-<pid>-*`` left by runs that were killed (their pid is gone)."""
+    from fsdata.atomic import _pid_alive  # noqa: PLC0415
+
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{_BUCKETS_PREFIX}*-*"):
+        try:
+            pid = int(p.name[len(_BUCKETS_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            log.warning("removed %s left by a killed run (process %d)", p, pid)
+            removed.append(str(p))
+    return removed
 
 
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
@@ -789,7 +913,8 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
     if remote:  # object stores have no place for scratch files: buckets go to local TMPDIR
-        bucket_dir = Path(tempfile.mkdtemp(prefix="fsdata-buckets-"))
+        _clean_stale_bucket_dirs()
+        bucket_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
     else:
         bucket_dir = out / ".buckets"
         bucket_dir.mkdir()
@@ -798,7 +923,8 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
         with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
-            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema),
+            digest = plan_digest(plan)
+            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema, digest),
                                range(plan.num_ranks)):
                 files.append(info)
                 bar.update(1)
@@ -821,11 +947,16 @@ def write_step_stats(path: Path | str, plan: Plan | PlanTable, num_tokens: np.nd
     _write_step_stats(path, counts, loads, num_tokens)
 
 
-def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
+def file_records(output: str | os.PathLike, num_ranks: int, expect_digest: str | None = None) -> list[FileEntry]:
     """Records of rank files already written under ``output`` (row count from the footer, size, SHA-256).
 
+    Args:
+        output: the folder holding the rank files.
+        num_ranks: R.
+        expect_digest: when given, every file's recorded plan digest must equal it.
+
     Raises:
-        InputError: a rank file is missing or unreadable.
+        InputError: a rank file is missing or unreadable, or was written from another plan.
     """
     output = fsio.normalize(output)
     remote = fsio.is_remote(output)
@@ -836,11 +967,45 @@ def file_records(output: str | os.PathLike, num_ranks: int) -> list[FileEntry]:
         path = fsio.join(out, rel) if remote else out / rel
         try:
             fs, where = fsio.filesystem_and_path(str(path))
-            n = pq.read_metadata(where, filesystem=fs).num_rows
+            md = pq.read_metadata(where, filesystem=fs)
+            n = md.num_rows
         except (OSError, pa.ArrowException) as e:
             raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+        if expect_digest is not None:
+            got = (md.metadata or {}).get(PLAN_DIGEST_KEY)
+            if got is None or got.decode() != expect_digest:
+                what = "records no plan digest" if got is None else f"has plan digest {got.decode()[:12]}..."
+                raise InputError(f"{path}: {what}, but the plan's is {expect_digest[:12]}...: the rank files were "
+                                 "written from another plan (other seed, strategy, cost model, settings or input); "
+                                 "rerun 'fsdata write' with this plan")
         records.append(FileEntry(rank=r, path=rel, num_rows=n, num_bytes=fsio.size(path), sha256=sha256_file(path)))
     return records
+
+
+_OWN_ROOT_FILES = (STEP_STATS_NAME, DROPPED_NAME, MANIFEST_NAME)
+
+
+def _check_only_rank_files(out: Path | str, num_ranks: int) -> None:
+    """Refuse anything in ``out`` besides the plan's rank files and finalize's own root files
+    (an extra ``part-00001.parquet``, another rank's folder, hidden files or folders): folder-level
+    readers would read them as data.
+
+    Raises:
+        InputError: one line naming up to five such paths.
+    """
+    want = {rank_file_path(r) for r in range(num_ranks)} | set(_OWN_ROOT_FILES)
+    if fsio.is_remote(out):
+        base = fsio.resolve(out).path + "/"
+        files = [fsio.resolve(u).path[len(base):] for u in fsio.walk_files(out)]
+    else:
+        files = [p.relative_to(out).as_posix() for p in Path(out).rglob("*") if p.is_file() or p.is_symlink()]
+        files += [p.relative_to(out).as_posix() + "/" for p in Path(out).rglob("*")
+                  if p.is_dir() and not any(p.iterdir())]
+    own_tmp = re.compile(r"^\.(?:" + "|".join(map(re.escape, _OWN_ROOT_FILES)) + r")\.tmp-\d+$")
+    extra = sorted(f for f in files if f not in want and not own_tmp.match(f))
+    if extra:
+        raise InputError(f"{out} holds {extra[:5]} besides the plan's {num_ranks} rank files; folder readers would "
+                         "read them: remove them, or rerun 'fsdata write' into an empty OUTPUT")
 
 
 def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry] | None = None) -> Manifest:
@@ -860,7 +1025,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         InputError: the rank files do not match the plan (missing rank, other row counts, other
             columns), or something other than rank files lies in ``output``.
     """
-    output = fsio.normalize(output)
+    output = fsio.resolve_pointer(output)  # normalised; an object store's pointer object followed
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
 
@@ -868,8 +1033,9 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         return fsio.join(out, name) if remote else out / name
 
     R = plan.num_ranks
+    _check_only_rank_files(out, R)
     if records is None:
-        records = file_records(out, R)
+        records = file_records(out, R, expect_digest=plan_digest(plan))
     records = sorted(records, key=lambda f: f.rank)
     counts, _ = plan.counts_and_loads()
     if [f.rank for f in records] != list(range(R)):
@@ -879,41 +1045,63 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         if f.num_rows != int(counts[:, f.rank].sum()):
             raise InputError(f"{at(f.path)}: {f.num_rows} rows but the plan gives rank {f.rank} "
                              f"{int(counts[:, f.rank].sum())}; rerun 'fsdata write' with this plan")
-    expected = {rank_dir_name(f.rank) for f in records}
-    extra = sorted(name for name, _ in fsio.list_dir(out) if name not in expected and not name.startswith("_")
-                   and not name.startswith("."))
-    if extra:
-        raise InputError(f"{out} holds {extra[:5]} besides the rank files; write into an empty OUTPUT")
     fs, first = fsio.filesystem_and_path(str(at(records[0].path)))
     columns = pq.read_schema(first, filesystem=fs).names
+    # Local: every root file goes to a hidden temporary first and all are renamed into place only
+    # when all were written, so a failing re-run (full disk, file-size limit) leaves the previous
+    # complete output as it was. Object store: each file is one PUT (old or new, never half).
+    staged: list[tuple[Path, Path]] = []
+
+    def stage(name: str):
+        if remote:
+            return at(name)
+        tmp = out / f".{name}.tmp-{os.getpid()}"
+        staged.append((tmp, out / name))
+        return tmp
+
     tokens = np.stack([f.step_tokens if f.step_tokens is not None else rank_step_tokens(at(f.path), plan.num_steps)
                        for f in records], axis=1)
-    write_step_stats(at(STEP_STATS_NAME), plan, tokens)
-    meta = plan.meta
-    dropped = plan.dropped_sample_ids()
-    dropped_file = None
-    if len(dropped):
-        dropped_file = DROPPED_NAME
-        fs, where = fsio.filesystem_and_path(str(at(dropped_file)))
-        cols = {S.SAMPLE_ID: pa.array(dropped, type=pa.int64())}
-        if plan.epochs > 1:  # the remainder is per epoch
-            cols["epoch"] = pa.array(plan.dropped_epochs(), type=pa.int32())
-        cols["reason"] = pa.array(["remainder"] * len(dropped))
-        pq.write_table(pa.table(cols), where, compression="zstd", filesystem=fs)
-    m = Manifest(
-        path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
-        num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
-        batch_policy=meta["batch_policy"], strategy=meta["strategy"],
-        num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
-        num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
-        dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
-        predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
-        lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
-        step_stats_sha256=sha256_file(at(STEP_STATS_NAME)),
-        dropped_sha256=sha256_file(at(dropped_file)) if dropped_file else None,
-        input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-        extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
-    m.write(out)
+    try:
+        stats_path = stage(STEP_STATS_NAME)
+        write_step_stats(stats_path, plan, tokens)
+        meta = plan.meta
+        dropped = plan.dropped_sample_ids()
+        dropped_file = dropped_path = None
+        if len(dropped):
+            dropped_file = DROPPED_NAME
+            dropped_path = stage(dropped_file)
+            fs, where = fsio.filesystem_and_path(str(dropped_path))
+            cols = {S.SAMPLE_ID: pa.array(dropped, type=pa.int64())}
+            if plan.epochs > 1:  # the remainder is per epoch
+                cols["epoch"] = pa.array(plan.dropped_epochs(), type=pa.int32())
+            cols["reason"] = pa.array(["remainder"] * len(dropped))
+            pq.write_table(pa.table(cols), where, compression="zstd", filesystem=fs)
+        m = Manifest(
+            path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
+            num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
+            batch_policy=meta["batch_policy"], strategy=meta["strategy"],
+            num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
+            num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
+            dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
+            predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
+            lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
+            step_stats_sha256=sha256_file(stats_path),
+            dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
+            input_digest=meta["input_digest"], files=records, settings=meta["settings"],
+            extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
+        if remote:
+            m.write(out)
+        else:
+            stage(MANIFEST_NAME).write_text(m.dumps())
+            for tmp, final in staged:  # the manifest last
+                os.replace(tmp, final)
+            stale_dropped = out / DROPPED_NAME
+            if dropped_file is None and stale_dropped.exists():  # left by a previous finalize with another plan
+                stale_dropped.unlink()
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
     return m
 
 

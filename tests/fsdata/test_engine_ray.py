@@ -311,3 +311,12 @@ def test_windowed_plan_holds_no_rows_on_the_driver(local_ray, small_chunks, tmp_
     assert np.array_equal(table.counts, counts) and np.array_equal(table.loads, loads)
     assert table.meta == local.meta
     assert np.array_equal(table.dropped_sample_ids(), local.dropped_sample_ids())
+
+
+def test_cli_ranks_1_is_one_rank_group(local_ray, tmp_path):
+    """``--ranks 1``: one write group (Ray stores a one-value task result as the value itself)."""
+    inp = write_samples(tmp_path / "in.parquet", n=400)
+    args = ["--ranks", "1", "--batch-size-per-rank", "16", "--seed", "2", "--no-progress"]
+    assert main(["balance", str(inp), str(tmp_path / "local"), *args]) == 0
+    assert main(["balance", str(inp), str(tmp_path / "ray"), *args, "--engine", "ray"]) == 0
+    assert _digests(tmp_path / "ray") == _digests(tmp_path / "local")

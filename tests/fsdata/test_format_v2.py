@@ -243,7 +243,9 @@ def test_write_rank_is_order_independent(good, tmp_path):
     shuffled = mine.take(pa.array(np.random.default_rng(3).permutation(mine.num_rows)))
     chunked = pa.concat_tables([shuffled.slice(0, 7), shuffled.slice(7)])
     (tmp_path / "w").mkdir()
-    rec = write_rank(1, chunked, tmp_path / "w", schema, plan.num_steps)
+    from fsdata.shards.writer import plan_digest
+
+    rec = write_rank(1, chunked, tmp_path / "w", schema, plan.num_steps, plan_digest=plan_digest(plan))
     assert (tmp_path / "w" / rec.path).read_bytes() == (out / rec.path).read_bytes()
     assert rec.sha256 == _manifest(out)["files"][1]["sha256"]
 

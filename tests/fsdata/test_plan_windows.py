@@ -113,3 +113,28 @@ def test_a_window_plans_from_its_own_samples_only():
 def test_bad_plan_window_is_a_config_error():
     with pytest.raises(ConfigError, match="^plan_window must be an integer"):
         plan_layout(1000, 4, 8, compose=True, plan_window=0)
+
+
+def test_what_the_plan_window_changes_under_auto():
+    """docs/fsdata.md: under ``auto`` K changes only which steps CP-SAT refines (each window's
+    share ``ceil(32 * S_w / S)`` and its own threshold); the global batches, the steps' samples and
+    everything lpt-swap decides are the same for every K, and no step is worse than lpt-swap's."""
+    from fsdata.balancer.partitioners import CPSAT_MAX_STEPS
+
+    R, B = 4, 3
+    costs = _costs(R * B * 120, seed=0)
+    ref = make_plan(costs, num_ranks=R, batch_size_per_rank=B, seed=1, partitioner="lpt-swap", compose_window=1)
+    S = ref.num_steps
+    seen_cpsat = set()
+    for k in (1, 7, 1024):
+        p = make_plan(costs, num_ranks=R, batch_size_per_rank=B, seed=1, plan_window=k, compose_window=1)
+        assert np.array_equal(p.step, ref.step) and np.array_equal(p.counts, ref.counts)  # same samples per step
+        assert (p.loads.max(axis=1) <= ref.loads.max(axis=1) + 1e-9).all()  # never worse than lpt-swap
+        changed = int((~np.isclose(p.loads.max(axis=1), ref.loads.max(axis=1))).sum())
+        windows = -(-S // k)
+        cap = sum(-(-CPSAT_MAX_STEPS * min(k, S - w * k) // S) for w in range(windows))
+        info = p.partition_info
+        assert changed <= info["cpsat_improved_steps"] <= info["cpsat_steps"] <= min(cap, S)
+        assert p.plan_window == k
+        seen_cpsat.add(info["cpsat_steps"])
+    assert len(seen_cpsat) > 1  # K does change how many steps CP-SAT refines: recorded in the manifest
