@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -47,27 +46,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("FREESCALE_DATASETS", REPO_ROOT.parent / "shared" / "datasets"))
-SOURCES = {
-    "ml-1m": (DATASETS / "ml-1m_ensfm" / "sequences.txt", "sequences"),
-    "beauty": (DATASETS / "amazon-beauty_bert4rec" / "beauty.txt", "events"),
-}
-
-
-def _run(cmd: list[str], log: Path, tries: int = 3) -> str:
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a") as f:
-            f.write(f"$ {shlex.join(cmd)}\n{r.stdout}{r.stderr}\n# exit {r.returncode} after "
-                    f"{time.perf_counter() - t0:.1f} s\n")
-        if "EADDRINUSE" not in r.stderr:  # the free port of a 1-process group was taken meanwhile: retry
-            break
-    if r.returncode:
-        raise RuntimeError(f"{shlex.join(cmd)} failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
-    return r.stdout
+from benchmarks.quality_convergence import _run
+from benchmarks.quality_recipes import REPO_ROOT, SOURCES
 
 
 def _has_flag(flag: str) -> bool:

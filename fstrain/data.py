@@ -15,7 +15,6 @@ Notation: ``B`` = samples of this rank in this step (varies under ``cost-budget`
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -31,6 +30,7 @@ from torch.autograd.profiler import record_function
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
+from fsdata import fsio
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch, make_batch  # re-exported: fstrain.data.Batch keeps working
@@ -68,6 +68,29 @@ def load_manifest(shards_dir: str) -> Manifest:
     return m
 
 
+def _step_rank_matrix(manifest: Manifest, column: str) -> np.ndarray:
+    """One ``_step_stats.parquet`` column as a ``[S x R]`` int64 matrix, every (step, rank) once.
+
+    Raises:
+        ShardError: the file is missing or unreadable, lacks ``column``, or does not cover every
+            (step, rank) exactly once.
+    """
+    S, R = manifest.num_steps, manifest.num_ranks
+    stats_path = manifest.step_stats_path()
+    try:
+        t = manifest.read_step_stats(columns=["step", "rank", column])
+    except ManifestError as e:
+        raise ShardError(str(e)) from None
+    step = t.column("step").to_numpy().astype(np.int64)
+    rank = t.column("rank").to_numpy().astype(np.int64)
+    if len(step) != S * R or step.min(initial=0) < 0 or step.max(initial=0) >= S or rank.max(initial=0) >= R:
+        raise ShardError(f"{stats_path}: {len(step)} rows but num_steps {S} x num_ranks {R} = {S * R} "
+                         "(one per step and rank) expected; re-run fsdata balance")
+    out = np.zeros((S, R), dtype=np.int64)
+    out[step, rank] = t.column(column).to_numpy().astype(np.int64)
+    return out
+
+
 def load_step_counts(manifest: Manifest) -> np.ndarray:
     """Per-(step, rank) sample counts.
 
@@ -86,20 +109,9 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     """
     S, R = manifest.num_steps, manifest.num_ranks
     stats_path = manifest.step_stats_path()
-    if manifest.batch_policy == "fixed" and not os.path.exists(stats_path):
+    if manifest.batch_policy == "fixed" and not fsio.exists(stats_path):
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
-    try:
-        t = manifest.read_step_stats(columns=["step", "rank", "num_samples"])
-    except ManifestError as e:
-        raise ShardError(str(e)) from None
-    step = t.column("step").to_numpy().astype(np.int64)
-    rank = t.column("rank").to_numpy().astype(np.int64)
-    n = t.column("num_samples").to_numpy().astype(np.int64)
-    if len(step) != S * R or step.min(initial=0) < 0 or step.max(initial=0) >= S or rank.max(initial=0) >= R:
-        raise ShardError(f"{stats_path}: {len(step)} rows but num_steps {S} x num_ranks {R} = {S * R} "
-                         "(one per step and rank) expected; re-run fsdata balance")
-    counts = np.zeros((S, R), dtype=np.int64)
-    counts[step, rank] = n
+    counts = _step_rank_matrix(manifest, "num_samples")
     if (counts < 1).any():
         s, r = map(int, np.argwhere(counts < 1)[0])
         raise ShardError(f"{stats_path}: step {s} rank {r} has {counts[s, r]} samples (at least 1 required); "
@@ -112,7 +124,7 @@ def load_step_tokens(manifest: Manifest) -> np.ndarray | None:
     of the samples' ``seq_len`` = ``len(item_ids)``; written since fsdata 0.3).
 
     Args:
-        manifest: a loaded manifest.
+        manifest: a loaded manifest (local or object-store OUTPUT).
 
     Returns:
         shape ``[S x R]``, int64; None when the output predates the column (or has no step stats).
@@ -120,28 +132,17 @@ def load_step_tokens(manifest: Manifest) -> np.ndarray | None:
     Raises:
         ShardError: the step stats are unreadable or do not cover every (step, rank) exactly once.
     """
-    S, R = manifest.num_steps, manifest.num_ranks
     stats_path = manifest.step_stats_path()
-    if not os.path.exists(stats_path):
+    if not fsio.exists(stats_path):
         return None
     try:
-        names = pq.read_schema(stats_path).names
+        fs, where = fsio.filesystem_and_path(stats_path)
+        names = pq.read_schema(where, filesystem=fs).names
     except (OSError, pa.ArrowException) as e:
         raise ShardError(f"{stats_path} is unreadable ({e}); re-run fsdata balance") from None
     if "num_tokens" not in names:
         return None
-    try:
-        t = manifest.read_step_stats(columns=["step", "rank", "num_tokens"])
-    except ManifestError as e:
-        raise ShardError(str(e)) from None
-    step = t.column("step").to_numpy().astype(np.int64)
-    rank = t.column("rank").to_numpy().astype(np.int64)
-    if len(step) != S * R or step.min(initial=0) < 0 or step.max(initial=0) >= S or rank.max(initial=0) >= R:
-        raise ShardError(f"{stats_path}: {len(step)} rows but num_steps {S} x num_ranks {R} = {S * R} "
-                         "(one per step and rank) expected; re-run fsdata balance")
-    tokens = np.zeros((S, R), dtype=np.int64)
-    tokens[step, rank] = t.column("num_tokens").to_numpy().astype(np.int64)
-    return tokens
+    return _step_rank_matrix(manifest, "num_tokens")
 
 
 def check_world_size(manifest: Manifest, world_size: int) -> None:

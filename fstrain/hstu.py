@@ -38,6 +38,7 @@ from torch import nn
 
 from fstrain.dropout import KeyedDropout
 from fstrain.errors import ConfigError
+from fstrain.jagged import per_bucket
 
 LAYER_NORM_EPS = 1e-6
 
@@ -147,18 +148,7 @@ class HSTUBlock(nn.Module):
                               f"{self.max_seq_len}; raise --max-seq-len or cap lengths in fsdata convert")
         u, v, q, k = self.split_uvqk(x)
         qkv = torch.cat([q, k, v], dim=-1)
-        parts = []
-        if self.reference:
-            for b, L in enumerate(lengths_list):
-                a = offsets_list[b]
-                parts.append(self._attention(qkv[a:a + L].unsqueeze(0)).squeeze(0))
-        else:
-            for s, e, Lb in buckets:
-                a, z = offsets_list[s], offsets_list[e]
-                sub_off = offsets[s:e + 1] - a
-                padded = torch.ops.fbgemm.jagged_to_padded_dense(qkv[a:z], [sub_off], [Lb])  # [n x Lb x .]
-                parts.append(torch.ops.fbgemm.dense_to_jagged(self._attention(padded), [sub_off])[0])
-        attn = torch.cat(parts) if len(parts) > 1 else parts[0]
+        attn = per_bucket(self._attention, qkv, offsets, offsets_list, buckets, lengths_list, reference=self.reference)
         gated = F.layer_norm(attn, (attn.shape[-1],), eps=LAYER_NORM_EPS) * u
         return x + self.out(self.drop(gated))
 

@@ -60,6 +60,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.dropout import DropoutKeys, KeyedDropout, mix64, token_keys
 from fstrain.errors import ConfigError
+from fstrain.jagged import per_bucket
 
 NEGATIVE_KEY = "negative_item_ids"
 TABLE_NAME = "item_table"
@@ -268,19 +269,8 @@ class JaggedCausalAttention(nn.Module):
         Returns:
             ``[T x d]``.
         """
-        qkv = self.qkv(x)
-        parts = []
-        if self.reference:
-            for b, L in enumerate(lengths_list):
-                a = offsets_list[b]
-                parts.append(self._sdpa(qkv[a:a + L].unsqueeze(0)).squeeze(0))
-        else:
-            for s, e, Lb in buckets:
-                a, z = offsets_list[s], offsets_list[e]
-                sub_off = offsets[s:e + 1] - a
-                padded = torch.ops.fbgemm.jagged_to_padded_dense(qkv[a:z], [sub_off], [Lb])  # [n x Lb x 3d]
-                parts.append(torch.ops.fbgemm.dense_to_jagged(self._sdpa(padded), [sub_off])[0])
-        return self.out(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return self.out(per_bucket(self._sdpa, self.qkv(x), offsets, offsets_list, buckets, lengths_list,
+                                   reference=self.reference))
 
 
 class Block(nn.Module):
