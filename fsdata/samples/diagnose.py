@@ -110,9 +110,9 @@ def check_id_range(files: list[str], schema: pa.Schema, rename: dict[str, str], 
     todo = [c for c in columns if c in theirs and _is_uint64(schema.field(theirs[c]).type)]
     for c in todo:
         name = theirs[c]
-        hi = _stats_max(files, name)
+        hi = _stats_bound(files, name, "max")
         if hi is None:
-            hi = _scan_max(files, name)
+            hi = _scan_bound(files, name, "max")
         if hi is not None and hi > INT64_MAX:
             shown = f"{name} (mapped to {c})" if name != c else c
             raise InputError(f"input {path}: column {shown} is uint64 and holds {hi}, above the int64 maximum "
@@ -135,18 +135,20 @@ def check_ids_non_negative(files: list[str], schema: pa.Schema, rename: dict[str
         t = schema.field(name).type
         if pa.types.is_unsigned_integer(t.value_type if (pa.types.is_list(t) or pa.types.is_large_list(t)) else t):
             continue
-        lo = _stats_min(files, name)
+        lo = _stats_bound(files, name, "min")
         if lo is None:
-            lo = _scan_min(files, name)
+            lo = _scan_bound(files, name, "min")
         if lo is not None and lo < 0:
             shown = f"{name} (mapped to {c})" if name != c else c
             raise InputError(f"input {path}: column {shown} holds {lo}; user and item ids must be >= 0 (fstrain's "
                              "embedding tables index them): remap them to non-negative integers")
 
 
-def _stats_min(files: list[str], name: str) -> int | None:
-    """Smallest value of column ``name`` from footer statistics; None if any row group lacks them."""
-    lo = None
+def _stats_bound(files: list[str], name: str, which: str) -> int | None:
+    """Smallest (``which="min"``) or largest (``"max"``) value of column ``name`` from footer
+    statistics; None if any row group lacks them."""
+    pick = min if which == "min" else max
+    out = None
     for f in files:
         fs, where = fsio.filesystem_and_path(f)
         md = pq.read_metadata(where, filesystem=fs)
@@ -156,41 +158,18 @@ def _stats_min(files: list[str], name: str) -> int | None:
                 st = md.row_group(g).column(j).statistics
                 if st is None or not st.has_min_max:
                     return None
-                lo = st.min if lo is None else min(lo, st.min)
-    return lo
+                v = st.min if which == "min" else st.max
+                out = v if out is None else pick(out, v)
+    return out
 
 
-def _scan_min(files: list[str], name: str) -> int | None:
+def _scan_bound(files: list[str], name: str, which: str) -> int | None:
+    """The same bound by scanning the column (list columns exploded)."""
     import polars as pl
 
     col = pl.col(name)
     lf = fsio.scan_parquet(files)
     if isinstance(lf.collect_schema()[name], pl.List):
         col = col.explode()
-    return lf.select(col.min()).collect().item()
+    return lf.select(col.min() if which == "min" else col.max()).collect().item()
 
-
-def _stats_max(files: list[str], name: str) -> int | None:
-    """Largest value of column ``name`` from footer statistics; None if any row group lacks them."""
-    hi = None
-    for f in files:
-        fs, where = fsio.filesystem_and_path(f)
-        md = pq.read_metadata(where, filesystem=fs)
-        idx = [j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name]
-        for g in range(md.num_row_groups):
-            for j in idx:
-                st = md.row_group(g).column(j).statistics
-                if st is None or not st.has_min_max:
-                    return None
-                hi = st.max if hi is None else max(hi, st.max)
-    return hi
-
-
-def _scan_max(files: list[str], name: str) -> int | None:
-    import polars as pl
-
-    col = pl.col(name)
-    lf = fsio.scan_parquet(files)
-    if isinstance(lf.collect_schema()[name], pl.List):
-        col = col.explode()
-    return lf.select(col.max()).collect().item()
