@@ -172,4 +172,3 @@ def _scan_bound(files: list[str], name: str, which: str) -> int | None:
     if isinstance(lf.collect_schema()[name], pl.List):
         col = col.explode()
     return lf.select(col.min() if which == "min" else col.max()).collect().item()
-
