@@ -433,11 +433,14 @@ class DenseTower(nn.Module):
         return user @ items.t()
 
     def _softmax_loss(self, user: torch.Tensor, label_emb: torch.Tensor, label_ids: torch.Tensor,
-                      neg_emb: torch.Tensor, neg_ids: torch.Tensor, owner: torch.Tensor | None = None) -> torch.Tensor:
+                      neg_emb: torch.Tensor, neg_ids: torch.Tensor, owner: torch.Tensor | None = None,
+                      lay: JaggedLayout | None = None) -> torch.Tensor:
         """Per-position sampled-softmax cross-entropy ``[P]`` (module docstring).
 
-        ``owner`` ``[P]`` int64: with per-sample negatives (``neg_emb`` ``[B*K x d]``), the sorted
-        sample index of each position; None: ``neg_emb`` ``[K x d]`` is shared.
+        ``owner`` ``[P]`` int64: with per-sample negatives (``neg_emb`` ``[B*K x d]``), the input
+        sample index of each position; None: ``neg_emb`` ``[K x d]`` is shared. ``lay``: the
+        positions are every token in ``lay``'s sorted order (the all-positions objective), so their
+        logits are one padded batched matmul instead of a gather of ``[P x K x d]``.
         """
         cfg = self.config
         if cfg.l2_normalize:
@@ -448,7 +451,9 @@ class DenseTower(nn.Module):
             hit = label_ids[:, None] == neg_ids[None, :]
         else:
             K = cfg.num_negatives
-            neg_logit = self._per_sample_logits(user, neg_emb.view(-1, K, neg_emb.shape[-1]), owner)
+            neg = neg_emb.view(-1, K, neg_emb.shape[-1])
+            neg_logit = (self._per_sample_logits(user, neg, owner) if lay is None
+                         else self._per_sample_logits_jagged(user, neg, lay))
             hit = label_ids[:, None] == neg_ids.view(-1, K).index_select(0, owner)
         neg_logit = neg_logit.masked_fill(hit, float("-inf"))
         logits = torch.cat([pos_logit, neg_logit], dim=1) / cfg.temperature
@@ -463,6 +468,16 @@ class DenseTower(nn.Module):
             o = owner[a:a + 4096]
             out.append(torch.bmm(neg.index_select(0, o), user[a:a + 4096].unsqueeze(2)).squeeze(2))
         return torch.cat(out)
+
+    @staticmethod
+    def _per_sample_logits_jagged(user: torch.Tensor, neg: torch.Tensor, lay: JaggedLayout) -> torch.Tensor:
+        """:meth:`_per_sample_logits` for every token of ``lay`` (``user`` ``[T x d]`` in its sorted
+        order): the tokens padded to ``[B x Lmax x d]``, one ``bmm`` with the sorted samples'
+        negatives ``[B x d x K]``, back to jagged ``[T x K]``."""
+        lmax = lay.lengths_list[-1] if lay.lengths_list else 0
+        padded = torch.ops.fbgemm.jagged_to_padded_dense(user, [lay.offsets], [lmax])  # [B x Lmax x d]
+        logits = torch.bmm(padded, neg.index_select(0, lay.perm).transpose(1, 2))  # [B x Lmax x K]
+        return torch.ops.fbgemm.dense_to_jagged(logits, [lay.offsets])[0]
 
     def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
                 target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int, *,
@@ -517,7 +532,7 @@ class DenseTower(nn.Module):
                 owner = None
                 if per_sample:  # input sample index of each sorted token
                     owner = torch.repeat_interleave(lay.perm, torch.tensor(lay.lengths_list, device=hist.device))
-                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids, owner)
+                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids, owner, lay if per_sample else None)
                 norm = global_num_tokens if global_num_tokens >= 0 else T
             loss_sum = per.sum()
         return loss_sum / max(norm, 1), (loss_sum.detach(), torch.tensor(per.shape[0]))

@@ -181,3 +181,23 @@ def test_per_sample_negatives_depend_on_sample_and_step_only():
     assert torch.equal(neg.values()[5:], alone.features[NEGATIVE_KEY].values())
     assert not torch.equal(neg.values()[:5], neg.values()[5:])
     assert int(neg.values().min()) >= 0 and int(neg.values().max()) < 50
+
+
+def test_per_sample_negative_logits_jagged_equal_the_gather():
+    """The padded batched matmul gives every token the logits of the plain per-token gather."""
+    from fstrain.model import DenseTower
+
+    torch.manual_seed(0)
+    tower = DenseTower(Config(num_items=40, embedding_dim=8, num_layers=1, negatives="sample", num_negatives=5))
+    lengths = torch.tensor([3, 1, 7, 2])
+    lay = tower.layout(lengths, torch.device("cpu"))
+    user = torch.randn(int(lengths.sum()), 8, requires_grad=True)
+    neg = torch.randn(4, 5, 8, requires_grad=True)
+    owner = torch.repeat_interleave(lay.perm, torch.tensor(lay.lengths_list))
+    fast = DenseTower._per_sample_logits_jagged(user, neg, lay)
+    ref = DenseTower._per_sample_logits(user, neg, owner)
+    torch.testing.assert_close(fast, ref)
+    g_fast = torch.autograd.grad(fast.square().sum(), (user, neg))
+    g_ref = torch.autograd.grad(ref.square().sum(), (user, neg))
+    for a, b in zip(g_fast, g_ref):
+        torch.testing.assert_close(a, b)
