@@ -106,7 +106,7 @@ def objective_for(manifest) -> str:
 
 def steps_per_epoch(manifest) -> int:
     """Steps of one epoch of the shards (``fsdata balance --epochs``; one epoch: every step)."""
-    return int(getattr(manifest, "steps_per_epoch", None) or manifest.num_steps)
+    return int(manifest.steps_per_epoch)
 
 
 def _sync(device: torch.device) -> None:
@@ -373,7 +373,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     step = start
     ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
     pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
-    if mcfg.objective == "all-positions" and env.world_size > 1 and not getattr(reader, "has_token_counts", False):
+    if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
         raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
                          "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
                          "re-run fsdata balance, or train with --objective last-position")
