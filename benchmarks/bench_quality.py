@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch: ``--reproduce`` / ``--parity`` / ``--per-user-vs-per-event`` (:mod:`benchmarks.quality_convergence`),
     else the early-training guard below."""
     argv = sys.argv[1:] if argv is None else argv
-    if any(m in argv for m in ("--reproduce", "--parity", "--per-user-vs-per-event")):
+    if any(m in argv for m in ("--reproduce", "--parity", "--per-user-vs-per-event", "--bubbles")):
         from benchmarks.quality_convergence import main as convergence_main
 
         return convergence_main(argv)

@@ -19,7 +19,8 @@ items excluded: :mod:`fstrain.evaluate`). Runs are subprocesses; the commands go
 Examples::
 
     python -m benchmarks.bench_quality --reproduce --recipes ml-1m-sasrec --out docs/results
-    python -m benchmarks.bench_quality --parity --datasets ml-1m --seeds 0,1,2 --epochs 30
+    python -m benchmarks.bench_quality --parity --recipes ml-1m-sasrec --rank-batches 16x8 --seeds 0,1,2
+    python -m benchmarks.bench_quality --bubbles --rank-batches 16x8,8x32,256x32
     python -m benchmarks.bench_quality --per-user-vs-per-event --recipes toys-sasrec --epochs 10
 """
 
@@ -199,6 +200,38 @@ def parity(a: argparse.Namespace, work: Path, log: Path) -> dict:
     return {"mode": "parity", "table": rows, "runs": runs}
 
 
+def bubbles(a: argparse.Namespace, work: Path, log: Path) -> dict:
+    """Predicted bubble of every parity setting (balance only, no training), plus ``--rank-batches``."""
+    rows = []
+    for name in a.recipes.split(","):
+        recipe = RECIPES[name]
+        epochs = a.epochs or recipe.epochs
+        samples, _ = convert(recipe, work, log)
+        for R, B in [tuple(int(x) for x in rb.split("x")) for rb in a.rank_batches.split(",")]:
+            for strategy in a.strategies.split(","):
+                shards = work / f"bubble-{name}-R{R}B{B}-{strategy}-e{epochs}"
+                row = {"recipe": name, "ranks": R, "batch_size_per_rank": B, "strategy": strategy, "epochs": epochs}
+                try:
+                    bal = balance(samples, shards, log, ranks=R, batch_size_per_rank=B, epochs=epochs, seed=0,
+                                  flags=list(PARITY_STRATEGIES[strategy]))
+                    row.update(predicted_bubble=bal["predicted_bubble"], num_steps=bal.get("num_steps"),
+                               equal_count_bubble=bal.get("baseline_predicted_bubble"))
+                except RuntimeError as e:  # e.g. a global batch larger than the dataset
+                    row["error"] = str(e).split(": ", 1)[-1]
+                rows.append(row)
+    print("\n| data | R x B | strategy | epochs | steps | predicted bubble | equal-count bubble |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['recipe']} | {r['ranks']} x {r['batch_size_per_rank']} | {r['strategy']} | {r['epochs']} | - "
+                  f"| refused: {r['error']} | - |")
+        else:
+            eq = r.get("equal_count_bubble")
+            print(f"| {r['recipe']} | {r['ranks']} x {r['batch_size_per_rank']} | {r['strategy']} | {r['epochs']} | "
+                  f"{r['num_steps']} | {r['predicted_bubble']:.2%} | {'-' if eq is None else f'{eq:.2%}'} |")
+    return {"mode": "bubbles", "table": rows, "runs": []}
+
+
 def per_user_vs_per_event(a: argparse.Namespace, work: Path, log: Path) -> dict:
     runs = []
     for name in a.recipes.split(","):
@@ -227,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--reproduce", action="store_true", help="the published tables (quality_recipes.RECIPES)")
     mode.add_argument("--parity", action="store_true", help="shuffle vs default vs cost-budget at convergence")
     mode.add_argument("--per-user-vs-per-event", action="store_true", help="the two sample kinds, same epochs")
+    mode.add_argument("--bubbles", action="store_true",
+                      help="predicted bubble of each --parity setting (balance only, no training)")
     p.add_argument("--recipes", default=None, help=f"comma-separated, of {', '.join(RECIPES)} (default: per mode)")
     p.add_argument("--seeds", default="0")
     p.add_argument("--epochs", type=int, default=None, help="override the recipes' epochs")
@@ -237,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="/tmp/bench_quality_convergence", help="scratch: samples, shards, runs")
     a = p.parse_args(argv)
     if a.recipes is None:
-        a.recipes = (",".join(RECIPES) if a.reproduce else "ml-1m-sasrec,sports-sasrec" if a.parity
+        a.recipes = (",".join(RECIPES) if a.reproduce else "ml-1m-sasrec,sports-sasrec" if a.parity or a.bubbles
                      else "toys-sasrec")
     bad = [s for s in a.strategies.split(",") if s not in PARITY_STRATEGIES]
     if bad:
@@ -249,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = work / "commands.log"
     t0 = time.perf_counter()
-    fn = reproduce if a.reproduce else parity if a.parity else per_user_vs_per_event
+    fn = (reproduce if a.reproduce else parity if a.parity else bubbles if a.bubbles else per_user_vs_per_event)
     result = fn(a, work, log)
     result.update({"command": "python -m benchmarks.bench_quality " + shlex.join(argv or sys.argv[1:]),
                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -39,7 +39,9 @@ from fsdata.guards import EnvironmentFailure, environment_errno, environment_err
 log = logging.getLogger(__name__)
 
 
-def _tmp_prefix(final: Path) -> str:
+def tmp_prefix(final: Path) -> str:
+    """Name prefix of ``final``'s temporaries (siblings): ``.NAME.tmp-PID-...``; :func:`clean_stale_tmp` removes
+    those of processes that no longer run."""
     return f".{final.name}.tmp-"
 
 
@@ -58,7 +60,7 @@ def clean_stale_tmp(final: Path) -> None:
     parent = final.parent
     if not parent.is_dir():
         return
-    prefix = _tmp_prefix(final)
+    prefix = tmp_prefix(final)
     for p in parent.iterdir():
         if not p.name.startswith(prefix):
             continue
@@ -251,7 +253,7 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
         raise ConfigError(f"output {final} already exists and is not empty; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
     created = [p for p in [final.parent, *final.parent.parents] if not p.exists()]
-    tmp = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = final.parent / f"{tmp_prefix(final)}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_tmp(final)
@@ -269,7 +271,7 @@ def atomic_output(final: str | os.PathLike, *, overwrite: bool = False, is_dir: 
             shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
             raise ConfigError(f"output {final} appeared while this run was writing; pass "
                               f"{setting('overwrite_arg', True)} to replace it")
-        old = final.parent / f"{_tmp_prefix(final)}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
+        old = final.parent / f"{tmp_prefix(final)}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
         try:
             if exchange(tmp, final):  # one atomic step: final is the new output, tmp the previous one
                 os.replace(tmp, old)

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from fsdata import fsio
+from fsdata import atomic, fsio
 from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output, output_taken
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
@@ -1047,15 +1047,26 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
                              f"{int(counts[:, f.rank].sum())}; rerun 'fsdata write' with this plan")
     fs, first = fsio.filesystem_and_path(str(at(records[0].path)))
     columns = pq.read_schema(first, filesystem=fs).names
-    # Local: every root file goes to a hidden temporary first and all are renamed into place only
-    # when all were written, so a failing re-run (full disk, file-size limit) leaves the previous
-    # complete output as it was. Object store: each file is one PUT (old or new, never half).
+    # Local: every root file goes to a temporary first and all are renamed into place only when all
+    # were written, so a failing or killed re-run (full disk, file-size limit, SIGKILL) leaves the
+    # previous complete output as it was. A user's output folder keeps no temporaries: they live in
+    # a sibling folder that the next run removes once its process is gone; inside balance the output
+    # is itself a hidden temporary and holds them. Object store: each file is one PUT (old or new).
     staged: list[tuple[Path, Path]] = []
+    staging: list[Path] = []
+    if not remote:
+        atomic.clean_stale_tmp(out)
 
     def stage(name: str):
         if remote:
             return at(name)
-        tmp = out / f".{name}.tmp-{os.getpid()}"
+        if out.name.startswith("."):
+            tmp = out / f".{name}.tmp-{os.getpid()}"
+        else:
+            if not staging:
+                staging.append(out.parent / f"{atomic.tmp_prefix(out)}{os.getpid()}-finalize")
+                staging[0].mkdir(exist_ok=True)
+            tmp = staging[0] / name
         staged.append((tmp, out / name))
         return tmp
 
@@ -1102,6 +1113,9 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         raise
+    finally:
+        if staging:
+            shutil.rmtree(staging[0], ignore_errors=True)
     return m
 
 

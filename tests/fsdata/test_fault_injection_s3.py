@@ -1,0 +1,71 @@
+"""Kills at every write, rename and delete point of balance on the S3 test server (issue 19).
+
+The harness of :mod:`tests.fsdata.test_fault_injection` against the moto S3 server of
+``test_object_store.py``: after each kill, the objects readers resolve (through ``_current.json``)
+are the previous output intact or the new one complete, ``verify --input`` passes, and the next
+replace removes what the killed run left.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("moto.server", reason="moto[server] is not installed: pip install 'freescale[test]'")
+
+from fsdata import fsio  # noqa: E402
+from fsdata.cli import main  # noqa: E402
+from tests.fsdata.test_fault_injection import Harness, _points  # noqa: E402
+from tests.fsdata.test_object_store import (  # noqa: E402,F401 (fixtures)
+    _BALANCE,
+    _local_digests,
+    local_out,
+    s3,
+    s3_input,
+    samples,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a few minutes on a quiet 2-core machine
+
+
+def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the_new_one(
+        s3, s3_input, local_out, tmp_path, monkeypatch):  # noqa: F811
+    root = tmp_path / "w"
+    (root / "tmp").mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(root / "tmp"))
+    b, inp = s3_input
+    out = f"s3://{b}/killed"
+    previous = ["balance", inp, out, *_BALANCE, "--seed", "9", "--overwrite"]
+    args = ["balance", inp, out, *_BALANCE, "--num-threads", "1", "--overwrite"]
+
+    def current():  # the objects readers resolve, a killed run's version prefix aside
+        d = s3.digests(fsio.resolve_pointer(out)[len("s3://"):])
+        return {k: v for k, v in d.items() if not k.startswith(("_versions/", "_current.json"))}
+
+    assert main(previous) == 0
+    before, new = current(), _local_digests(local_out)
+    h = Harness(root, tmp_path)  # after the s3 fixture set the endpoint variables
+    try:
+        points = _points(h, args)
+        assert current() == new
+        survivors = {"previous": 0, "new": 0}
+        for k in range(1, len(points) + 1):
+            if current() != before:
+                assert main(previous) == 0
+            rc, passed = h.run(args, k)
+            # a replace over a previous output that is itself a replaced one removes one more version
+            # prefix than the counting run did, so a run may finish before its last points
+            assert rc == 9 or (rc == 0 and len(passed) < k), f"point {k} ({points[k - 1]}): exit {rc}"
+            now = current()
+            assert now in (before, new), f"killed at point {k} ({points[k - 1]}): the output is neither the " \
+                                         "previous one nor the new one"
+            survivors["previous" if now == before else "new"] += 1
+            assert main(["verify", out, "--input", inp, "--no-progress"]) == 0, points[k - 1]
+        assert survivors["previous"] and survivors["new"], survivors
+        assert main(args) == 0  # the next replace cleans up after every killed run
+        assert current() == new
+        assert {k.split("/")[0] for k in s3.keys(f"{b}/killed")} == {"_current.json", "_versions"}
+        assert len({k.split("/")[0] for k in s3.keys(f"{b}/killed/_versions")}) == 1
+        # our temporaries (fsdata-*) are gone; the in-process S3 test server may keep its own there
+        assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith("fsdata-")]
+    finally:
+        h.close()
