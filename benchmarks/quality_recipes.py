@@ -26,7 +26,8 @@ _GR = "facebookresearch/generative-recommenders README (configs/ml-1m/*-sampled-
 _S3 = "RUCAIBox/CIKM2020-S3Rec, full-ranking table (SASRec, BCE loss)"
 _S3_DIFF = ("S3-Rec trains SASRec with BCE and one negative per position, dropout 0.5, 200 epochs, and picks the "
             "epoch on a validation item; we train the all-positions sampled softmax (the sampled-softmax "
-            "reproductions report Sports .0314 / Toys .0580) and report the last epoch")
+            "reproductions report Sports .0314 / Toys .0580) and report the last epoch; S3-Rec never trains on the "
+            "second-to-last item (its validation item), we do (only the last item is held out)")
 _ML_DIFF = ("d 52 instead of 50 (fbgemm's table-batched embeddings need a multiple of 4); the item table trains with row-wise Adagrad (fbgemm has no "
             "CPU Adam, lr 0.2 measured best of 0.05 / 0.2) while GR uses Adam for every parameter; 128 negatives "
             "per sample instead of per position; no attention-probability dropout; our ml-1m copy "
