@@ -93,7 +93,7 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
 
 
 def _add_write_opts(p: argparse.ArgumentParser) -> None:
-    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
+    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)")
     p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
                         "decoded input size; lz4/zstd: less disk, more CPU)")

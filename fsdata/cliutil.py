@@ -11,7 +11,7 @@ The one CLI convention of every entry point (README.md, "CLI conventions"); the 
 here and nowhere else:
 
 * :func:`add_version_flag`: ``--version`` prints ``PROG VERSION`` (the installed ``freescale``
-  distribution's version, else :data:`fsdata.__version__`) and exits 0.
+  distribution's version, else :data:`fsdata._version.__version__`) and exits 0.
 * :func:`add_verbosity_flags` / :func:`configure_logging`: ``-v/--verbose`` sets the ``fsdata``,
   ``fstrain`` and ``pipelines`` loggers to DEBUG, ``-q/--quiet`` to ERROR.
 * :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout.
@@ -31,6 +31,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from fsdata._version import __version__
 from fsdata.guards import environment_error
 
 #: Environment variable forcing progress bars on (``1``) or off (``0``) when no flag is given.
@@ -47,14 +48,12 @@ def add_progress_flag(p: argparse.ArgumentParser) -> None:
 
 
 def package_version() -> str:
-    """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata.__version__``."""
+    """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata._version.__version__``."""
     from importlib import metadata
 
     try:
         return metadata.version("freescale")
     except metadata.PackageNotFoundError:
-        from fsdata import __version__
-
         return __version__
 
 

@@ -541,7 +541,7 @@ def _write_report(stage: Path, key: str, samples: str, columns: str | None) -> N
 
 def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
                 num_threads: int = 2, bucket_compression: str | None = None,
-                lock_timeout_seconds: float = 0.0, num_workers: int | None = None, engine: str = "local",
+                lock_timeout_seconds: float = 0.0, engine: str = "local",
                 ray_address: str | None = None) -> dict:
     """Run (or skip) the nightly job under the work folder's lock.
 
@@ -554,7 +554,6 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
         num_threads: threads writing rank files (does not change the output).
         bucket_compression: codec of balance's temporary buckets (does not change the output).
         lock_timeout_seconds: wait this long for a concurrent run (0: fail at once).
-        num_workers: deprecated name of ``num_threads`` (used when given).
         engine: ``local`` or ``ray`` (``fsdata balance --engine``, docs/cluster.md): where balance
             runs; the output is byte-identical, so the engine is not part of the run key.
         ray_address: the Ray cluster for ``engine="ray"`` (None: ``RAY_ADDRESS`` or a local instance).
@@ -575,8 +574,6 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
     _validate(cfg)
     if keep_runs < 1:
         raise ConfigError(f"--keep-runs must be >= 1, got {keep_runs}")
-    if num_workers is not None:
-        num_threads = num_workers
     check_output_apart(work_dir, [cfg.input], output_name="--output", input_name="--input")
     work = Path(work_dir)
     with work_lock(work, lock_timeout_seconds):
@@ -736,12 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--epochs", type=int, default=1, metavar="E",
                    help="epochs written, each with its own seeded shuffle and composition, steps numbered on "
                         "(default 1)")
-    add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
+    add_num_threads_flag(b, default=2, help="threads for writing rank files (default 2)")
     b.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
                    help="codec of the temporary per-rank buckets (none: fastest; lz4/zstd: less disk)")
     add_engine_flags(b)  # the same --engine/--ray-address as fsdata balance
     j = p.add_argument_group("job")
-    add_output_flag(j, metavar="DIR", deprecated=("--work-dir",),
+    add_output_flag(j, metavar="DIR",
                     help="work folder of runs/, latest and the lock (must not hold the input); required")
     j.add_argument("--keep-runs", type=int, default=3,
                    help="after a publish, keep this many newest runs; the published run and the last rollback "

@@ -266,7 +266,7 @@ def test_every_flag_has_help_and_shared_flags_match_fsdata_balance():
         assert a.help, f"{a.option_strings} has no help text"
     sub = next(a for a in fsdata_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
     balance = {s: a for a in sub.choices["balance"]._actions for s in a.option_strings}
-    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--num-workers", "--ranks",
+    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--ranks",
                  "--batch-size-per-rank", "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget",
                  "--bucket-compression", "--json", "--progress", "--no-progress", "-v", "-q", "--version"):
         assert flag in ours and flag in balance, flag
@@ -296,7 +296,7 @@ def test_composition_warning_and_report_reach_the_run(tmp_path, capsys):
     a result above 10% prints balance's warning with the remedy."""
     seq = _seq(tmp_path, users=400)
     work = tmp_path / "work"
-    rc = nightly.main(["--input", str(seq), "--work-dir", str(work), "--ranks", "8", "--batch-size-per-rank", "2",
+    rc = nightly.main(["--input", str(seq), "--output", str(work), "--ranks", "8", "--batch-size-per-rank", "2",
                        "--compose-window", "1", "--partitioner", "lpt-swap", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
