@@ -51,7 +51,7 @@ def test_failure_keeps_previous_latest(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise FsdataError("simulated verify failure")
 
-    monkeypatch.setattr(nightly, "verify", boom)
+    monkeypatch.setattr(nightly.job, "verify", boom)
     with pytest.raises(FsdataError):
         run_nightly(NightlyConfig(input=str(seq), num_ranks=4, batch_size_per_rank=16), work, progress=False)
     assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
@@ -218,7 +218,7 @@ def test_failed_unpublished_run_is_cleaned_and_redone(tmp_path, monkeypatch):
         calls.append(1)
         raise FsdataError("simulated verify failure")
 
-    monkeypatch.setattr(nightly, "verify", boom)
+    monkeypatch.setattr(nightly.job, "verify", boom)
     with pytest.raises(FsdataError, match="simulated"):
         run_nightly(cfg, work, progress=False)
     assert calls and list((work / "runs").iterdir()) == []  # nothing of the failed run is left

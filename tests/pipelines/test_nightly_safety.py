@@ -36,13 +36,13 @@ def test_input_replaced_mid_run_is_published_under_the_key_of_the_bytes_read(tmp
     a_bytes = a.read_bytes()
     cfg = NightlyConfig(input=str(a), **FAST)
     key_a = run_key(cfg)
-    real = nightly.balance
+    real = nightly.job.balance
 
     def replace_input_then_balance(*args, **kwargs):
         a.write_bytes(b_bytes)  # the input is replaced while the run works
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nightly, "balance", replace_input_then_balance)
+    monkeypatch.setattr(nightly.job, "balance", replace_input_then_balance)
     r = run_nightly(cfg, tmp_path / "work", progress=False)
     monkeypatch.undo()
     a.write_bytes(a_bytes)
@@ -57,13 +57,13 @@ def test_input_replaced_after_hashing_is_keyed_by_what_was_read(tmp_path, monkey
     a_bytes = a.read_bytes()
     cfg = NightlyConfig(input=str(a), **FAST)
     key_a = run_key(cfg)
-    real = nightly._clean_unfinished
+    real = nightly.store._clean_unfinished
 
     def replace_after_hashing(*args, **kwargs):
         a.write_bytes(b.read_bytes())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nightly, "_clean_unfinished", replace_after_hashing)
+    monkeypatch.setattr(nightly.store, "_clean_unfinished", replace_after_hashing)
     r = run_nightly(cfg, tmp_path / "work", progress=False)
     monkeypatch.undo()
     key_b = run_key(cfg)  # a.parquet now holds B's bytes
@@ -79,7 +79,7 @@ import os, sys
 from pathlib import Path
 from pipelines import nightly
 point, inp, work, ranks = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
-real_replace, real_exchange = os.replace, nightly.exchange
+real_replace, real_exchange = os.replace, nightly.store.exchange
 def die():
     os._exit(9)
 def replace(src, dst):
@@ -102,7 +102,7 @@ def exchange(a, b):
     if point == "after-exchange":
         die()
     return done
-nightly.exchange = exchange
+nightly.store.exchange = exchange
 nightly.run_nightly(nightly.NightlyConfig(input=inp, format="samples", num_ranks=ranks, batch_size_per_rank=8,
                                           partitioner="lpt-swap"), work, progress=False)
 sys.exit(0)
@@ -141,7 +141,7 @@ def test_latest_names_a_complete_run_at_every_kill_point(tmp_path, point, rebuil
     if point == "fallback-between":
         # two renames without an atomic exchange: killed between them, the previous run lies aside ...
         assert not Path(good["run_dir"]).exists()
-        nightly._clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
+        nightly.store._clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
         assert _complete(Path(good["run_dir"]))
     assert _complete(_latest(work)), f"latest does not name a complete run after a kill at {point}"
     r = run_nightly(NightlyConfig(input=str(inp), **{**FAST, "num_ranks": ranks}), work, progress=False)
