@@ -35,16 +35,18 @@ Usage::
         --samples per-event --max-seq-len 512 --output nightly/ --ranks 256 --batch-size-per-rank 32
     python -m pipelines.nightly --output nightly/ --rollback 3f2a9c0d1e2b4a5f
 
-Modules: :mod:`pipelines.nightly.job` (the settings and the job), :mod:`pipelines.nightly.store`
-(lock, runs, publish, rollback, cleanup), :mod:`pipelines.nightly.cli` (the command line).
+Modules: :mod:`pipelines.nightly.config` (the settings, :class:`NightlyConfig`),
+:mod:`pipelines.nightly.job` (the run), :mod:`pipelines.nightly.store` (lock, runs, publish,
+rollback, cleanup), :mod:`pipelines.nightly.cli` (the command line, generated from the settings).
 """
 
 from pipelines.nightly import store  # noqa: I001 (first: job and cli use it)
-from pipelines.nightly.job import SNAPSHOT_NAME, NightlyConfig, run_key, run_nightly, snapshot_input
+from pipelines.nightly.config import JobSettings, NightlyConfig
+from pipelines.nightly.job import SNAPSHOT_NAME, run_key, run_nightly, snapshot_input
 from pipelines.nightly.store import (HISTORY_NAME, LOCK_NAME, RUN_INFO_NAME, SUCCESS_NAME, LockHeldError, check_run,
                                      keep_newest_runs, publish, rollback, work_lock)
 from pipelines.nightly.cli import build_parser, main
 
-__all__ = ["HISTORY_NAME", "LOCK_NAME", "RUN_INFO_NAME", "SNAPSHOT_NAME", "SUCCESS_NAME", "LockHeldError", "NightlyConfig",
+__all__ = ["HISTORY_NAME", "LOCK_NAME", "RUN_INFO_NAME", "SNAPSHOT_NAME", "SUCCESS_NAME", "JobSettings", "LockHeldError", "NightlyConfig",
            "build_parser", "check_run", "keep_newest_runs", "main", "publish", "rollback", "run_key", "run_nightly",
            "snapshot_input", "store", "work_lock"]

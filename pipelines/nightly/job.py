@@ -10,13 +10,12 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from fsdata import __version__ as fsdata_version
-from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.balancer.cost import load_cost_model
-from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, high_bubble_warning
+from fsdata.balancer.plan import high_bubble_warning
 from fsdata.balancer.profile import profile
 from fsdata.engines import balance
 from fsdata.errors import ConfigError, FsdataError
@@ -25,44 +24,10 @@ from fsdata.samples.convert import convert
 from fsdata.samples.io import list_parquet_files, open_samples
 from fsdata.shards.manifest import sha256_file
 from fsdata.shards.verify import verify
-from fsdata.shards.writer import BalanceSettings
 from pipelines.nightly import store
+from pipelines.nightly.config import NightlyConfig, key_settings
 
 log = logging.getLogger("pipelines.nightly")
-
-@dataclass(kw_only=True, slots=True)
-class NightlyConfig:
-    """Settings of one nightly run (all of them enter the run key)."""
-
-    input: str
-    """Raw log (``--format sequences|events``) or sample Parquet (``--format samples``)."""
-    format: str = "sequences"
-    samples: str = "per-event"
-    max_seq_len: int = 512
-    user_col: str = "0"
-    item_col: str = "1"
-    time_col: str | None = None
-    sep: str | None = None
-    has_header: bool | None = None
-    columns: str | None = None
-    """``--columns`` mapping of a ``--format samples`` input onto the sample schema."""
-    num_ranks: int = 256
-    batch_size_per_rank: int = 32
-    cost_model: str = "hstu"
-    seed: int = 0
-    strategy: str = "balanced"
-    batch_policy: str = "fixed"
-    budget: float | None = None
-    partitioner: str = DEFAULT_PARTITIONER
-    remainder: str = "drop"
-    compose_window: int = DEFAULT_COMPOSE_WINDOW
-    """``--compose-window`` W of ``fsdata balance`` (docs/balancer.md, "Composition"); 1 = off."""
-    plan_window: int = DEFAULT_PLAN_WINDOW
-    """``--plan-window`` K of ``fsdata balance`` (steps planned together)."""
-    epochs: int = 1
-    """``--epochs`` E of ``fsdata balance`` (E epochs, each with its own seeded shuffle and composition)."""
-    extra: dict | None = None
-    """Anything else a caller wants in the key (e.g. a dataset version tag)."""
 
 
 def _input_digest(path: str) -> str:
@@ -76,20 +41,25 @@ def _input_digest(path: str) -> str:
 
 
 def run_key(cfg: NightlyConfig, input_digest: str | None = None) -> str:
-    """Hex key of a run: SHA-256 of the input bytes, the settings and the fsdata version (16 chars).
+    """Hex key of a run: SHA-256 of the input bytes, the settings that change the output
+    (:func:`~pipelines.nightly.config.key_settings`) and the fsdata version (16 chars).
 
     Args:
         cfg: the settings.
         input_digest: the digest of the bytes the run read (:func:`snapshot_input`); default:
-            hash ``cfg.input`` now.
+            hash ``cfg.convert.input`` now.
+
+    Raises:
+        FsdataError: the input does not exist.
     """
+    path = cfg.convert.input
     if input_digest is None:
-        if not Path(cfg.input).exists():
-            raise FsdataError(f"input {cfg.input} does not exist; pass the nightly log or sample files")
-        input_digest = _input_digest(cfg.input)
+        if not path or not Path(path).exists():
+            raise FsdataError(f"input {path} does not exist; pass the nightly log or sample files")
+        input_digest = _input_digest(path)
     h = hashlib.sha256()
     h.update(input_digest.encode())
-    h.update(json.dumps({**asdict(cfg), "input": None, "fsdata": fsdata_version}, sort_keys=True).encode())
+    h.update(json.dumps({**key_settings(cfg), "input": None, "fsdata": fsdata_version}, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -129,46 +99,45 @@ def snapshot_input(path: str, dest: Path, chunk_bytes: int = 1 << 22) -> tuple[s
 
 
 def _validate(cfg: NightlyConfig) -> None:
-    if cfg.format not in ("sequences", "events", "samples"):
-        raise ConfigError(f"unknown --format '{cfg.format}'; use sequences, events or samples")
-    if cfg.columns and cfg.format != "samples":
+    if not cfg.job.output:
+        raise ConfigError("--output (job.output) is required: the work folder of the runs")
+    if not cfg.convert.input:
+        raise ConfigError("--input (convert.input) is required (unless --rollback RUN)")
+    if cfg.convert.format not in ("sequences", "events", "samples"):
+        raise ConfigError(f"unknown --format '{cfg.convert.format}'; use sequences, events or samples")
+    if cfg.job.keep_runs < 1:
+        raise ConfigError(f"--keep-runs must be >= 1, got {cfg.job.keep_runs}")
+    if cfg.balance.columns and cfg.convert.format != "samples":
         raise ConfigError("--columns maps the columns of a sample Parquet input; it needs --format samples "
                           "(convert already writes the sample schema)")
 
 
-def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, progress: bool, num_threads: int,
-           bucket_compression: str | None, engine: str = "local", ray_address: str | None = None,
-           read_from: str | None = None) -> dict:
+def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_from: str | None = None) -> dict:
     """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last.
 
-    ``read_from`` is the input snapshot to read (:func:`snapshot_input`; default ``cfg.input``);
+    ``read_from`` is the input snapshot to read (:func:`snapshot_input`; default ``cfg.convert.input``);
     it is removed before ``_SUCCESS`` is written."""
+    conv, bal, progress = cfg.convert, cfg.balance, cfg.balance.progress
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": store._iso(created_ns),
             "built_at": store._iso(store._now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
-            "input": os.path.abspath(cfg.input), "config": asdict(cfg)}
+            "input": os.path.abspath(conv.input), "config": asdict(cfg)}
     (stage / store.RUN_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
-    source = read_from or cfg.input
+    source = read_from or conv.input
     samples = source
-    if cfg.format != "samples":
+    if conv.format != "samples":
         samples = str(stage / "samples.parquet")
-        log.info("convert %s -> %s", cfg.input, samples)
-        convert(source, samples, fmt=cfg.format, samples=cfg.samples, max_seq_len=cfg.max_seq_len,
-                user_col=cfg.user_col, item_col=cfg.item_col, time_col=cfg.time_col, sep=cfg.sep,
-                has_header=cfg.has_header, progress=progress)
-    columns = cfg.columns if cfg.format == "samples" else None
-    cost_model = load_cost_model(cfg.cost_model)
+        log.info("convert %s -> %s", conv.input, samples)
+        convert(source, samples, fmt=conv.format, samples=conv.samples, max_seq_len=conv.max_seq_len,
+                user_col=conv.user_col, item_col=conv.item_col, time_col=conv.time_col, sep=conv.sep,
+                has_header=conv.has_header, progress=progress)
+    columns = bal.columns if conv.format == "samples" else None
+    cost_model = load_cost_model(bal.cost_model)
     lengths, _ = open_samples(samples, columns).lengths_and_ids()
-    report = profile(lengths, cost_model, num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
-                     seed=cfg.seed, compose_window=cfg.compose_window)
+    report = profile(lengths, cost_model, num_ranks=bal.num_ranks, batch_size_per_rank=bal.batch_size_per_rank,
+                     seed=bal.seed, compose_window=bal.compose_window)
     (stage / "profile.json").write_text(json.dumps(report, indent=2))
     del lengths
-    settings = BalanceSettings(num_ranks=cfg.num_ranks, batch_size_per_rank=cfg.batch_size_per_rank,
-                               cost_model=cfg.cost_model, columns=columns, seed=cfg.seed, strategy=cfg.strategy,
-                               batch_policy=cfg.batch_policy, remainder=cfg.remainder, partitioner=cfg.partitioner,
-                               budget=cfg.budget, compose_window=cfg.compose_window, plan_window=cfg.plan_window,
-                               epochs=cfg.epochs, num_threads=num_threads,
-                               bucket_compression=bucket_compression, progress=progress,
-                               engine=engine, ray_address=ray_address)
+    settings = replace(bal, columns=columns, overwrite=False)
     manifest = balance(samples, stage / "shards", settings)  # the same entry point as `fsdata balance`
     checked = verify(stage / "shards", samples, column_map=columns, progress=progress)
     checked["warning"] = high_bubble_warning(manifest.to_json())
@@ -199,24 +168,16 @@ def _write_report(stage: Path, key: str, samples: str, columns: str | None) -> N
                  label=f"nightly run {key}")
 
 
-def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bool = True, keep_runs: int = 3,
-                num_threads: int = 2, bucket_compression: str | None = None,
-                lock_timeout_seconds: float = 0.0, engine: str = "local",
-                ray_address: str | None = None) -> dict:
+def run_nightly(cfg: NightlyConfig) -> dict:
     """Run (or skip) the nightly job under the work folder's lock.
 
     Args:
-        cfg: the job's settings.
-        work_dir: folder holding ``runs/``, ``latest`` and the lock.
-        progress: show progress bars.
-        keep_runs: after a publish keep this many newest runs (>= 1; the published run and the last
-            rollback target are always kept).
-        num_threads: threads writing rank files (does not change the output).
-        bucket_compression: codec of balance's temporary buckets (does not change the output).
-        lock_timeout_seconds: wait this long for a concurrent run (0: fail at once).
-        engine: ``local`` or ``ray`` (``fsdata balance --engine``, docs/cluster.md): where balance
-            runs; the output is byte-identical, so the engine is not part of the run key.
-        ray_address: the Ray cluster for ``engine="ray"`` (None: ``RAY_ADDRESS`` or a local instance).
+        cfg: the job's settings: ``cfg.job.output`` the folder holding ``runs/``, ``latest`` and
+            the lock; ``cfg.job.keep_runs`` runs kept after a publish (>= 1; the published run and
+            the last rollback target are always kept); ``cfg.job.lock_timeout_seconds`` the wait for
+            a concurrent run (0: fail at once); ``cfg.balance.engine`` where balance runs (the output
+            is byte-identical, so the engine is not part of the run key); ``cfg.balance.progress``
+            progress bars.
 
     Returns:
         Dict with ``run_dir``, ``run_key``, ``skipped`` (already complete and intact), ``rebuilt``
@@ -226,17 +187,15 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
 
     Raises:
         LockHeldError: another run holds the lock.
-        ConfigError: impossible settings, ``keep_runs < 1``, or a work folder (``--output``) overlapping
-            the input.
+        ConfigError: impossible settings, no input or work folder, ``keep_runs < 1``, or a work
+            folder (``--output``) overlapping the input.
         FsdataError: any stage's user error; ``latest`` is left as it was and the failed run removed.
     """
     t0 = time.perf_counter()
     _validate(cfg)
-    if keep_runs < 1:
-        raise ConfigError(f"--keep-runs must be >= 1, got {keep_runs}")
-    check_output_apart(work_dir, [cfg.input], output_name="--output", input_name="--input")
-    work = Path(work_dir)
-    with store.work_lock(work, lock_timeout_seconds):
+    check_output_apart(cfg.job.output, [cfg.convert.input], output_name="--output", input_name="--input")
+    work = Path(cfg.job.output)
+    with store.work_lock(work, cfg.job.lock_timeout_seconds):
         key = run_key(cfg)
         runs = work / "runs"
         run_dir = runs / key
@@ -260,18 +219,16 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
             stage.mkdir()
             try:
                 # the run reads a copy of the input made while hashing it: the key names the bytes read
-                read_from, digest = snapshot_input(cfg.input, stage / SNAPSHOT_NAME)
+                read_from, digest = snapshot_input(cfg.convert.input, stage / SNAPSHOT_NAME)
                 read_key = run_key(cfg, digest)
                 if read_key != key:
                     log.warning("input %s changed after it was hashed; this run is built from the bytes it read "
-                                "(run %s, not %s)", cfg.input, read_key, key)
+                                "(run %s, not %s)", cfg.convert.input, read_key, key)
                     key, run_dir = read_key, runs / read_key
                     known = [h["created_unix_ns"] for h in store._history(work)
                              if h["run_key"] == key and "created_unix_ns" in h]
                     created = store._created_ns(run_dir) or (min(known) if known else store._now_ns())
-                _build(cfg, stage, key, created, progress=progress, num_threads=num_threads,
-                       bucket_compression=bucket_compression, engine=engine, ray_address=ray_address,
-                       read_from=read_from)
+                _build(cfg, stage, key, created, read_from=read_from)
                 store._swap_in(stage, run_dir)
             except BaseException:
                 store._remove(stage)
@@ -287,7 +244,7 @@ def run_nightly(cfg: NightlyConfig, work_dir: str | os.PathLike, *, progress: bo
                 store._append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": store._now_ns(),
                                        "rollback": False})
             is_published = True
-            removed += store.keep_newest_runs(work, keep_runs)
+            removed += store.keep_newest_runs(work, cfg.job.keep_runs)
         else:
             reason = (f"run {key} (created {store._iso(created)}) is older than the output trainers read: {why}; "
                       f"latest stays; pass --rollback {key} to publish it")
