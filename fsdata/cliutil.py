@@ -235,16 +235,6 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
         return EXIT_BROKEN_PIPE
 
 
-def add_engine_flags(p: argparse.ArgumentParser | argparse._ActionsContainer) -> None:
-    """``--engine local|ray`` and ``--ray-address`` (fsdata balance/write and the nightly job)."""
-    p.add_argument("--engine", default="local", choices=["local", "ray"],
-                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
-                        "the output is byte-identical")
-    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
-                        "else a Ray instance on this machine)")
-
-
 # ---------------------------------------------------------------------------------------------
 # flags generated from a settings dataclass (jsonargparse)
 
@@ -336,3 +326,44 @@ def settings_values(cls: type, values: dict) -> dict:
     :func:`add_settings_flags` spelled it so."""
     hints = typing.get_type_hints(cls)
     return {k: None if v == "none" and _literal_none(hints[k]) is not None else v for k, v in values.items()}
+
+
+def add_settings_argument(p: argparse.ArgumentParser | argparse._ActionsContainer, cls: type, name: str,
+                          *option_strings: str, **kwargs) -> argparse.Action:
+    """Add a plain ``argparse`` flag for field ``name`` of the settings dataclass ``cls``: its
+    default (required when the field has none), choices (of a ``Literal``; ``none`` for None as in
+    :func:`add_settings_flags`) and type (``int`` / ``float``) are the field's.
+
+    Args:
+        p: the parser or argument group.
+        cls: the dataclass.
+        name: the field.
+        option_strings: the flag's spellings (default ``--field-name``).
+        kwargs: anything else for ``add_argument`` (``help`` defaults to the field's docstring,
+            followed by the default; ``%(default)s`` in a given help shows the field's default).
+
+    Returns:
+        The action.
+    """
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    hint = typing.get_type_hints(cls)[name]
+    args = typing.get_args(hint)
+    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+        kwargs.setdefault("required", True)
+    else:
+        kwargs.setdefault("default", field.default)
+    if typing.get_origin(hint) is typing.Literal:
+        kwargs.setdefault("choices", list(args))
+    elif (values := _literal_none(hint)) is not None:
+        kwargs.setdefault("choices", ["none", *values])
+        if kwargs.get("default") is None:
+            kwargs["default"] = "none"
+    else:
+        base = next((t for t in (int, float) if hint is t or t in args), None)
+        if base is not None:
+            kwargs.setdefault("type", base)
+    if "help" not in kwargs:
+        text = settings_help(cls)[name]
+        shown = kwargs.get("default") not in (None, "none") and kwargs.get("action") is None
+        kwargs["help"] = f"{text[:1].lower()}{text[1:].rstrip('.')}" + (" (default %(default)s)" if shown else "")
+    return p.add_argument(*(option_strings or ("--" + name.replace("_", "-"),)), **kwargs)

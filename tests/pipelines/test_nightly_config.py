@@ -17,9 +17,6 @@ from pipelines import nightly
 from pipelines.nightly.config import NO_FLAG, NOT_IN_KEY, SECTIONS, JobSettings, NightlyConfig
 from tests.pipelines.helpers import nightly_config
 
-#: fsdata flags whose command-line default is None, meaning "unset: the BalanceSettings default
-#: applies" (fsdata/cli.py resolves them); any other difference from the field is a failure.
-UNSET_IN_FSDATA = {"--compose-window", "--plan-window", "--partitioner"}
 #: fsdata convert reads logs only and asks which kind (``--format`` required); the job also takes
 #: sample Parquet (``format: samples``) and defaults to the field's ``sequences``.
 SUBSET_CHOICES_IN_FSDATA = REQUIRED_IN_FSDATA = {"--format"}
@@ -80,8 +77,6 @@ def test_flags_shared_with_fsdata_match_the_settings_fields():
             assert their.dest in (name, flag.lstrip("-").replace("-", "_")), (flag, their.dest, name)
             if default is dataclasses.MISSING or flag in REQUIRED_IN_FSDATA:
                 assert their.required, f"fsdata {command} {flag}: the field has no default, the flag must be required"
-            elif flag in UNSET_IN_FSDATA:
-                assert their.default is None, (flag, their.default)
             elif isinstance(their, argparse._StoreFalseAction):
                 assert default is None, flag  # --no-header: the namespace default is --header's (checked there)
             else:
