@@ -63,10 +63,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     add_common_flags(p, name="fsdata")
 
 
-# Defaults, choices and types of the settings flags are the fields' of BalanceSettings and
-# ConvertSettings (fsdata.cliutil.add_settings_argument): declared there once.
-
-
 def _add_input_opts(p: argparse.ArgumentParser) -> None:
     _balance(p, "columns", metavar="MAP",
              help="map your column names to the sample schema: sample_id=id,item_ids=history,...")
@@ -114,11 +110,8 @@ def _add_engine_opts(p: argparse.ArgumentParser) -> None:
 
 
 def _balance(p: argparse.ArgumentParser, name: str, *flags: str, **kw) -> None:
+    """A flag of a BalanceSettings field: its default, choices and type are the field's (declared once)."""
     add_settings_argument(p, BalanceSettings, name, *flags, **kw)
-
-
-def _convert(p: argparse.ArgumentParser, name: str, *flags: str, **kw) -> None:
-    add_settings_argument(p, ConvertSettings, name, *flags, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="Parquet file to write")
     p.add_argument("--format", required=True, choices=["sequences", "events"])
     for name in ("samples", "max_seq_len", "user_col", "item_col", "time_col", "sep"):
-        _convert(p, name)
+        add_settings_argument(p, ConvertSettings, name)  # default, choices, type and help from the field
     hdr = p.add_mutually_exclusive_group()
-    _convert(hdr, "has_header", "--header", action="store_true")
+    add_settings_argument(hdr, ConvertSettings, "has_header", "--header", action="store_true")
     hdr.add_argument("--no-header", dest="has_header", action="store_false", help="text has no header line")
     p.add_argument("--holdout", default="none", choices=["none", "last"],
                    help="last: hold out each user's last item (leave-one-out, as SASRec/BERT4Rec) for evaluation")
