@@ -3,7 +3,7 @@
 Layers, bottom to top (docs/architecture.md has the picture; no module imports from a layer above
 its own, ``tests/test_architecture.py`` checks it):
 
-* base: :mod:`fsdata.errors`, :mod:`fsdata.atomic`, :mod:`fsdata.guards`;
+* base: :mod:`fsdata._version`, :mod:`fsdata.errors`, :mod:`fsdata.atomic`, :mod:`fsdata.fsio`, :mod:`fsdata.guards`;
 * :mod:`fsdata.samples`: the sample schema, reading, conversion, hold-out, synthetic data;
 * :mod:`fsdata.balancer`: cost models, bounds, composition, partitioners, planning, profiling;
 * :mod:`fsdata.shards`: the shard format (manifest, step stats), its writer and verify;
@@ -18,28 +18,11 @@ Python API (docs/fsdata.md, "Python API")::
 ``fsdata`` does not import torch.
 """
 
-import sys
-import types
+from fsdata._version import __version__
+from fsdata.engines import balance
+from fsdata.errors import FsdataError
+from fsdata.shards.manifest import Manifest
+from fsdata.shards.writer import BalanceSettings
 
-__version__ = "0.3.0"
+__all__ = ["BalanceSettings", "FsdataError", "Manifest", "__version__", "balance"]
 
-from fsdata.engines import balance  # noqa: E402
-from fsdata.errors import FsdataError  # noqa: E402
-from fsdata.shards.manifest import Manifest  # noqa: E402
-from fsdata.shards.writer import BalanceSettings  # noqa: E402
-
-__all__ = ["BalanceSettings", "FsdataError", "Manifest", "balance"]
-
-
-class _Package(types.ModuleType):
-    """``fsdata.balance`` stays the function after the deprecated module of the same name
-    (``from fsdata.balance import BalanceSettings``) is imported: the import system would otherwise
-    set the package attribute to that module."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name == "balance" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

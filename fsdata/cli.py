@@ -7,16 +7,19 @@ nothing is written in that case.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from pathlib import Path
 
 from fsdata import fsio
-from fsdata.cliutil import (add_engine_flags, add_common_flags, add_json_flag, add_num_threads_flag, add_version_flag,
-                            configure_logging, resolve_progress, run_main)
+from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_argument, add_version_flag, configure_logging,
+                            resolve_progress, run_main)
 from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
+from fsdata.samples.settings import ConvertSettings
+from fsdata.shards.writer import BalanceSettings
 
 log = logging.getLogger("fsdata")
 
@@ -61,42 +64,54 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def _add_input_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--columns", default=None, metavar="MAP",
-                   help="map your column names to the sample schema: sample_id=id,item_ids=history,...")
-    p.add_argument("--cost-model", default="hstu", help=COST_MODEL_HELP)
-    p.add_argument("--ranks", type=int, required=True, help="number of ranks R (world size)")
-    p.add_argument("--batch-size-per-rank", type=int, required=True, help="samples per rank per step B")
-    p.add_argument("--seed", type=int, default=0, help="seed of the global-batch shuffle (default 0)")
-    p.add_argument("--compose-window", type=int, default=None, metavar="W",
-                   help="regroup the samples of W consecutive random global batches so heavy samples share "
-                        "steps in multiples of R (B per rank kept); 1 = off (default 256, see docs/balancer.md)")
+    _balance(p, "columns", metavar="MAP",
+             help="map your column names to the sample schema: sample_id=id,item_ids=history,...")
+    _balance(p, "cost_model", help=COST_MODEL_HELP)
+    _balance(p, "num_ranks", "--ranks", help="number of ranks R (world size)")
+    _balance(p, "batch_size_per_rank", help="samples per rank per step B")
+    _balance(p, "seed", help="seed of the global-batch shuffle (default %(default)s)")
+    _balance(p, "compose_window", metavar="W",
+             help="regroup the samples of W consecutive random global batches so heavy samples share "
+                  "steps in multiples of R (B per rank kept); 1 = off (default %(default)s, see docs/balancer.md)")
 
 
 def _add_plan_opts(p: argparse.ArgumentParser) -> None:
     """The planning flags of ``fsdata plan`` (the same as ``fsdata balance``'s; keep them in step)."""
-    p.add_argument("--strategy", default="balanced", choices=["balanced", "shuffle"],
-                   help="balanced (default) or shuffle: today's equal-count practice, same layout")
-    p.add_argument("--batch-policy", default="fixed", choices=["fixed", "cost-budget"],
-                   help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
-    p.add_argument("--budget", type=float, default=None, help="cost-budget: per-rank per-step cost budget")
-    p.add_argument("--plan-window", type=int, default=None, metavar="K",
-                   help="steps planned together (rounded up to a multiple of --compose-window; default 1024): "
-                        "bounds the planning memory per window, the unit of a Ray plan task (docs/cluster.md)")
-    p.add_argument("--partitioner", default=None, help="per-step assignment: auto (default: lpt-swap, plus time-bounded CP-SAT only on steps whose gap "
-                        "to the proven bound is worth it), "
-                        "lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
-    p.add_argument("--remainder", default="drop", choices=["drop", "error"],
-                   help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
-    p.add_argument("--epochs", type=int, default=1, metavar="E",
-                   help="epochs written one after the other, each with its own seeded shuffle and composition; "
-                        "steps are numbered on across epochs (default 1; fixed policy, local engine)")
+    _balance(p, "strategy", help="balanced (default) or shuffle: today's equal-count practice, same layout")
+    _balance(p, "batch_policy",
+             help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
+    _balance(p, "budget", help="cost-budget: per-rank per-step cost budget")
+    _balance(p, "plan_window", metavar="K",
+             help="steps planned together (rounded up to a multiple of --compose-window; default %(default)s): "
+                  "bounds the planning memory per window, the unit of a Ray plan task (docs/cluster.md)")
+    _balance(p, "partitioner",
+             help="per-step assignment: auto (default: lpt-swap, plus time-bounded CP-SAT only on steps whose "
+                  "gap to the proven bound is worth it), lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
+    _balance(p, "remainder",
+             help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
+    _balance(p, "epochs", metavar="E",
+             help="epochs written one after the other, each with its own seeded shuffle and composition; "
+                  "steps are numbered on across epochs (default %(default)s; fixed policy, local engine)")
 
 
 def _add_write_opts(p: argparse.ArgumentParser) -> None:
-    add_num_threads_flag(p, default=2, help="threads for writing rank files (default 2)", deprecated=("--num-workers",))
-    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
-                   help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
-                        "decoded input size; lz4/zstd: less disk, more CPU)")
+    _balance(p, "num_threads", metavar="N", help="threads for writing rank files (default %(default)s)")
+    _balance(p, "bucket_compression",
+             help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
+                  "decoded input size; lz4/zstd: less disk, more CPU)")
+
+
+def _add_engine_opts(p: argparse.ArgumentParser) -> None:
+    _balance(p, "engine", help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
+                               "the output is byte-identical")
+    _balance(p, "ray_address", metavar="HOST:PORT",
+             help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, else a "
+                  "Ray instance on this machine)")
+
+
+def _balance(p: argparse.ArgumentParser, name: str, *flags: str, **kw) -> None:
+    """A flag of a BalanceSettings field: its default, choices and type are the field's (declared once)."""
+    add_settings_argument(p, BalanceSettings, name, *flags, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,14 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input")
     p.add_argument("output", help="Parquet file to write")
     p.add_argument("--format", required=True, choices=["sequences", "events"])
-    p.add_argument("--samples", default="per-event", choices=["per-user", "per-event"])
-    p.add_argument("--max-seq-len", type=int, default=512, help="most recent history items kept (default 512)")
-    p.add_argument("--user-col", default="0", help="events: user column name or 0-based position (default 0)")
-    p.add_argument("--item-col", default="1", help="events: item column name or position (default 1)")
-    p.add_argument("--time-col", default=None, help="events: timestamp column (optional; sorts each user's events)")
-    p.add_argument("--sep", default=None, help="events text separator (default: ',' for .csv, tab for .tsv, else space)")
+    for name in ("samples", "max_seq_len", "user_col", "item_col", "time_col", "sep"):
+        add_settings_argument(p, ConvertSettings, name)  # default, choices, type and help from the field
     hdr = p.add_mutually_exclusive_group()
-    hdr.add_argument("--header", dest="has_header", action="store_true", default=None, help="text has a header line")
+    add_settings_argument(hdr, ConvertSettings, "has_header", "--header", action="store_true")
     hdr.add_argument("--no-header", dest="has_header", action="store_false", help="text has no header line")
     p.add_argument("--holdout", default="none", choices=["none", "last"],
                    help="last: hold out each user's last item (leave-one-out, as SASRec/BERT4Rec) for evaluation")
@@ -142,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_opts(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
-    add_engine_flags(p)
+    _add_engine_opts(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_common(p)
 
@@ -164,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
     _add_write_opts(p)
     add_json_flag(p, "print the summary as JSON")
-    add_engine_flags(p)
+    _add_engine_opts(p)
     _add_common(p)
 
     p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
@@ -250,25 +261,24 @@ def _cmd_profile(a: argparse.Namespace) -> int:
     return 0
 
 
-def _settings_from_args(a: argparse.Namespace):
-    from fsdata.shards.writer import BalanceSettings
-    from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window
-    from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_settings
+#: BalanceSettings field -> argparse dest, where the flag's name differs from the field's.
+_BALANCE_DEST = {"num_ranks": "ranks"}
+
+
+def _settings_from_args(a: argparse.Namespace) -> BalanceSettings:
+    """The ``BalanceSettings`` of a command's flags; a field the command has no flag for keeps the
+    field's default (``fsdata plan`` has no write flags)."""
+    from fsdata.balancer.compose import check_window
+    from fsdata.balancer.plan import check_settings
 
     if a.ranks < 1 or a.batch_size_per_rank < 1:
         check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
-    compose_window = DEFAULT_COMPOSE_WINDOW if getattr(a, "compose_window", None) is None else a.compose_window
-    check_window(compose_window)
-    return BalanceSettings(compose_window=compose_window, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
-                           columns=a.columns, seed=a.seed, strategy=a.strategy, batch_policy=a.batch_policy,
-                           remainder=a.remainder, partitioner=a.partitioner or DEFAULT_PARTITIONER, budget=a.budget,
-                           num_threads=getattr(a, "num_threads", 2),
-                           bucket_compression=None if getattr(a, "bucket_compression", "none") == "none"
-                           else a.bucket_compression,
-                           progress=not a.no_progress, overwrite=a.overwrite,
-                           engine=getattr(a, "engine", "local"), ray_address=getattr(a, "ray_address", None),
-                           plan_window=DEFAULT_PLAN_WINDOW if getattr(a, "plan_window", None) is None else a.plan_window,
-                           epochs=getattr(a, "epochs", 1))
+    check_window(a.compose_window)
+    given = {f.name: getattr(a, _BALANCE_DEST.get(f.name, f.name)) for f in dataclasses.fields(BalanceSettings)
+             if f.name not in ("progress", "num_workers") and hasattr(a, _BALANCE_DEST.get(f.name, f.name))}
+    if given.get("bucket_compression") == "none":
+        given["bucket_compression"] = None
+    return BalanceSettings(**given, progress=not a.no_progress)
 
 
 def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:

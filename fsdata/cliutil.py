@@ -11,7 +11,7 @@ The one CLI convention of every entry point (README.md, "CLI conventions"); the 
 here and nowhere else:
 
 * :func:`add_version_flag`: ``--version`` prints ``PROG VERSION`` (the installed ``freescale``
-  distribution's version, else :data:`fsdata.__version__`) and exits 0.
+  distribution's version, else :data:`fsdata._version.__version__`) and exits 0.
 * :func:`add_verbosity_flags` / :func:`configure_logging`: ``-v/--verbose`` sets the ``fsdata``,
   ``fstrain`` and ``pipelines`` loggers to DEBUG, ``-q/--quiet`` to ERROR.
 * :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout.
@@ -21,16 +21,23 @@ here and nowhere else:
   ``num_workers`` means processes).
 * :func:`add_deprecated_alias`: an old spelling still parses (hidden from ``--help``) and prints one
   ``PROG: warning: OLD is deprecated; use NEW`` line on stderr.
+
+Flags generated from a settings dataclass (:func:`add_settings_flags`, with ``jsonargparse``): the
+field's type, default, choices and docstring are the flag's, declared once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
+import re
 import sys
+import typing
 from collections.abc import Callable, Sequence
 
+from fsdata._version import __version__
 from fsdata.guards import environment_error
 
 #: Environment variable forcing progress bars on (``1``) or off (``0``) when no flag is given.
@@ -47,14 +54,12 @@ def add_progress_flag(p: argparse.ArgumentParser) -> None:
 
 
 def package_version() -> str:
-    """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata.__version__``."""
+    """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata._version.__version__``."""
     from importlib import metadata
 
     try:
         return metadata.version("freescale")
     except metadata.PackageNotFoundError:
-        from fsdata import __version__
-
         return __version__
 
 
@@ -230,11 +235,135 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
         return EXIT_BROKEN_PIPE
 
 
-def add_engine_flags(p: argparse.ArgumentParser | argparse._ActionsContainer) -> None:
-    """``--engine local|ray`` and ``--ray-address`` (fsdata balance/write and the nightly job)."""
-    p.add_argument("--engine", default="local", choices=["local", "ray"],
-                   help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
-                        "the output is byte-identical")
-    p.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                   help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, "
-                        "else a Ray instance on this machine)")
+# ---------------------------------------------------------------------------------------------
+# flags generated from a settings dataclass (jsonargparse)
+
+#: reST roles and literals stripped from a docstring when it becomes help text.
+_REST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
+
+
+def settings_help(cls: type) -> dict[str, str]:
+    """Help text of every field of a settings dataclass, from its docstrings.
+
+    A field's docstring is the string under it, else its entry in the class docstring's Google-style
+    ``Attributes:`` section (read with ``docstring_parser``); reST markup (````x````, ``:func:`x```)
+    is reduced to plain text.
+
+    Returns:
+        ``{field name: one-paragraph help}`` (empty string for an undocumented field).
+    """
+    import docstring_parser  # noqa: PLC0415
+
+    doc = {p.arg_name: p.description or "" for p in docstring_parser.parse_from_object(cls).params}
+    return {f.name: " ".join(_REST.sub(lambda m: m.group(1) or m.group(2), doc.get(f.name, "")).split())
+            for f in dataclasses.fields(cls)}
+
+
+def _literal_none(hint: object) -> tuple | None:
+    """The values of ``Literal[...] | None`` (spelled ``none`` on a command line), else None."""
+    args = typing.get_args(hint)
+    if type(None) not in args:
+        return None
+    rest = [a for a in args if a is not type(None)]
+    if len(rest) == 1 and typing.get_origin(rest[0]) is typing.Literal:
+        return typing.get_args(rest[0])
+    return None
+
+
+def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str | tuple[str, ...]] | None = None,
+                       exclude: Sequence[str] = (), title: str | None = None) -> dict[str, str]:
+    """Add one flag per field of the settings dataclass ``cls`` to a ``jsonargparse`` parser.
+
+    The field is the one declaration: its type (choices of a ``Literal``), default and docstring
+    (:func:`settings_help`) become the flag's type, default and help; the value lands at
+    ``SECTION.FIELD`` of the parsed namespace (and of a ``--config`` YAML file). Spelling:
+    ``--field-name`` unless ``flags`` names another; a ``bool | None`` field gets ``--flag`` /
+    ``--no-flag``; a ``Literal[...] | None`` field takes ``none`` for None (:func:`settings_values`).
+    A field without a default gets none on the command line either (the caller checks it is given).
+
+    Args:
+        parser: a ``jsonargparse.ArgumentParser`` (or argument group of one).
+        cls: the dataclass.
+        section: the namespace key of the fields (``balance``).
+        flags: field name -> option string (or strings, e.g. ``("-o", "--output")``), where it
+            differs from ``--field-name``.
+        exclude: fields that get no flag (set by other flags, or meaningless for this command).
+        title: argument group title (default: ``section``).
+
+    Returns:
+        ``{option string: field name}`` of every option string added.
+    """
+    hints = typing.get_type_hints(cls)
+    helps = settings_help(cls)
+    group = parser.add_argument_group(title or section)
+    added = {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        names = (flags or {}).get(f.name, "--" + f.name.replace("_", "-"))
+        names = (names,) if isinstance(names, str) else tuple(names)
+        flag = names[-1]
+        dest, hint, text = f"{section}.{f.name}", hints[f.name], helps[f.name] or f.name
+        default = None if f.default is dataclasses.MISSING else f.default
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            text += " (required)"
+        if hint in (bool, bool | None):
+            group.add_argument(*names, dest=dest, action="store_true", default=default, help=text)
+            no = "--no-" + flag[2:]
+            group.add_argument(no, dest=dest, action="store_false", default=default, help=f"not {flag}")
+            added[no] = f.name
+        elif (values := _literal_none(hint)) is not None:
+            group.add_argument(*names, dest=dest, type=typing.Literal[("none", *values)],
+                               default="none" if default is None else default, help=text)
+        else:
+            group.add_argument(*names, dest=dest, type=hint, default=default, help=text)
+        added.update(dict.fromkeys(names, f.name))
+    return added
+
+
+def settings_values(cls: type, values: dict) -> dict:
+    """The keyword arguments of ``cls`` from a parsed section: ``none`` back to None where
+    :func:`add_settings_flags` spelled it so."""
+    hints = typing.get_type_hints(cls)
+    return {k: None if v == "none" and _literal_none(hints[k]) is not None else v for k, v in values.items()}
+
+
+def add_settings_argument(p: argparse.ArgumentParser | argparse._ActionsContainer, cls: type, name: str,
+                          *option_strings: str, **kwargs) -> argparse.Action:
+    """Add a plain ``argparse`` flag for field ``name`` of the settings dataclass ``cls``: its
+    default (required when the field has none), choices (of a ``Literal``; ``none`` for None as in
+    :func:`add_settings_flags`) and type (``int`` / ``float``) are the field's.
+
+    Args:
+        p: the parser or argument group.
+        cls: the dataclass.
+        name: the field.
+        option_strings: the flag's spellings (default ``--field-name``).
+        kwargs: anything else for ``add_argument`` (``help`` defaults to the field's docstring,
+            followed by the default; ``%(default)s`` in a given help shows the field's default).
+
+    Returns:
+        The action.
+    """
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    hint = typing.get_type_hints(cls)[name]
+    args = typing.get_args(hint)
+    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+        kwargs.setdefault("required", True)
+    else:
+        kwargs.setdefault("default", field.default)
+    if typing.get_origin(hint) is typing.Literal:
+        kwargs.setdefault("choices", list(args))
+    elif (values := _literal_none(hint)) is not None:
+        kwargs.setdefault("choices", ["none", *values])
+        if kwargs.get("default") is None:
+            kwargs["default"] = "none"
+    else:
+        base = next((t for t in (int, float) if hint is t or t in args), None)
+        if base is not None:
+            kwargs.setdefault("type", base)
+    if "help" not in kwargs:
+        text = settings_help(cls)[name]
+        shown = kwargs.get("default") not in (None, "none") and kwargs.get("action") is None
+        kwargs["help"] = f"{text[:1].lower()}{text[1:].rstrip('.')}" + (" (default %(default)s)" if shown else "")
+    return p.add_argument(*(option_strings or ("--" + name.replace("_", "-"),)), **kwargs)

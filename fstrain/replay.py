@@ -21,7 +21,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -205,7 +205,3 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
                    null_slowest_rank_seconds_per_step=float(N.max(axis=1).mean()), null_compute_seconds=N.tolist())
     return out
 
-
-def replay_many(runs: Iterable[str], **kwargs) -> list[dict]:
-    """:func:`replay` for several shard outputs with the same settings."""
-    return [replay(s, **kwargs) for s in runs]

@@ -61,7 +61,7 @@ def synthetic_input(out_dir: Path, num_samples: int = 300_000, seed: int = 0) ->
 def build_parser() -> argparse.ArgumentParser:
     """The demo's flags (the CLI convention of fsdata.cliutil)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__.split("\n\n")[0])
-    add_output_flag(p, default=str(REPO_ROOT / "demo-output"), metavar="DIR", deprecated=("--out",),
+    add_output_flag(p, default=str(REPO_ROOT / "demo-output"), metavar="DIR",
                     help="folder for everything the demo writes (default: demo-output/ in the repository)")
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--batch-size-per-rank", type=int, default=32)

@@ -5,7 +5,8 @@ pipelines.demo`` (every subcommand) has ``--version``, ``-v/--verbose`` and ``-q
 ``--progress/--no-progress`` where it shows progress; ``--json`` where it prints a summary; the
 output location (where it is not one of fsdata's positional OUTPUT/PLAN arguments) is
 ``-o/--output``; thread counts are ``--num-threads``. The old spellings (``--out``, ``--work-dir``,
-``--threads``, ``--num-workers``) still parse, hidden from ``--help``, with one warning line.
+``--num-workers``) are gone from fsdata and the pipelines; fstrain's ``--out`` and ``--threads`` still
+parse, hidden from ``--help``, with one warning line.
 """
 
 from __future__ import annotations
@@ -121,16 +122,16 @@ def _fstrain(argv):
 
 BAL = ["balance", "in.parquet", "out", "--ranks", "2", "--batch-size-per-rank", "2"]
 ALIASES = [  # (parse, argv with the old spelling, old, new, dest, value)
-    (_fsdata, BAL + ["--num-workers", "3"], "--num-workers", "--num-threads", "num_threads", 3),
-    (_fsdata, ["write", "in.parquet", "plan.parquet", "out", "--num-workers", "3"], "--num-workers",
-     "--num-threads", "num_threads", 3),
     (_fstrain, ["replay", "shards", "--out", "r.json"], "--out", "--output", "output", "r.json"),
     (_fstrain, ["replay", "shards", "--threads", "2"], "--threads", "--num-threads", "num_threads", 2),
     (_fstrain, ["calibrate", "-o", "c.json", "--threads", "2"], "--threads", "--num-threads", "num_threads", 2),
-    (_nightly, ["--work-dir", "w", "--input", "x"], "--work-dir", "--output", "output", "w"),
-    (_nightly, ["--output", "w", "--num-workers", "3"], "--num-workers", "--num-threads", "num_threads", 3),
-    (_demo, ["--out", "d"], "--out", "--output", "output", "d"),
 ]
+REMOVED = [  # (parse, argv with a spelling removed in 0.3.0): a usage error now
+    (_fsdata, BAL + ["--num-workers", "3"]),
+    (_fsdata, ["write", "in.parquet", "plan.parquet", "out", "--num-workers", "3"]),
+    (_nightly, ["--work-dir", "w", "--input", "x"]),
+    (_nightly, ["--output", "w", "--num-workers", "3"]),
+]  # (demo's ``--out`` still parses: argparse reads it as an abbreviation of ``--output``)
 
 
 @pytest.mark.parametrize("parse,argv,old,new,dest,value", ALIASES, ids=[f"{a[1][0]}{a[2]}" for a in ALIASES])
@@ -143,10 +144,18 @@ def test_deprecated_alias_parses_and_warns_once(parse, argv, old, new, dest, val
     assert getattr(a, dest) == value and capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("parse,argv", REMOVED, ids=[f"{a[1][0]}-{a[1][-2]}" for a in REMOVED])
+def test_removed_spelling_is_a_usage_error(parse, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    old = next(s for s in argv if s in DEPRECATED)
+    assert e.value.code == 2 and old in capsys.readouterr().err
+
+
 def test_new_names_have_the_old_defaults():
-    assert _fsdata(BAL).num_threads == 2 and _nightly(["-o", "w"]).num_threads == 2
+    assert _fsdata(BAL).num_threads == 2 and _nightly(["-o", "w"]).balance.num_threads == 2
     assert _fstrain(["replay", "s"]).num_threads == 1 and _fstrain(["replay", "s"]).output is None
-    assert _nightly(["-o", "w"]).output == "w"
+    assert _nightly(["-o", "w"]).job.output == "w"
 
 
 def test_nightly_without_output_is_one_usage_error(capsys):
@@ -184,14 +193,9 @@ def test_version_exits_0_and_prints_the_version(module, name):
 
 
 def test_python_api_takes_num_threads_and_the_old_keyword():
-    import inspect
-
     from fsdata import BalanceSettings
-    from pipelines.nightly import run_nightly
 
     assert BalanceSettings(num_ranks=2, batch_size_per_rank=2).num_threads == 2
     with pytest.warns(DeprecationWarning, match="num_threads"):
         s = BalanceSettings(num_ranks=2, batch_size_per_rank=2, num_workers=3)
     assert s.num_threads == 3 and s.num_workers is None
-    params = inspect.signature(run_nightly).parameters
-    assert params["num_threads"].default == 2 and params["num_workers"].default is None

@@ -29,8 +29,7 @@ from fsdata.balancer.order import SHUFFLE, shuffled_order
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window, compose_steps
 from fsdata.errors import ConfigError, InputError, in_cli, setting
 from fsdata.balancer.partition import DEFAULT_METHOD, METHODS, per_rank_loads  # noqa: F401 (DEFAULT_METHOD re-exported)
-from fsdata.balancer.partitioners import (CPSAT_GAP_THRESHOLD, CPSAT_MAX_STEPS, CPSAT_STEP_BUDGET_SECONDS,  # noqa: F401
-                                          AutoPartitioner, Partitioner, get_partitioner)
+from fsdata.balancer.partitioners import CPSAT_MAX_STEPS, AutoPartitioner, Partitioner, get_partitioner
 
 STRATEGIES = ("balanced", "shuffle")
 BATCH_POLICIES = ("fixed", "cost-budget")
@@ -44,37 +43,6 @@ DEFAULT_PLAN_WINDOW = 1024
 #: The shuffle of fsdata 0.1 (``numpy.random.default_rng(seed).permutation(N)``): outputs whose
 #: manifest records no ``settings.shuffle`` were made with it (verify and the report still read them).
 LEGACY_SHUFFLE = "numpy-permutation"
-
-
-def partition_auto(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int, *,
-                   cpsat_max_steps: int = CPSAT_MAX_STEPS, gap_threshold: float = CPSAT_GAP_THRESHOLD,
-                   step_bound: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-    """``lpt-swap`` for every step, then CP-SAT on the steps whose gap to the proven bound is worth it
-    (:class:`~fsdata.balancer.partitioners.AutoPartitioner`, the ``auto`` partitioner, as a function).
-
-    A step is refined only if its straggler is above the step's proven lower bound by more than
-    ``gap_threshold`` times ``sum_s max_s`` (its possible gain in run-bubble points); of those, the ``cpsat_max_steps`` with the largest absolute gap
-    (they dominate the run bubble ``sum(max - mean) / sum(max)``), each for
-    :data:`CPSAT_STEP_BUDGET_SECONDS` of CP-SAT deterministic time. The refinement only accepts
-    strictly better assignments, so the result is never worse than ``lpt-swap``.
-
-    Args:
-        step_costs: shape ``[S x (R*B)]``, float64.
-        num_ranks: R.
-        batch_size_per_rank: B.
-        cpsat_max_steps: most steps CP-SAT refines (0 disables it).
-        gap_threshold: gap to the proven bound, as a fraction of the run's total straggler cost,
-            below which a step is left alone.
-        step_bound: shape ``[S]``, the proven bound per step if already computed.
-
-    Returns:
-        ``(ranks [S x (R*B)] int32, info)``; ``info`` holds ``method``, ``cpsat_gap_threshold``,
-        ``steps_above_threshold``, ``cpsat_steps``, ``cpsat_improved_steps``,
-        ``cpsat_budget_seconds_per_step``.
-    """
-    p = AutoPartitioner(cpsat_max_steps=cpsat_max_steps, gap_threshold=gap_threshold)
-    ranks = p.partition(step_costs, num_ranks, batch_size_per_rank, step_bound=step_bound)
-    return ranks, p.info
 
 
 @dataclass(kw_only=True, slots=True)

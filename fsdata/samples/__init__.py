@@ -6,6 +6,7 @@
 * :mod:`~fsdata.samples.convert`: public datasets to the sample schema;
 * :mod:`~fsdata.samples.holdout`: the last-interaction hold-out split;
 * :mod:`~fsdata.samples.synth`: synthetic samples from a length distribution.
+* :mod:`~fsdata.samples.settings`: :class:`~fsdata.samples.settings.ConvertSettings`, the settings of a conversion.
 
 Imports only the base layer (:mod:`fsdata.errors`, :mod:`fsdata.atomic`, :mod:`fsdata.guards`).
 """

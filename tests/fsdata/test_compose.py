@@ -13,8 +13,8 @@ from fsdata.cli import main
 from fsdata.balancer.compose import SHIPPED_WINDOWS, compose_steps
 from fsdata.errors import ConfigError
 from fsdata.balancer.partition import per_rank_loads
-from fsdata.balancer.partitioners import partition_steps
-from fsdata.balancer.plan import high_bubble_warning, make_plan, partition_auto, shuffled_steps
+from fsdata.balancer.partitioners import AutoPartitioner, partition_steps
+from fsdata.balancer.plan import high_bubble_warning, make_plan, shuffled_steps
 from tests.fsdata.helpers import write_samples
 
 
@@ -158,11 +158,14 @@ def test_auto_cpsat_only_where_the_gap_is_worth_it_and_never_worse():
     c = _heavy_costs(8 * 4 * 40, 11, tail=1.0)
     sc = c[: 8 * 4 * 40].reshape(40, 32)
     fast = per_rank_loads(sc, partition_steps(sc, 8, 4), 8).max(axis=1)
-    ranks, info = partition_auto(sc, 8, 4, cpsat_max_steps=4)
+    auto = AutoPartitioner(cpsat_max_steps=4)
+    ranks, info = auto.partition(sc, 8, 4), auto.info
     assert (per_rank_loads(sc, ranks, 8).max(axis=1) <= fast * (1 + 1e-12)).all()
     assert info["cpsat_steps"] == min(4, info["steps_above_threshold"])
     # a threshold nothing reaches: no CP-SAT at all
-    _, info = partition_auto(sc, 8, 4, gap_threshold=1.0)
+    auto = AutoPartitioner(gap_threshold=1.0)
+    auto.partition(sc, 8, 4)
+    info = auto.info
     assert info["cpsat_steps"] == 0 and info["method"] == "lpt-swap"
 
 

@@ -478,7 +478,7 @@ def test_plan_takes_every_planning_flag_of_balance():
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     flags = {name: {o for act in p._actions for o in act.option_strings} for name, p in sub.items()}
-    write_only = {"--num-threads", "--num-workers", "--bucket-compression", "--engine", "--ray-address"}
+    write_only = {"--num-threads", "--bucket-compression", "--engine", "--ray-address"}
     assert flags["balance"] - write_only == flags["plan"]
     assert write_only <= flags["write"]
 

@@ -117,16 +117,7 @@ def test_no_import_cycle_in_fstrain():
     assert_no_cycle(edges)
 
 
-def test_old_import_paths_still_work_with_a_deprecation_warning():
-    import importlib
-    import sys
-
-    for old, name in (("fstrain.pipeline", "make_pipeline"), ("fstrain.prioritized", "PrioritizedPipeline"),
-                      ("fstrain.pipeline_timing", "ComputeTimer")):
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.") + " is deprecated"):
-            mod = importlib.import_module(old)
-        assert getattr(mod, name) is not None
+def test_batch_is_one_class_from_both_modules():
     from fstrain.batch import Batch
     from fstrain.data import Batch as DataBatch
 

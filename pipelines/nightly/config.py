@@ -1,0 +1,77 @@
+"""The nightly job's settings: one nested dataclass, :class:`NightlyConfig` (``convert``, ``balance``,
+``job``), in the manner of torchtitan's ``JobConfig``.
+
+Each setting is declared once, as a dataclass field with its docstring: ``convert`` is
+:class:`fsdata.samples.settings.ConvertSettings`, ``balance`` is ``fsdata balance``'s
+:class:`~fsdata.shards.writer.BalanceSettings`, ``job`` is :class:`JobSettings`. The command line
+(:mod:`pipelines.nightly.cli`) is generated from the fields (:func:`fsdata.cliutil.add_settings_flags`),
+a YAML file given with ``--config`` holds the same three sections, and ``--print-config`` prints
+the resolved settings in that form. :func:`key_settings` names the settings that enter the run key:
+those that change the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from fsdata.samples.settings import ConvertSettings
+from fsdata.shards.writer import BalanceSettings
+
+
+@dataclass(kw_only=True, slots=True)
+class JobSettings:
+    """Where the nightly runs live and how the job treats them."""
+
+    output: str | None = None
+    """Work folder of runs/, latest and the lock (must not hold the input); required."""
+    keep_runs: int = 3
+    """After a publish, keep this many newest runs; the published run and the last rollback target
+    are always kept."""
+    rollback: str | None = None
+    """Publish the complete run ROLLBACK (a key under runs/) even though it is older than latest,
+    then stop; no other setting is needed."""
+    lock_timeout_seconds: float = 0.0
+    """Wait this long for a concurrent run holding the lock (0: fail at once)."""
+    extra: dict | None = None
+    """Anything else that should enter the run key (e.g. a dataset version tag)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class NightlyConfig:
+    """Every setting of one nightly run."""
+
+    convert: ConvertSettings = field(default_factory=ConvertSettings)
+    """How the input becomes samples (skipped for ``format="samples"``)."""
+    balance: BalanceSettings
+    """``fsdata balance``'s settings (``num_ranks`` and ``batch_size_per_rank`` have no default)."""
+    job: JobSettings = field(default_factory=JobSettings)
+    """The work folder and its runs."""
+
+
+#: Option strings that differ from ``--field-name`` (the public flags of the job since 0.1).
+FLAGS = {
+    "convert": {"has_header": "--header"},
+    "balance": {"num_ranks": "--ranks"},
+    "job": {"output": ("-o", "--output"), "lock_timeout_seconds": "--lock-timeout"},
+}
+#: Fields with no flag of their own: ``progress`` is ``--progress/--no-progress`` (every CLI has it);
+#: a run is built in a fresh folder, so ``overwrite`` means nothing; ``num_workers`` is a removed spelling.
+NO_FLAG = {"balance": ("progress", "overwrite", "num_workers")}
+#: Balance settings that do not change the output (threads, codec of temporary files, where it
+#: runs, progress bars): not part of the run key, so a rerun on another engine is the same run.
+NOT_IN_KEY = {"num_threads", "progress", "bucket_compression", "overwrite", "engine", "ray_address", "num_workers"}
+SECTIONS = {"convert": ConvertSettings, "balance": BalanceSettings, "job": JobSettings}
+
+
+def key_settings(cfg: NightlyConfig) -> dict:
+    """The settings that change a run's output, flat (the names of the flat settings before they
+    were nested, so an existing run keeps its key): every convert setting but ``input`` (the run
+    key hashes the input's bytes instead), the balance settings outside :data:`NOT_IN_KEY`, and
+    ``job.extra``.
+
+    Returns:
+        ``{name: value}``, JSON-serialisable.
+    """
+    convert = {k: v for k, v in asdict(cfg.convert).items() if k != "input"}
+    balance = {k: v for k, v in asdict(cfg.balance).items() if k not in NOT_IN_KEY and k != "num_workers"}
+    return {**convert, **balance, "extra": cfg.job.extra}

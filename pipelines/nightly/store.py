@@ -1,0 +1,347 @@
+"""The run store of the nightly job: the work folder's lock, the runs, their checksums, history,
+publishing, rollback and cleanup (the layout is in :mod:`pipelines.nightly`)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from fsdata.atomic import exchange
+from fsdata.errors import ConfigError, FsdataError
+from fsdata.shards.manifest import sha256_file
+
+log = logging.getLogger("pipelines.nightly")
+
+LOCK_NAME = ".nightly.lock"
+HOLDER_NAME = ".nightly.lock.holder"
+HISTORY_NAME = "history.jsonl"
+RUN_INFO_NAME = "run.json"
+SUCCESS_NAME = "_SUCCESS"
+#: Manifest names of the balance OUTPUT, newest format first (v2 ``_manifest.json``, v1 ``manifest.json``).
+MANIFEST_NAMES = ("_manifest.json", "manifest.json")
+_RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
+
+
+class LockHeldError(FsdataError):
+    """Another nightly run holds the work folder's lock."""
+
+
+def publish(work_dir: Path, run_dir: Path) -> None:
+    """Point ``work_dir/latest`` at ``run_dir`` atomically (new symlink, then rename over the old)."""
+    tmp = work_dir / f".latest.tmp-{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(os.path.relpath(run_dir, work_dir), tmp)
+    os.replace(tmp, work_dir / "latest")
+
+
+def _clean_stale_work_tmp(work: Path) -> list[str]:
+    """Remove ``.latest.tmp-PID`` and ``.nightly.lock.holder.tmp-PID`` left by killed runs (we hold
+    the lock, so every one is stale)."""
+    removed = []
+    for p in work.glob(".*.tmp-*"):
+        if p.name.startswith((".latest.tmp-", f".{HOLDER_NAME}.tmp-")):
+            p.unlink(missing_ok=True)
+            removed.append(str(p))
+    return removed
+
+
+def _swap_in(stage: Path, run_dir: Path) -> None:
+    """Move the complete ``stage`` to ``run_dir``, replacing a previous ``run_dir``.
+
+    With a previous one, the two are swapped in one atomic step (``renameat2(RENAME_EXCHANGE)``),
+    so ``run_dir`` (and ``latest``, which may name it) always holds a complete run; then the
+    previous one (now at the stage's name) is removed. Where the file system has no exchange,
+    two renames; a kill between them leaves the previous run at ``.<key>.old-...``, which the
+    next run moves back (:func:`_clean_unfinished`).
+    """
+    if not run_dir.exists():
+        os.replace(stage, run_dir)
+        return
+    if exchange(stage, run_dir):
+        _remove(stage)  # the previous run, now at the stage's name
+        return
+    old = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.replace(run_dir, old)
+    try:
+        os.replace(stage, run_dir)
+    except BaseException:
+        os.replace(old, run_dir)
+        raise
+    _remove(old)
+
+
+@contextlib.contextmanager
+def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iterator[None]:
+    """Hold the work folder's lock (``filelock``); the holder is written next to it.
+
+    Args:
+        work_dir: the work folder (``--output``); created if missing.
+        timeout_seconds: how long to wait for another run to finish (0: fail at once).
+
+    Raises:
+        LockHeldError: another process holds the lock; the message names its pid, host and start.
+    """
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(work / LOCK_NAME), timeout=timeout_seconds)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise LockHeldError(f"another nightly run holds {work / LOCK_NAME} ({_describe_holder(work)}); wait for it "
+                            "to finish, or pass --lock-timeout SECONDS to wait for it") from None
+    holder = work / HOLDER_NAME
+    try:
+        tmp = work / f".{HOLDER_NAME}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                   "command": " ".join(sys.argv)}) + "\n")
+        os.replace(tmp, holder)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            holder.unlink()
+        lock.release()
+
+
+def _describe_holder(work: Path) -> str:
+    try:
+        h = json.loads((work / HOLDER_NAME).read_text())
+        return f"pid {h['pid']} on {h['host']}, started {h['started_at']}: {h.get('command', '?')}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"holder unknown: {work / HOLDER_NAME} is missing or unreadable"
+
+
+def _now_ns() -> int:
+    return time.time_ns()
+
+
+def _iso(ns: int) -> str:
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _history(work: Path) -> list[dict]:
+    out = []
+    try:
+        lines = (work / HISTORY_NAME).read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict) and "run_key" in rec:
+                out.append(rec)
+    return out
+
+
+def _append_history(work: Path, rec: dict) -> None:
+    with open(work / HISTORY_NAME, "a") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _created_ns(run_dir: Path) -> int | None:
+    info = _read_json(run_dir / RUN_INFO_NAME)
+    return int(info["created_unix_ns"]) if info and "created_unix_ns" in info else None
+
+
+def _published_run(work: Path) -> Path | None:
+    link = work / "latest"
+    if not link.is_symlink():
+        return None
+    target = Path(os.path.realpath(link))
+    return target if target.is_dir() else None
+
+
+def _manifest(shards: Path) -> dict | None:
+    for name in MANIFEST_NAMES:
+        m = _read_json(shards / name)
+        if m is not None:
+            return m
+    return None
+
+
+def check_run(run_dir: str | os.PathLike) -> str | None:
+    """Re-check a complete run's files against their recorded SHA-256.
+
+    Checks every file listed in the shard manifest's ``files`` (path and ``sha256``; manifest read
+    as ``_manifest.json``, then ``manifest.json``) and every file whose digest ``_SUCCESS`` records
+    (the manifest, step stats, samples, reports).
+
+    Returns:
+        None when everything matches, else one line naming the first problem.
+    """
+    run = Path(run_dir)
+    done = _read_json(run / SUCCESS_NAME)
+    if done is None:
+        return f"{run / SUCCESS_NAME} is missing or unreadable"
+    m = _manifest(run / "shards")
+    if m is None or not isinstance(m.get("files"), list):
+        return f"{run / 'shards'} has no readable manifest with a files list"
+    expected: dict[Path, str] = {}
+    for f in m["files"]:
+        if not isinstance(f, dict) or not f.get("path") or not f.get("sha256"):
+            return f"{run / 'shards'}: a manifest files entry lacks path or sha256"
+        expected[run / "shards" / f["path"]] = f["sha256"]
+    recorded = done.get("files") if isinstance(done.get("files"), dict) else {}
+    for rel, digest in recorded.items():
+        expected.setdefault(run / rel, digest)
+    for path, digest in expected.items():
+        if not path.is_file():
+            return f"{path} is missing"
+        if sha256_file(path) != digest:
+            return f"{path} changed since it was verified (SHA-256 differs; size {path.stat().st_size} bytes)"
+    return None
+
+
+def _file_digests(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of every file of a run except ``_SUCCESS`` and the rank files (whose digests the
+    shard manifest already holds), keyed by path relative to the run."""
+    m = _manifest(run_dir / "shards") or {}
+    in_manifest = {run_dir / "shards" / f["path"] for f in m.get("files", []) if isinstance(f, dict) and "path" in f}
+    out = {}
+    for p in sorted(run_dir.rglob("*")):
+        if p.is_file() and p.name != SUCCESS_NAME and p not in in_manifest:
+            out[str(p.relative_to(run_dir))] = sha256_file(p)
+    return out
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+
+
+def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
+    """Remove runs being built by a dead process (we hold the lock: every one is stale) and run
+    folders without ``_SUCCESS``; never ``protect`` (the published run)."""
+    removed = []
+    if not runs.is_dir():
+        return removed
+    for p in sorted(runs.iterdir()):
+        if p.name.startswith(".") and ".old-" in p.name:
+            key = p.name[1:].split(".old-", 1)[0]
+            if not (runs / key).exists() and (p / SUCCESS_NAME).exists():
+                # killed between the two renames of a rebuild: this is the previous run; put it back
+                os.replace(p, runs / key)
+                log.warning("restored run %s from %s left by a killed run", key, p.name)
+                continue
+        if p.name.startswith(".") and ".tmp-" in p.name and (p / SUCCESS_NAME).exists():
+            key = p.name[1:].split(".tmp-", 1)[0]
+            if not (runs / key).exists() and check_run(p) is None:
+                # killed after the run was complete, before its rename: keep it
+                os.replace(p, runs / key)
+                log.warning("kept complete run %s from %s left by a killed run", key, p.name)
+                continue
+        stale = p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
+        unfinished = not p.name.startswith(".") and p.is_dir() and not (p / SUCCESS_NAME).exists()
+        if (stale or unfinished) and (protect is None or p.resolve() != protect.resolve()):
+            log.warning("removing unfinished run %s (a failed or killed earlier run); it is redone from the start", p)
+            _remove(p)
+            removed.append(str(p))
+    return removed
+
+
+def keep_newest_runs(work_dir: str | os.PathLike, keep_runs: int) -> list[str]:
+    """Remove complete runs beyond the ``keep_runs`` newest (by recorded creation time).
+
+    Never removes the published run or the target of the last rollback.
+
+    Returns:
+        The removed run folders.
+    """
+    work = Path(work_dir)
+    runs = work / "runs"
+    if keep_runs < 1 or not runs.is_dir():
+        return []
+    published = _published_run(work)
+    protect = {published.resolve()} if published else set()
+    rollbacks = [h for h in _history(work) if h.get("rollback")]
+    if rollbacks:
+        protect.add((runs / rollbacks[-1]["run_key"]).resolve())
+    complete = [p for p in runs.iterdir() if not p.name.startswith(".") and (p / SUCCESS_NAME).exists()]
+    complete.sort(key=lambda p: (_created_ns(p) or 0, p.name), reverse=True)
+    removed = []
+    for p in complete[keep_runs:]:
+        if p.resolve() in protect:
+            continue
+        log.info("--keep-runs %d: removing old run %s", keep_runs, p)
+        _remove(p)
+        removed.append(str(p))
+    return removed
+
+
+def _forward_floor(work: Path) -> tuple[int, str]:
+    """Creation time a run needs to move ``latest`` forward, and why (for the message)."""
+    floor, why = 0, ""
+    published = _published_run(work)
+    if published is not None:
+        created = _created_ns(published)
+        if created is not None:
+            floor, why = created, f"the published run {published.name} was created {_iso(created)}"
+    rollbacks = [h for h in _history(work) if h.get("rollback")]
+    if rollbacks and rollbacks[-1].get("published_unix_ns", 0) > floor:
+        floor = rollbacks[-1]["published_unix_ns"]
+        why = f"latest was rolled back to {rollbacks[-1]['run_key']} at {_iso(floor)}"
+    return floor, why
+
+
+def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: float = 0.0) -> dict:
+    """Publish an existing complete run on purpose, even if it is older than ``latest``.
+
+    Args:
+        work_dir: the work folder (``--output``).
+        run: a run key, or the path of a run folder under ``work_dir/runs``.
+        lock_timeout_seconds: wait this long for a concurrent run.
+
+    Returns:
+        Dict with ``run_dir``, ``run_key``, ``published`` (True), ``verify`` and ``previous``
+        (the run ``latest`` pointed at before, or None).
+
+    Raises:
+        ConfigError: no such complete run, or its files no longer match their checksums.
+        LockHeldError: another run holds the lock.
+    """
+    work = Path(work_dir)
+    if not work.is_dir():
+        raise ConfigError(f"--output {work} does not exist; pass the folder of the nightly runs")
+    with work_lock(work, lock_timeout_seconds):
+        key = Path(run).name
+        run_dir = work / "runs" / key
+        have = sorted(p.name for p in (work / "runs").glob("*")
+                      if _RUN_KEY.match(p.name) and (p / SUCCESS_NAME).exists())
+        if not _RUN_KEY.match(key):
+            raise ConfigError(f"--rollback {run}: not a run key (16 hex digits; a hidden .tmp/.old folder is a run "
+                              f"being built or removed, never published); complete runs are {have}")
+        if not (run_dir / SUCCESS_NAME).exists():
+            raise ConfigError(f"--rollback {run}: no complete run {run_dir}; complete runs are {have}")
+        problem = check_run(run_dir)
+        if problem is not None:
+            raise ConfigError(f"--rollback {run}: {problem}; rerun its command to rebuild it instead")
+        previous = _published_run(work)
+        publish(work, run_dir)
+        _append_history(work, {"run_key": key, "created_unix_ns": _created_ns(run_dir) or 0,
+                               "published_unix_ns": _now_ns(), "rollback": True})
+        done = json.loads((run_dir / SUCCESS_NAME).read_text())
+    return {"run_dir": str(run_dir), "run_key": key, "published": True, "verify": done.get("verify"),
+            "previous": str(previous) if previous else None}
