@@ -250,6 +250,8 @@ class PlanTable:
     counts: np.ndarray | None = None
     loads: np.ndarray | None = None
     dropped_sample_id: np.ndarray | None = None
+    _counts_loads: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    """:meth:`counts_and_loads` once computed from the per-row arrays (they are not changed after)."""
 
     @property
     def num_ranks(self) -> int:
@@ -282,13 +284,22 @@ class PlanTable:
         """
         if self.counts is not None and self.loads is not None:
             return self.counts, self.loads
-        S_, R = self.num_steps, self.num_ranks
-        kept = np.flatnonzero(self.step >= 0)
-        kept = kept[np.lexsort((self.position[kept], self.rank[kept], self.step[kept]))]
-        flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
-        loads = np.bincount(flat, weights=self.cost[kept], minlength=S_ * R).reshape(S_, R)
-        counts = np.bincount(flat, minlength=S_ * R).reshape(S_, R).astype(np.int32)
-        return counts, loads
+        if self._counts_loads is None:
+            S_, R = self.num_steps, self.num_ranks
+            kept = np.flatnonzero(self.step >= 0)
+            flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
+            counts = np.bincount(flat, minlength=S_ * R)
+            # each kept row's index in (step, rank, position) order: one scatter, no sort (the
+            # positions of a (step, rank) batch are 0..n-1, check_plan); then the costs of every
+            # (step, rank) are summed in position order, as before
+            starts = np.zeros(S_ * R, dtype=np.int64)
+            np.cumsum(counts[:-1], out=starts[1:])
+            sorted_cost = np.empty(len(kept), dtype=np.float64)
+            sorted_cost[starts[flat] + self.position[kept]] = self.cost[kept]
+            sorted_flat = np.repeat(np.arange(S_ * R, dtype=np.int64), counts)
+            loads = np.bincount(sorted_flat, weights=sorted_cost, minlength=S_ * R).reshape(S_, R)
+            self._counts_loads = (counts.reshape(S_, R).astype(np.int32), loads)
+        return self._counts_loads
 
     def dropped_sample_ids(self) -> np.ndarray:
         """``sample_id`` of the dropped rows (the remainder), in input order; shape ``[D]`` int64."""
@@ -681,24 +692,90 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
 
 # ---- stage 2: write ------------------------------------------------------------------------------
 
-def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: Path, progress: bool,
-            compression: str | None = None) -> None:
-    R = plan.num_ranks
+#: Decoded bytes of input rows (Arrow, in memory) gathered at a time by the local engine's write
+#: stage (:func:`write_ranks`): ranks are written in groups whose rows fit it; the first group
+#: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
+#: read of the input. Peak memory is about this plus the plan (28 bytes per input row per epoch).
+GATHER_BYTES = 1024**3
+_DEST = "_dest"
+
+
+def _decoded_row_bytes(src: SampleSource, schema: pa.Schema) -> float:
+    """Mean decoded (Arrow) bytes per input row, from the Parquet footers only: values x width per
+    fixed-width leaf column plus 4-byte list offsets, else the column's uncompressed size."""
+    total = 0
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        md = pq.ParquetFile(where, filesystem=fs).metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for j in range(rg.num_columns):
+                c = rg.column(j)
+                top = src.rename.get(c.path_in_schema.split(".")[0], c.path_in_schema.split(".")[0])
+                t = schema.field(top).type if top in schema.names else None
+                leaf = t.value_type if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) else t
+                width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
+                total += c.num_values * width if width else c.total_uncompressed_size
+                if leaf is not t:
+                    total += 4 * rg.num_rows
+    return (total + 16 * src.num_rows) / max(src.num_rows, 1)  # + the step, rank and destination columns
+
+
+def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
+    """Each plan entry's row index in the concatenation of the rank files (rank 0's rows, then rank
+    1's, ...; inside a rank ordered by step, then position) and the first index of every rank.
+
+    Returns:
+        ``(dest [E*N] int64, -1 for a dropped entry; rank_start [R + 1] int64)``.
+    """
+    S_, R = plan.num_steps, plan.num_ranks
+    counts, _ = plan.counts_and_loads()
+    by_rank = np.ascontiguousarray(counts.T, dtype=np.int64).ravel()  # (rank, step) order
+    starts = np.zeros(S_ * R + 1, dtype=np.int64)
+    np.cumsum(by_rank, out=starts[1:])
+    dest = np.full(len(plan.step), -1, dtype=np.int64)
+    kept = plan.step >= 0
+    dest[kept] = starts[plan.rank[kept].astype(np.int64) * S_ + plan.step[kept]] + plan.position[kept]
+    return dest, starts[::S_] if S_ else np.zeros(R + 1, dtype=np.int64)
+
+
+def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
+    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least)."""
+    groups, a = [], 0
+    R = len(rank_start) - 1
+    while a < R:
+        b = a + 1
+        while b < R and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
+            b += 1
+        groups.append((a, b))
+        a = b
+    return groups
+
+
+def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
+            num_groups: int, spill_dir: Path, progress: bool, compression: str | None) -> list[pa.RecordBatch]:
+    """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
+    destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
+    ``spill_dir/group-XXXXX.arrow``.
+
+    Raises:
+        InputError: a file fails to read, or its rows are not the plan's.
+    """
     E = plan.epochs
     N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    ipc_schema = schema.append(pa.field(_POS, pa.int32()))
-    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-    offset = 0
     n_in = len(schema) - 2  # input columns (schema ends with step, rank)
-    bar = tqdm(total=src.num_rows, unit="row", desc="bucket by rank", disable=not progress)
+    ipc_schema = schema.append(pa.field(_DEST, pa.int64()))
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    resident: list[pa.RecordBatch] = []
+    offset = 0
+    bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
     try:
         for path in src.files:
             try:
                 fs, where = fsio.filesystem_and_path(path)
                 pf = pq.ParquetFile(where, filesystem=fs)
-                batches = pf.iter_batches(batch_size=32768)
-                for batch in batches:
+                for batch in pf.iter_batches(batch_size=65536):
                     n = batch.num_rows
                     idx = np.arange(offset, offset + n)
                     offset += n
@@ -706,37 +783,39 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
                     if offset > N or not np.array_equal(sid.astype(np.int64), plan.sample_id[idx]):
                         raise InputError(f"input file {path}: rows differ from the plan's sample_id order; the plan "
                                          "was made from another input: rerun 'fsdata plan' on this input")
-                    cols = None
+                    if src.has_seq_len:
+                        _check_seq_len(batch, schema, path)
+                    cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
                     for e in range(E):  # each input row once per epoch, with that epoch's place
                         eidx = idx + e * N
-                        rank = plan.rank[eidx]
-                        keep = rank >= 0
-                        order = np.argsort(rank, kind="stable")
-                        order = order[keep[order]]
-                        if not len(order):
+                        d = dest[eidx]
+                        g = np.where(d >= 0, group_of_row[eidx], num_groups)
+                        order = np.argsort(g, kind="stable")
+                        g_sorted = g[order]
+                        bounds = np.searchsorted(g_sorted, np.arange(num_groups + 1))
+                        if bounds[-1] == 0:
                             continue
-                        if cols is None:
-                            cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
-                            if src.has_seq_len:
-                                _check_seq_len(batch, schema, path)
-                        arrays = [*cols, pa.array(plan.step[eidx], type=pa.int32()), pa.array(rank, type=pa.int32()),
-                                  pa.array(plan.position[eidx], type=pa.int32())]
-                        table = pa.RecordBatch.from_arrays(arrays, schema=ipc_schema).take(pa.array(order))
-                        sorted_ranks = rank[order]
-                        bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
-                        starts = np.concatenate([[0], bounds])
-                        ends = np.concatenate([bounds, [len(order)]])
-                        for a, b in zip(starts, ends):
-                            r = int(sorted_ranks[a])
-                            w = writers.get(r)
+                        table = pa.RecordBatch.from_arrays(
+                            [*cols, pa.array(plan.step[eidx], type=pa.int32()), pa.array(plan.rank[eidx], type=pa.int32()),
+                             pa.array(d, type=pa.int64())], schema=ipc_schema)
+                        if not (g[1:] >= g[:-1]).all():  # else already grouped (one group, dropped rows last)
+                            table = table.take(pa.array(order[:bounds[-1]]))
+                        for k in range(num_groups):
+                            a, b = int(bounds[k]), int(bounds[k + 1])
+                            if a == b:
+                                continue
+                            if k == 0:
+                                resident.append(table.slice(a, b - a))
+                                continue
+                            w = writers.get(k)
                             if w is None:
-                                w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
+                                w = writers[k] = pa.ipc.new_file(str(spill_dir / f"group-{k:05d}.arrow"), ipc_schema,
                                                                  options=options)
                             w.write_batch(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
-                # a full disk or read-only bucket folder is the machine's fault, not the input's
-                raise_if_environment(e, bucket_dir)
+                # a full disk or read-only spill folder is the machine's fault, not the input's
+                raise_if_environment(e, spill_dir)
                 raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
                                  "the file is corrupt or truncated: regenerate it") from None
     except BaseException:
@@ -754,8 +833,34 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
     if offset != N:
         raise InputError(f"input {src.path} has {offset} rows but the plan has {N}; the plan was "
                          "made from another input: rerun 'fsdata plan' on this input")
-    if len(writers) != R:
-        raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
+    return resident
+
+
+def _write_group(batches: list[pa.RecordBatch], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
+                 out: Path | str, schema: pa.Schema, digest: str, num_threads: int, bar) -> list[FileEntry]:
+    """Write the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
+    permutation into (rank, step, position) order, then one ``take`` per rank."""
+    a, b = ranks
+    base = int(rank_start[a])
+    table = pa.Table.from_batches(batches, schema=batches[0].schema if batches else None).combine_chunks()
+    batches.clear()
+    n = table.num_rows
+    if n != rank_start[b] - base:
+        raise AssertionError(f"ranks {a}..{b - 1} received {n} rows, the plan gives {rank_start[b] - base}")
+    perm = np.empty(n, dtype=np.int64)
+    perm[table.column(_DEST).to_numpy() - base] = np.arange(n, dtype=np.int64)
+    table = table.drop_columns([_DEST])
+
+    def one(r: int) -> FileEntry:
+        rows = table.take(pa.array(perm[rank_start[r] - base:rank_start[r + 1] - base]))
+        return _write_sorted_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest)
+
+    files = []
+    with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
+        for info in ex.map(one, range(a, b)):
+            files.append(info)
+            bar.update(1)
+    return files
 
 
 def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
@@ -795,7 +900,15 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     """
     table = table.select([*schema.names, _POS])
     table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
-    table = table.drop_columns([_POS]).cast(schema)
+    table = table.drop_columns([_POS])
+    return _write_sorted_rank(rank, table, output, schema, num_steps, plan_digest=plan_digest)
+
+
+def _write_sorted_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
+                       plan_digest: str | None = None) -> FileEntry:
+    """:func:`write_rank` of rows already in (``step``, ``position``) order, without ``position``:
+    the file is encoded in memory, hashed, and written with one write (no re-read for the SHA-256)."""
+    table = table.cast(schema)
     if plan_digest is not None:
         schema = schema.with_metadata({**(schema.metadata or {}), PLAN_DIGEST_KEY: plan_digest.encode()})
     step = table.column(S.STEP).to_numpy()
@@ -808,25 +921,21 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     rel = rank_file_path(rank)
     ends = np.cumsum(counts)
     tokens = _step_tokens(step, pc.list_value_length(table.column(S.ITEM_IDS)), num_steps)
-    output = fsio.normalize(output)
-    if fsio.is_remote(output):
-        sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
-            _write_whole_steps(w, table, ends)
-        n = table.num_rows
-        del table
-        data = sink.getvalue()
-        fsio.write_bytes(fsio.join(output, rel), data)
-        return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size,
-                         sha256=hashlib.sha256(data).hexdigest(), step_tokens=tokens)
-    out = Path(output)
-    (out / rank_dir_name(rank)).mkdir(exist_ok=True)
-    path = out / rel
-    with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=True) as w:
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
         _write_whole_steps(w, table, ends)
     n = table.num_rows
     del table
-    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path),
+    data = sink.getvalue()
+    output = fsio.normalize(output)
+    if fsio.is_remote(output):
+        fsio.write_bytes(fsio.join(output, rel), data)
+    else:
+        out = Path(output)
+        (out / rank_dir_name(rank)).mkdir(exist_ok=True)
+        with open(out / rel, "wb") as f:
+            f.write(memoryview(data))
+    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size, sha256=hashlib.sha256(data).hexdigest(),
                      step_tokens=tokens)
 
 
@@ -871,13 +980,6 @@ def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -
         start = stop
 
 
-def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema,
-                         digest: str | None = None) -> FileEntry:
-    with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
-        table = pa.ipc.open_file(source).read_all()
-    return write_rank(r, table, out_dir, schema, plan.num_steps, plan_digest=digest)
-
-
 _BUCKETS_PREFIX = "fsdata-buckets-"
 
 
@@ -912,28 +1014,41 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     output = fsio.normalize(output)
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
-    if remote:  # object stores have no place for scratch files: buckets go to local TMPDIR
-        _clean_stale_bucket_dirs()
-        bucket_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
-    else:
-        bucket_dir = out / ".buckets"
-        bucket_dir.mkdir()
+    dest, rank_start = _destinations(plan)
+    groups = _rank_groups(rank_start, _decoded_row_bytes(src, schema), GATHER_BYTES)
+    group_of_rank = np.zeros(plan.num_ranks, dtype=np.int32)
+    for k, (a, b) in enumerate(groups):
+        group_of_rank[a:b] = k
+    group_of_row = group_of_rank[np.maximum(plan.rank, 0)]
+    spill_dir: Path | None = None
+    if len(groups) > 1:
+        if remote:  # object stores have no place for scratch files: the spill goes to local TMPDIR
+            _clean_stale_bucket_dirs()
+            spill_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
+        else:
+            spill_dir = out / ".buckets"
+            spill_dir.mkdir()
     try:
-        _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
+        resident = _gather(src, plan, schema, dest, group_of_row, len(groups), spill_dir, settings.progress,
+                           settings.bucket_compression)
+        del dest, group_of_row
+        digest = plan_digest(plan)
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
-        with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
-            digest = plan_digest(plan)
-            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema, digest),
-                               range(plan.num_ranks)):
-                files.append(info)
-                bar.update(1)
+        for k, ranks in enumerate(groups):
+            if k == 0:
+                batches = resident
+            else:
+                path = spill_dir / f"group-{k:05d}.arrow"
+                with pa.OSFile(str(path), "rb") as f:
+                    batches = pa.ipc.open_file(f).read_all().to_batches()
+                path.unlink()
+            files += _write_group(batches, ranks, rank_start, plan, out, schema, digest, settings.num_threads, bar)
+            del batches
         bar.close()
     finally:
-        if remote:
-            shutil.rmtree(bucket_dir, ignore_errors=True)
-    if not remote:
-        shutil.rmtree(bucket_dir)
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
     return files
 
 
