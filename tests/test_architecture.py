@@ -20,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = {
     "base": 0, "samples": 1, "balancer": 2, "shards": 3, "engines": 4, "cli": 5,
 }
-BASE = {"fsdata.errors", "fsdata.atomic", "fsdata.guards", "fsdata.fsio", "fsdata._deprecated"}
+BASE = {"fsdata.errors", "fsdata.atomic", "fsdata.guards", "fsdata.fsio", "fsdata._deprecated", "fsdata._version"}
 CLI = {"fsdata.cli", "fsdata.cliutil", "fsdata.report", "fsdata.__main__"}
 #: Old flat paths, kept one release as deprecated aliases of the new modules.
 DEPRECATED = {"fsdata." + m for m in (
