@@ -7,17 +7,21 @@ Stages (the input is never held in memory whole):
    the result is a :class:`PlanTable`: ``sample_id``, ``step``, ``rank``, ``position`` per input
    row plus the settings and predicted figures. ``fsdata plan`` stores it as Parquet
    (:func:`write_plan` / :func:`read_plan`).
-2. **write** (:func:`write_ranks`): stream the input in record batches and append each row to its
-   rank's Arrow IPC bucket in a temporary folder (one sequential pass), then per rank (threads)
-   call :func:`write_rank`: sort by (step, position) and write ``rank-XXXXX/part-00000.parquet``
-   with row groups of whole steps. Returns one :class:`~fsdata.shards.manifest.FileEntry` per rank.
+2. **write** (:func:`write_ranks`): read the input once, in record batches, and gather every row
+   (once per epoch) to its rank group: ranks are cut into contiguous groups whose rows take at most
+   :data:`GATHER_BYTES` decoded; the first group stays in memory, the others are spilled to one
+   temporary Arrow IPC file each (``--bucket-compression`` is their codec; nothing is spilled when
+   the whole input fits). Then per group: one permutation into (rank, step, position) order from
+   the plan (no sort), one gather per rank, and ``rank-XXXXX/part-00000.parquet`` written (threads)
+   with row groups of whole steps, encoded in memory and hashed before the one write (no re-read).
+   Returns one :class:`~fsdata.shards.manifest.FileEntry` per rank (with its tokens per step).
 3. **finalize** (:func:`finalize`): ``_step_stats.parquet``, ``_dropped.parquet`` and
    ``_manifest.json`` from the plan and the rank files' records (written last).
 
 :func:`balance` runs the three in one process into a temporary folder moved into place at the end.
 
 INPUT, PLAN and OUTPUT may be :mod:`pyarrow.fs` URIs (``s3://bucket/prefix``; :mod:`fsdata.fsio`):
-reads and writes then go through the URI's ``FileSystem``, the temporary per-rank buckets go to a
+reads and writes then go through the URI's ``FileSystem``, the temporary spill files go to a
 local temporary folder (``TMPDIR``), and OUTPUT is published as :mod:`fsdata.atomic` describes for
 object stores (the manifest, written last by :func:`finalize`, is the commit marker).
 """
@@ -92,8 +96,10 @@ class BalanceSettings:
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
         num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).
-        bucket_compression: codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs
-            temporary disk space about the decoded size of the input), ``lz4`` or ``zstd``.
+        bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
+            groups to when the input's decoded rows exceed :data:`GATHER_BYTES`: None (fastest;
+            temporary disk about the decoded size of the spilled rows), ``lz4`` or ``zstd`` (about
+            the input's Parquet size; keeps the bytes written under twice the output's).
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
@@ -1012,7 +1018,8 @@ def _clean_stale_bucket_dirs() -> list[str]:
 
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
     """Stage 2: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
-    under that prefix; the temporary buckets then go to a local temporary folder).
+    under that prefix; spilled rank groups then go to a local temporary folder). One read of the
+    input; memory about :data:`GATHER_BYTES` plus the plan (module docstring).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, sorted by rank.
