@@ -35,8 +35,15 @@ def _settings(**kw) -> W.BalanceSettings:
                                 "progress": False, **kw})
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, epochs):
+@pytest.mark.parametrize("epochs,extra", [(1, False), (2, False), (1, True)])
+def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, epochs, extra):
+    if extra:  # a column of another type than integers (gathered by Arrow's take, not Polars)
+        files = sorted(samples.glob("*.parquet"))
+        samples = tmp_path / "in"
+        samples.mkdir()
+        for p in files:
+            t = pq.read_table(p)
+            pq.write_table(t.append_column("note", pa.array([f"n{i}" for i in range(t.num_rows)])), samples / p.name)
     settings = _settings(epochs=epochs)
     out = tmp_path / "out"
     fsdata.balance(samples, out, settings)
