@@ -768,7 +768,7 @@ def _input_batches(path: str, rows: int = 65536):
 
 
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
-            num_groups: int, spill_dir: Path, progress: bool, compression: str | None) -> list[pa.Table]:
+            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None) -> list[pa.Table]:
     """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
     destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
     ``spill_dir/group-XXXXX.arrow``.
@@ -827,7 +827,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
                 # a full disk or read-only spill folder is the machine's fault, not the input's
-                raise_if_environment(e, spill_dir)
+                raise_if_environment(e, spill_dir if spill_dir is not None else path)
                 raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
                                  "the file is corrupt or truncated: regenerate it") from None
     except BaseException:
