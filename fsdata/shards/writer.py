@@ -874,7 +874,7 @@ def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np
     def one(r: int) -> FileEntry:
         idx = perm[rank_start[r] - base:rank_start[r + 1] - base]
         rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
-        return _write_sorted_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest)
+        return write_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
 
     files = []
     with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
@@ -885,7 +885,7 @@ def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np
 
 
 def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
-               plan_digest: str | None = None) -> FileEntry:
+               plan_digest: str | None = None, sorted_rows: bool = False) -> FileEntry:
     """Write one rank's file; the unit a distributed engine calls once per rank.
 
     Contract (byte-identical output for the same rows, whatever their order or chunking):
@@ -912,6 +912,8 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         plan_digest: the :func:`plan_digest` of the plan the rows come from, recorded in the
             file's key-value metadata (``fsdata.plan_digest``) so finalize can refuse files of
             another plan; None records nothing.
+        sorted_rows: the rows are already in (``step``, ``position``) order and ``table`` has no
+            ``position`` column (the local engine's gather): written as they are, same bytes.
 
     Returns:
         The file's :class:`~fsdata.shards.manifest.FileEntry` (path relative to ``output``, rows, bytes, SHA-256).
@@ -919,6 +921,8 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     Raises:
         ValueError: rows of another rank, a missing step, or a repeated (step, position).
     """
+    if sorted_rows:
+        return _write_sorted_rank(rank, table, output, schema, num_steps, plan_digest=plan_digest)
     table = table.select([*schema.names, _POS])
     table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
     table = table.drop_columns([_POS])
