@@ -22,10 +22,6 @@ REMOVED = {"fsdata." + m for m in (
     "schema io diagnose convert holdout synth cost bubble compose partition partition_fast kk cpsat "
     "cost_budget plan profile manifest verify balance _deprecated").split()} | {
     "fstrain." + m for m in ("pipeline", "prioritized", "pipeline_timing", "dataset")}
-#: Still reading ``from fsdata import __version__`` (the package facade, one layer up) until they take
-#: it from :mod:`fsdata._version` like every other module; a change to those two files is under way.
-#: Delete this set when it lands: the test then admits no exception.
-_UPWARD_VERSION_IMPORT = {"fsdata.shards.writer", "fsdata.shards.verify"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -73,8 +69,6 @@ def test_no_upward_import_in_fsdata():
         if mod == "fsdata":
             continue  # the package facade sits on top
         for dep in deps:
-            if dep == "fsdata" and mod in _UPWARD_VERSION_IMPORT:
-                continue
             if _layer(dep) > _layer(mod):
                 bad.append(f"{mod} ({_layer(mod)}) imports {dep} ({_layer(dep)})")
     assert not bad, "upward imports:\n" + "\n".join(sorted(bad))
@@ -82,8 +76,7 @@ def test_no_upward_import_in_fsdata():
 
 def test_no_import_cycle_in_fsdata():
     graph = _fsdata_graph()
-    edges = {m: {d for d in deps if d in graph and not (d == "fsdata" and m in _UPWARD_VERSION_IMPORT)}
-             for m, deps in graph.items()}
+    edges = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
     assert_no_cycle(edges)
 
 

@@ -684,7 +684,7 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
     """
     import logging  # noqa: PLC0415
 
-    from fsdata import __version__  # noqa: PLC0415
+    from fsdata._version import __version__  # noqa: PLC0415
     from fsdata.balancer.order import SHUFFLE  # noqa: PLC0415
     from fsdata.shards.writer import BalanceSettings, plan_costs, plan_table_from_plan  # noqa: PLC0415
 

@@ -7,17 +7,21 @@ Stages (the input is never held in memory whole):
    the result is a :class:`PlanTable`: ``sample_id``, ``step``, ``rank``, ``position`` per input
    row plus the settings and predicted figures. ``fsdata plan`` stores it as Parquet
    (:func:`write_plan` / :func:`read_plan`).
-2. **write** (:func:`write_ranks`): stream the input in record batches and append each row to its
-   rank's Arrow IPC bucket in a temporary folder (one sequential pass), then per rank (threads)
-   call :func:`write_rank`: sort by (step, position) and write ``rank-XXXXX/part-00000.parquet``
-   with row groups of whole steps. Returns one :class:`~fsdata.shards.manifest.FileEntry` per rank.
+2. **write** (:func:`write_ranks`): read the input once, in record batches, and gather every row
+   (once per epoch) to its rank group: ranks are cut into contiguous groups whose rows take at most
+   :data:`GATHER_BYTES` decoded; the first group stays in memory, the others are spilled to one
+   temporary Arrow IPC file each (``--bucket-compression`` is their codec; nothing is spilled when
+   the whole input fits). Then per group: one permutation into (rank, step, position) order from
+   the plan (no sort), one gather per rank, and ``rank-XXXXX/part-00000.parquet`` written (threads)
+   with row groups of whole steps, encoded in memory and hashed before the one write (no re-read).
+   Returns one :class:`~fsdata.shards.manifest.FileEntry` per rank (with its tokens per step).
 3. **finalize** (:func:`finalize`): ``_step_stats.parquet``, ``_dropped.parquet`` and
    ``_manifest.json`` from the plan and the rank files' records (written last).
 
 :func:`balance` runs the three in one process into a temporary folder moved into place at the end.
 
 INPUT, PLAN and OUTPUT may be :mod:`pyarrow.fs` URIs (``s3://bucket/prefix``; :mod:`fsdata.fsio`):
-reads and writes then go through the URI's ``FileSystem``, the temporary per-rank buckets go to a
+reads and writes then go through the URI's ``FileSystem``, the temporary spill files go to a
 local temporary folder (``TMPDIR``), and OUTPUT is published as :mod:`fsdata.atomic` describes for
 object stores (the manifest, written last by :func:`finalize`, is the commit marker).
 """
@@ -39,12 +43,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from fsdata import atomic, fsio
+from fsdata._version import __version__
 from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output, output_taken
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
@@ -90,8 +96,10 @@ class BalanceSettings:
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
         num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).
-        bucket_compression: codec of the temporary per-rank Arrow IPC buckets: None (fastest; needs
-            temporary disk space about the decoded size of the input), ``lz4`` or ``zstd``.
+        bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
+            groups to when the input's decoded rows exceed :data:`GATHER_BYTES`: None (fastest;
+            temporary disk about the decoded size of the spilled rows), ``lz4`` or ``zstd`` (about
+            the input's Parquet size; keeps the bytes written under twice the output's).
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
@@ -250,6 +258,8 @@ class PlanTable:
     counts: np.ndarray | None = None
     loads: np.ndarray | None = None
     dropped_sample_id: np.ndarray | None = None
+    _counts_loads: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    """:meth:`counts_and_loads` once computed from the per-row arrays (they are not changed after)."""
 
     @property
     def num_ranks(self) -> int:
@@ -282,13 +292,22 @@ class PlanTable:
         """
         if self.counts is not None and self.loads is not None:
             return self.counts, self.loads
-        S_, R = self.num_steps, self.num_ranks
-        kept = np.flatnonzero(self.step >= 0)
-        kept = kept[np.lexsort((self.position[kept], self.rank[kept], self.step[kept]))]
-        flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
-        loads = np.bincount(flat, weights=self.cost[kept], minlength=S_ * R).reshape(S_, R)
-        counts = np.bincount(flat, minlength=S_ * R).reshape(S_, R).astype(np.int32)
-        return counts, loads
+        if self._counts_loads is None:
+            S_, R = self.num_steps, self.num_ranks
+            kept = np.flatnonzero(self.step >= 0)
+            flat = self.step[kept].astype(np.int64) * R + self.rank[kept]
+            counts = np.bincount(flat, minlength=S_ * R)
+            # each kept row's index in (step, rank, position) order: one scatter, no sort (the
+            # positions of a (step, rank) batch are 0..n-1, check_plan); then the costs of every
+            # (step, rank) are summed in position order, as before
+            starts = np.zeros(S_ * R, dtype=np.int64)
+            np.cumsum(counts[:-1], out=starts[1:])
+            sorted_cost = np.empty(len(kept), dtype=np.float64)
+            sorted_cost[starts[flat] + self.position[kept]] = self.cost[kept]
+            sorted_flat = np.repeat(np.arange(S_ * R, dtype=np.int64), counts)
+            loads = np.bincount(sorted_flat, weights=sorted_cost, minlength=S_ * R).reshape(S_, R)
+            self._counts_loads = (counts.reshape(S_, R).astype(np.int32), loads)
+        return self._counts_loads
 
     def dropped_sample_ids(self) -> np.ndarray:
         """``sample_id`` of the dropped rows (the remainder), in input order; shape ``[D]`` int64."""
@@ -435,8 +454,6 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
             the table carries ``plan.counts`` / ``plan.loads``).
         dropped_sample_id: shape ``[D]`` int64, the dropped rows' ids, with ``num_samples``.
     """
-    from fsdata import __version__
-
     meta = {
         "plan_format_version": PLAN_FORMAT_VERSION,
         "num_ranks": plan.num_ranks, "num_steps": plan.num_steps,
@@ -681,24 +698,97 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
 
 # ---- stage 2: write ------------------------------------------------------------------------------
 
-def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: Path, progress: bool,
-            compression: str | None = None) -> None:
-    R = plan.num_ranks
+#: Decoded bytes of input rows (Arrow, in memory) gathered at a time by the local engine's write
+#: stage (:func:`write_ranks`): ranks are written in groups whose rows fit it; the first group
+#: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
+#: read of the input. Peak memory is about this plus the plan (28 bytes per input row per epoch).
+GATHER_BYTES = 1024**3
+_DEST = "__fsdata_destination"
+
+
+def _decoded_row_bytes(src: SampleSource, schema: pa.Schema) -> float:
+    """Mean decoded (Arrow) bytes per input row, from the Parquet footers only: values x width per
+    fixed-width leaf column plus 4-byte list offsets, else the column's uncompressed size."""
+    total = 0
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        md = pq.ParquetFile(where, filesystem=fs).metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for j in range(rg.num_columns):
+                c = rg.column(j)
+                top = src.rename.get(c.path_in_schema.split(".")[0], c.path_in_schema.split(".")[0])
+                t = schema.field(top).type if top in schema.names else None
+                leaf = t.value_type if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) else t
+                width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
+                total += c.num_values * width if width else c.total_uncompressed_size
+                if leaf is not t:
+                    total += 4 * rg.num_rows
+    return (total + 16 * src.num_rows) / max(src.num_rows, 1)  # + the step, rank and destination columns
+
+
+def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
+    """Each plan entry's row index in the concatenation of the rank files (rank 0's rows, then rank
+    1's, ...; inside a rank ordered by step, then position) and the first index of every rank.
+
+    Returns:
+        ``(dest [E*N] int64, -1 for a dropped entry; rank_start [R + 1] int64)``.
+    """
+    S_, R = plan.num_steps, plan.num_ranks
+    counts, _ = plan.counts_and_loads()
+    by_rank = np.ascontiguousarray(counts.T, dtype=np.int64).ravel()  # (rank, step) order
+    starts = np.zeros(S_ * R + 1, dtype=np.int64)
+    np.cumsum(by_rank, out=starts[1:])
+    dest = np.full(len(plan.step), -1, dtype=np.int64)
+    kept = plan.step >= 0
+    dest[kept] = starts[plan.rank[kept].astype(np.int64) * S_ + plan.step[kept]] + plan.position[kept]
+    return dest, starts[::S_] if S_ else np.zeros(R + 1, dtype=np.int64)
+
+
+def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
+    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least)."""
+    groups, a = [], 0
+    R = len(rank_start) - 1
+    while a < R:
+        b = a + 1
+        while b < R and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
+            b += 1
+        groups.append((a, b))
+        a = b
+    return groups
+
+
+def _input_batches(path: str, rows: int = 65536):
+    """Record batches of one input file in row order, ``rows`` rows each (PyArrow's batch reader,
+    a local file memory-mapped: measured at less CPU than ``pq.read_table`` and than Polars' batches
+    for list columns)."""
+    fs, where = fsio.filesystem_and_path(path)
+    pf = pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
+    yield from pf.iter_batches(batch_size=rows)
+
+
+def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
+            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None) -> list[pa.Table]:
+    """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
+    destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
+    ``spill_dir/group-XXXXX.arrow``.
+
+    Raises:
+        InputError: a file fails to read, or its rows are not the plan's.
+    """
     E = plan.epochs
     N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    ipc_schema = schema.append(pa.field(_POS, pa.int32()))
-    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
-    offset = 0
     n_in = len(schema) - 2  # input columns (schema ends with step, rank)
-    bar = tqdm(total=src.num_rows, unit="row", desc="bucket by rank", disable=not progress)
+    ipc_schema = schema.append(pa.field(_DEST, pa.int64()))
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    resident: list[pa.Table] = []
+    offset = 0
+    bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
     try:
         for path in src.files:
             try:
-                fs, where = fsio.filesystem_and_path(path)
-                pf = pq.ParquetFile(where, filesystem=fs)
-                batches = pf.iter_batches(batch_size=32768)
-                for batch in batches:
+                for batch in _input_batches(path):
                     n = batch.num_rows
                     idx = np.arange(offset, offset + n)
                     offset += n
@@ -706,37 +796,38 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
                     if offset > N or not np.array_equal(sid.astype(np.int64), plan.sample_id[idx]):
                         raise InputError(f"input file {path}: rows differ from the plan's sample_id order; the plan "
                                          "was made from another input: rerun 'fsdata plan' on this input")
-                    cols = None
+                    if src.has_seq_len:
+                        _check_seq_len(batch, schema, path)
+                    cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
                     for e in range(E):  # each input row once per epoch, with that epoch's place
                         eidx = idx + e * N
-                        rank = plan.rank[eidx]
-                        keep = rank >= 0
-                        order = np.argsort(rank, kind="stable")
-                        order = order[keep[order]]
-                        if not len(order):
+                        d = dest[eidx]
+                        g = group_of_row[eidx]  # a dropped row (dest -1) rides along in its group, unused
+                        table = pa.Table.from_arrays(
+                            [*cols, pa.array(plan.step[eidx], type=pa.int32()), pa.array(plan.rank[eidx], type=pa.int32()),
+                             pa.array(d, type=pa.int64())], schema=ipc_schema)
+                        if num_groups == 1:
+                            resident.append(table)
                             continue
-                        if cols is None:
-                            cols = [batch.column(i).cast(schema.field(i).type) for i in range(n_in)]
-                            if src.has_seq_len:
-                                _check_seq_len(batch, schema, path)
-                        arrays = [*cols, pa.array(plan.step[eidx], type=pa.int32()), pa.array(rank, type=pa.int32()),
-                                  pa.array(plan.position[eidx], type=pa.int32())]
-                        table = pa.RecordBatch.from_arrays(arrays, schema=ipc_schema).take(pa.array(order))
-                        sorted_ranks = rank[order]
-                        bounds = np.flatnonzero(np.diff(sorted_ranks)) + 1
-                        starts = np.concatenate([[0], bounds])
-                        ends = np.concatenate([bounds, [len(order)]])
-                        for a, b in zip(starts, ends):
-                            r = int(sorted_ranks[a])
-                            w = writers.get(r)
+                        order = np.argsort(g, kind="stable")
+                        bounds = np.searchsorted(g[order], np.arange(num_groups + 1))
+                        table = table.take(pa.array(order))
+                        for k in range(num_groups):
+                            a, b = int(bounds[k]), int(bounds[k + 1])
+                            if a == b:
+                                continue
+                            if k == 0:
+                                resident.append(table.slice(a, b - a))
+                                continue
+                            w = writers.get(k)
                             if w is None:
-                                w = writers[r] = pa.ipc.new_file(str(bucket_dir / f"{r:05d}.arrow"), ipc_schema,
+                                w = writers[k] = pa.ipc.new_file(str(spill_dir / f"group-{k:05d}.arrow"), ipc_schema,
                                                                  options=options)
-                            w.write_batch(table.slice(a, b - a))
+                            w.write_table(table.slice(a, b - a))
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
-                # a full disk or read-only bucket folder is the machine's fault, not the input's
-                raise_if_environment(e, bucket_dir)
+                # a full disk or read-only spill folder is the machine's fault, not the input's
+                raise_if_environment(e, spill_dir if spill_dir is not None else path)
                 raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
                                  "the file is corrupt or truncated: regenerate it") from None
     except BaseException:
@@ -754,12 +845,47 @@ def _bucket(src: SampleSource, plan: PlanTable, schema: pa.Schema, bucket_dir: P
     if offset != N:
         raise InputError(f"input {src.path} has {offset} rows but the plan has {N}; the plan was "
                          "made from another input: rerun 'fsdata plan' on this input")
-    if len(writers) != R:
-        raise AssertionError(f"only {len(writers)} of {R} ranks received rows")
+    return resident
+
+
+def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
+                 out: Path | str, schema: pa.Schema, digest: str, num_threads: int, bar) -> list[FileEntry]:
+    """Write the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
+    permutation into (rank, step, position) order, then one ``take`` per rank."""
+    a, b = ranks
+    base = int(rank_start[a])
+    table = pa.concat_tables(batches).combine_chunks()
+    batches.clear()
+    d = table.column(_DEST).to_numpy()
+    kept = np.flatnonzero(d >= 0)
+    if len(kept) != rank_start[b] - base:
+        raise AssertionError(f"ranks {a}..{b - 1} received {len(kept)} rows, the plan gives {rank_start[b] - base}")
+    perm = np.empty(len(kept), dtype=np.int64)  # perm[i]: the table row of output row base + i
+    perm[d[kept] - base] = kept
+    table = table.drop_columns([_DEST])
+
+    # Polars' gather takes about half the CPU of Arrow's take on list columns (measured); used for
+    # integer and integer-list columns, which it hands back with the same values
+    simple = all(pa.types.is_integer(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t))
+                                            and pa.types.is_integer(t.value_type)) for t in table.schema.types)
+    source = pl.from_arrow(table) if simple else table
+    del table
+
+    def one(r: int) -> FileEntry:
+        idx = perm[rank_start[r] - base:rank_start[r + 1] - base]
+        rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
+        return write_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
+
+    files = []
+    with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
+        for info in ex.map(one, range(a, b)):
+            files.append(info)
+            bar.update(1)
+    return files
 
 
 def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
-               plan_digest: str | None = None) -> FileEntry:
+               plan_digest: str | None = None, sorted_rows: bool = False) -> FileEntry:
     """Write one rank's file; the unit a distributed engine calls once per rank.
 
     Contract (byte-identical output for the same rows, whatever their order or chunking):
@@ -786,6 +912,8 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         plan_digest: the :func:`plan_digest` of the plan the rows come from, recorded in the
             file's key-value metadata (``fsdata.plan_digest``) so finalize can refuse files of
             another plan; None records nothing.
+        sorted_rows: the rows are already in (``step``, ``position``) order and ``table`` has no
+            ``position`` column (the local engine's gather): written as they are, same bytes.
 
     Returns:
         The file's :class:`~fsdata.shards.manifest.FileEntry` (path relative to ``output``, rows, bytes, SHA-256).
@@ -793,9 +921,19 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     Raises:
         ValueError: rows of another rank, a missing step, or a repeated (step, position).
     """
+    if sorted_rows:
+        return _write_sorted_rank(rank, table, output, schema, num_steps, plan_digest=plan_digest)
     table = table.select([*schema.names, _POS])
     table = table.take(pc.sort_indices(table, sort_keys=[(S.STEP, "ascending"), (_POS, "ascending")]))
-    table = table.drop_columns([_POS]).cast(schema)
+    table = table.drop_columns([_POS])
+    return _write_sorted_rank(rank, table, output, schema, num_steps, plan_digest=plan_digest)
+
+
+def _write_sorted_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa.Schema, num_steps: int, *,
+                       plan_digest: str | None = None) -> FileEntry:
+    """:func:`write_rank` of rows already in (``step``, ``position``) order, without ``position``:
+    the file is encoded in memory, hashed, and written with one write (no re-read for the SHA-256)."""
+    table = table.cast(schema)
     if plan_digest is not None:
         schema = schema.with_metadata({**(schema.metadata or {}), PLAN_DIGEST_KEY: plan_digest.encode()})
     step = table.column(S.STEP).to_numpy()
@@ -808,25 +946,21 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     rel = rank_file_path(rank)
     ends = np.cumsum(counts)
     tokens = _step_tokens(step, pc.list_value_length(table.column(S.ITEM_IDS)), num_steps)
-    output = fsio.normalize(output)
-    if fsio.is_remote(output):
-        sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
-            _write_whole_steps(w, table, ends)
-        n = table.num_rows
-        del table
-        data = sink.getvalue()
-        fsio.write_bytes(fsio.join(output, rel), data)
-        return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size,
-                         sha256=hashlib.sha256(data).hexdigest(), step_tokens=tokens)
-    out = Path(output)
-    (out / rank_dir_name(rank)).mkdir(exist_ok=True)
-    path = out / rel
-    with pq.ParquetWriter(str(path), schema, compression="zstd", write_statistics=True) as w:
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
         _write_whole_steps(w, table, ends)
     n = table.num_rows
     del table
-    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=path.stat().st_size, sha256=sha256_file(path),
+    data = sink.getvalue()
+    output = fsio.normalize(output)
+    if fsio.is_remote(output):
+        fsio.write_bytes(fsio.join(output, rel), data)
+    else:
+        out = Path(output)
+        (out / rank_dir_name(rank)).mkdir(exist_ok=True)
+        with open(out / rel, "wb") as f:
+            f.write(memoryview(data))
+    return FileEntry(rank=rank, path=rel, num_rows=n, num_bytes=data.size, sha256=hashlib.sha256(data).hexdigest(),
                      step_tokens=tokens)
 
 
@@ -871,13 +1005,6 @@ def _write_whole_steps(w: pq.ParquetWriter, table: pa.Table, ends: np.ndarray) -
         start = stop
 
 
-def _write_bucketed_rank(r: int, plan: PlanTable, bucket_dir: Path, out_dir: Path | str, schema: pa.Schema,
-                         digest: str | None = None) -> FileEntry:
-    with pa.memory_map(str(bucket_dir / f"{r:05d}.arrow")) as source:
-        table = pa.ipc.open_file(source).read_all()
-    return write_rank(r, table, out_dir, schema, plan.num_steps, plan_digest=digest)
-
-
 _BUCKETS_PREFIX = "fsdata-buckets-"
 
 
@@ -900,7 +1027,8 @@ def _clean_stale_bucket_dirs() -> list[str]:
 
 def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
     """Stage 2: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
-    under that prefix; the temporary buckets then go to a local temporary folder).
+    under that prefix; spilled rank groups then go to a local temporary folder). One read of the
+    input; memory about :data:`GATHER_BYTES` plus the plan (module docstring).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, sorted by rank.
@@ -912,28 +1040,41 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     output = fsio.normalize(output)
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
-    if remote:  # object stores have no place for scratch files: buckets go to local TMPDIR
-        _clean_stale_bucket_dirs()
-        bucket_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
-    else:
-        bucket_dir = out / ".buckets"
-        bucket_dir.mkdir()
+    dest, rank_start = _destinations(plan)
+    groups = _rank_groups(rank_start, _decoded_row_bytes(src, schema), GATHER_BYTES)
+    group_of_rank = np.zeros(plan.num_ranks, dtype=np.int32)
+    for k, (a, b) in enumerate(groups):
+        group_of_rank[a:b] = k
+    group_of_row = group_of_rank[np.maximum(plan.rank, 0)]
+    spill_dir: Path | None = None
+    if len(groups) > 1:
+        if remote:  # object stores have no place for scratch files: the spill goes to local TMPDIR
+            _clean_stale_bucket_dirs()
+            spill_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
+        else:
+            spill_dir = out / ".buckets"
+            spill_dir.mkdir()
     try:
-        _bucket(src, plan, schema, bucket_dir, settings.progress, settings.bucket_compression)
+        resident = _gather(src, plan, schema, dest, group_of_row, len(groups), spill_dir, settings.progress,
+                           settings.bucket_compression)
+        del dest, group_of_row
+        digest = plan_digest(plan)
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
-        with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
-            digest = plan_digest(plan)
-            for info in ex.map(lambda r: _write_bucketed_rank(r, plan, bucket_dir, out, schema, digest),
-                               range(plan.num_ranks)):
-                files.append(info)
-                bar.update(1)
+        for k, ranks in enumerate(groups):
+            if k == 0:
+                batches = resident
+            else:
+                path = spill_dir / f"group-{k:05d}.arrow"
+                with pa.OSFile(str(path), "rb") as f:
+                    batches = [pa.ipc.open_file(f).read_all()]
+                path.unlink()
+            files += _write_group(batches, ranks, rank_start, plan, out, schema, digest, settings.num_threads, bar)
+            del batches
         bar.close()
     finally:
-        if remote:
-            shutil.rmtree(bucket_dir, ignore_errors=True)
-    if not remote:
-        shutil.rmtree(bucket_dir)
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
     return files
 
 
@@ -998,9 +1139,16 @@ def _check_only_rank_files(out: Path | str, num_ranks: int) -> None:
         base = fsio.resolve(out).path + "/"
         files = [fsio.resolve(u).path[len(base):] for u in fsio.walk_files(out)]
     else:
-        files = [p.relative_to(out).as_posix() for p in Path(out).rglob("*") if p.is_file() or p.is_symlink()]
-        files += [p.relative_to(out).as_posix() + "/" for p in Path(out).rglob("*")
-                  if p.is_dir() and not any(p.iterdir())]
+        files = []  # files and links (not followed), and empty folders with a trailing "/"
+        for dirpath, dirnames, filenames in os.walk(out):
+            rel = os.path.relpath(dirpath, out)
+            prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            if prefix and not dirnames and not filenames:
+                files.append(prefix)
+            files += [prefix + f for f in filenames]
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            files += [prefix + d for d in links]
+            dirnames[:] = [d for d in dirnames if d not in links]
     own_tmp = re.compile(r"^\.(?:" + "|".join(map(re.escape, _OWN_ROOT_FILES)) + r")\.tmp-\d+$")
     extra = sorted(f for f in files if f not in want and not own_tmp.match(f))
     if extra:
@@ -1154,47 +1302,3 @@ def balance_local(input: str | os.PathLike, output: str | os.PathLike, settings:
     if timings is not None:
         timings.update(**stage, write_ranks=t2 - t1, finalize=time.perf_counter() - t2)
     return m
-
-
-def write_balanced(src: SampleSource, output: str | os.PathLike, plan: Plan, sample_ids: np.ndarray,
-                   cost_model: CostModel, settings: BalanceSettings, *, overwrite: bool = False,
-                   timings: dict[str, float] | None = None, costs: np.ndarray | None = None) -> dict:
-    """Write and finalize an already computed plan, atomically (kept for callers that plan
-    themselves; new code calls :func:`balance`).
-
-    Args:
-        src: the validated input.
-        output: OUTPUT folder (must not exist unless ``overwrite``).
-        plan: the plan for ``src``'s rows.
-        sample_ids: shape ``[N]`` int64, ``sample_id`` of each input row.
-        cost_model: the model the plan's costs came from.
-        settings: recorded in the manifest.
-        overwrite: replace an existing OUTPUT atomically.
-        timings: if given, filled with seconds per stage (``write_ranks``, ``finish``).
-        costs: shape ``[N]`` float64, the costs the plan was made from (default: recomputed from
-            the input lengths under ``cost_model``).
-
-    Returns:
-        The manifest (dict, as written).
-
-    Raises:
-        ConfigError: OUTPUT exists and ``overwrite`` is False, or it equals, contains or lies inside
-            the input.
-        InputError: an input file fails to read midway, or a reserved column name.
-        EnvironmentFailure: the disk filled up, or the location is read-only or not permitted
-            (:mod:`fsdata.guards`); nothing is left behind.
-    """
-    check_output_apart(output, [src.path, *src.files], output_name="OUTPUT", input_name="INPUT")
-    check_reserved_columns(src)
-    if costs is None:
-        lengths, _ = src.lengths_and_ids()
-        costs = cost_model.cost(lengths)
-    table = plan_table_from_plan(src, plan, sample_ids, costs, cost_model, settings)
-    with atomic_output(output, overwrite=overwrite) as tmp:
-        t1 = time.perf_counter()
-        files = write_ranks(src, table, tmp, settings)
-        t2 = time.perf_counter()
-        m = finalize(tmp, table, files)
-    if timings is not None:
-        timings.update(write_ranks=t2 - t1, finish=time.perf_counter() - t2)
-    return m.to_json()

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from fsdata import __version__ as fsdata_version
+from fsdata._version import __version__ as fsdata_version
 from fsdata.balancer.cost import load_cost_model
 from fsdata.balancer.plan import high_bubble_warning
 from fsdata.balancer.profile import profile

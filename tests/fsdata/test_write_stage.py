@@ -1,0 +1,103 @@
+"""The local engine's write stage (rows gathered to rank groups in one read, spilled beyond
+``GATHER_BYTES``) writes the same bytes as :func:`fsdata.shards.writer.write_rank` of each rank's
+rows (the Ray engine's unit), whatever the grouping, spill codec or epochs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import fsdata
+from fsdata.samples import schema as S
+from fsdata.samples.io import open_samples
+from fsdata.shards import writer as W
+from tests.fsdata.helpers import write_samples
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory) -> Path:
+    return write_samples(tmp_path_factory.mktemp("in") / "in", n=1500, num_files=3, with_timestamps=True)
+
+
+def _settings(**kw) -> W.BalanceSettings:
+    return W.BalanceSettings(**{"num_ranks": 8, "batch_size_per_rank": 16, "seed": 3, "compose_window": 4,
+                                "partitioner": "lpt-swap",
+                                "progress": False, **kw})
+
+
+@pytest.mark.parametrize("epochs,extra", [(1, False), (2, False), (1, True)])
+def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, epochs, extra):
+    if extra:  # a column of another type than integers (gathered by Arrow's take, not Polars)
+        files = sorted(samples.glob("*.parquet"))
+        samples = tmp_path / "in"
+        samples.mkdir()
+        for p in files:
+            t = pq.read_table(p)
+            pq.write_table(t.append_column("note", pa.array([f"n{i}" for i in range(t.num_rows)])), samples / p.name)
+    settings = _settings(epochs=epochs)
+    out = tmp_path / "out"
+    fsdata.balance(samples, out, settings)
+    src = open_samples(samples)
+    plan = W.make_plan_table(src, settings)
+    table = pq.read_table(sorted(str(p) for p in samples.glob("*.parquet")))
+    schema = W.output_schema(src)
+    N = table.num_rows
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    digest = W.plan_digest(plan)
+    for r in range(settings.num_ranks):
+        sel = np.flatnonzero(plan.rank == r)  # entries e*N + i over the epochs
+        rows = table.take(pa.array(sel % N)).cast(pa.schema([schema.field(i) for i in range(table.num_columns)]))
+        rows = rows.append_column(S.STEP, pa.array(plan.step[sel], pa.int32()))
+        rows = rows.append_column(S.RANK, pa.array(plan.rank[sel], pa.int32()))
+        rows = rows.append_column("position", pa.array(plan.position[sel], pa.int32()))
+        order = np.random.default_rng(r).permutation(len(sel))  # write_rank takes rows in any order
+        W.write_rank(r, rows.take(pa.array(order)), ref, schema, plan.num_steps, plan_digest=digest)
+    got = _digests(out)
+    for rel, sha in _digests(ref).items():
+        assert got[rel] == sha, rel
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch, compression, epochs):
+    whole = tmp_path / "whole"
+    fsdata.balance(samples, whole, _settings(epochs=epochs))
+    seen: list[int] = []
+    groups = W._rank_groups
+
+    def spy(*a):
+        g = groups(*a)
+        seen.append(len(g))
+        return g
+
+    monkeypatch.setattr(W, "_rank_groups", spy)
+    monkeypatch.setattr(W, "GATHER_BYTES", 20_000)  # about 2 ranks of this input per group
+    split = tmp_path / "split"
+    fsdata.balance(samples, split, _settings(epochs=epochs, bucket_compression=compression, num_threads=1))
+    assert seen and 1 < seen[0] <= 8
+    assert _digests(split) == _digests(whole)
+    assert not (split / ".buckets").exists()
+
+
+def test_counts_and_loads_sum_costs_in_position_order(samples):
+    plan = W.make_plan_table(open_samples(samples), _settings(batch_policy="cost-budget"))
+    counts, loads = plan.counts_and_loads()
+    S_, R = plan.num_steps, plan.num_ranks
+    kept = np.flatnonzero(plan.step >= 0)
+    kept = kept[np.lexsort((plan.position[kept], plan.rank[kept], plan.step[kept]))]
+    flat = plan.step[kept].astype(np.int64) * R + plan.rank[kept]
+    want = np.bincount(flat, weights=plan.cost[kept], minlength=S_ * R).reshape(S_, R)
+    assert np.array_equal(loads, want)  # bit for bit: the same summation order
+    assert np.array_equal(counts, np.bincount(flat, minlength=S_ * R).reshape(S_, R))
+    assert plan.counts_and_loads()[1] is loads  # computed once
