@@ -13,8 +13,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from fsdata.cli import main as fsdata_main
-from fstrain.data import JaggedColumn, ShardDataset, ShardReader, ShardStep, load_manifest
-from fstrain.dataset import column_value
+from fstrain.data import JaggedColumn, ShardDataset, ShardReader, ShardStep, column_value, load_manifest
 from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 from tests.conftest import dataset_path
 from tests.fsdata.helpers import write_samples

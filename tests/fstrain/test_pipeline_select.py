@@ -97,8 +97,7 @@ def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
 
 
 def test_no_import_cycle_in_fstrain():
-    """Imports between fstrain modules, lazy ones inside functions included, form no cycle (the
-    deprecated re-export modules are leaves)."""
+    """Imports between fstrain modules, lazy ones inside functions included, form no cycle."""
     root = pathlib.Path(__file__).resolve().parents[2] / "fstrain"
     graph: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
@@ -117,20 +116,13 @@ def test_no_import_cycle_in_fstrain():
     assert_no_cycle(edges)
 
 
-def test_old_import_paths_still_work_with_a_deprecation_warning():
+def test_removed_shim_paths_are_gone():
+    """The re-export modules of earlier releases are removed (CHANGELOG.md names their replacements)."""
     import importlib
-    import sys
 
-    for old, name in (("fstrain.pipeline", "make_pipeline"), ("fstrain.prioritized", "PrioritizedPipeline"),
-                      ("fstrain.pipeline_timing", "ComputeTimer")):
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.") + " is deprecated"):
-            mod = importlib.import_module(old)
-        assert getattr(mod, name) is not None
-    from fstrain.batch import Batch
-    from fstrain.data import Batch as DataBatch
-
-    assert DataBatch is Batch
+    for old in ("fstrain.pipeline", "fstrain.prioritized", "fstrain.pipeline_timing", "fstrain.dataset"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 @pytest.mark.gpu
