@@ -15,7 +15,7 @@ from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_f
                             configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
-from fstrain.backends import BACKEND_CHOICES
+from fstrain.distributed.backends import BACKEND_CHOICES
 from fstrain.errors import FstrainError
 
 _TRAIN_EPILOG = """examples:
@@ -48,13 +48,13 @@ REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 
 
 
 def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    from fstrain.model import MODELS, OBJECTIVES, Config
+    from fstrain.models.config import MODELS, OBJECTIVES, Config
 
     base = {f: Config.__dataclass_fields__[f].default for f in
             ("model", "embedding_dim", "num_layers", "num_heads", "num_negatives", "max_seq_len", "dropout",
              "temperature", "bucket_ratio", "attention", "negatives")}
     d = {**base, **(defaults or {})}
-    g = p.add_argument_group("model (fstrain.model.Config)")
+    g = p.add_argument_group("model (fstrain.models.config.Config)")
     g.add_argument("--model", choices=MODELS, default=d["model"],
                    help=f"sasrec (softmax attention) or hstu (Zhai et al. 2024) (default {d['model']})")
     g.add_argument("--objective", choices=OBJECTIVES, default=None,
@@ -129,12 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--step-mode", choices=("measured", "plain"), default="measured",
                    help="loop used with --pipeline none: measured (timed) or plain")
     t.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="auto: nccl with CUDA, else gloo; shm: fstrain.comm shared-memory all-to-all (CPU); "
+                   help="auto: nccl with CUDA, else gloo; shm: fstrain.distributed.comm shared-memory all-to-all (CPU); "
                    "cuda-ce: all-to-all on copy engines inside a node, the rest on NCCL (GPU; docs/comm.md)")
     t.add_argument("--collective-timeout-seconds", type=float, default=120.0,
                    help="a rank that makes no progress for this long makes every other rank exit with one line "
                    "naming it, the collective and the step (default 120)")
-    from fstrain.dist import SPARSE_OPTIMIZERS, OptimConfig
+    from fstrain.distributed.optim import SPARSE_OPTIMIZERS, OptimConfig
 
     o = OptimConfig()
     t.add_argument("--dense-lr", type=float, default=o.dense_lr, help=f"AdamW learning rate (default {o.dense_lr})")
@@ -230,7 +230,7 @@ def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, .
 
 
 def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.dist import OptimConfig
+    from fstrain.distributed.optim import OptimConfig
     from fstrain.train import TrainConfig, train
 
     if a.max_steps is not None and a.max_steps < 1:
@@ -262,7 +262,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       simulate_ranks=a.simulate_ranks, eval_max_users=a.eval_max_users,
                       optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr, weight_decay=a.weight_decay,
                                         sparse_optimizer=a.sparse_optimizer))
-    from fstrain.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
+    from fstrain.distributed.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
 
     try:
         res = train(cfg)
@@ -280,8 +280,8 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.evaluate import evaluate_checkpoint
-    from fstrain.metrics import write_json
+    from fstrain.components.evaluator import evaluate_checkpoint
+    from fstrain.components.metrics import write_json
 
     if a.k < 1 or a.batch_size < 1:
         parser.error(f"--k and --batch-size must be >= 1, got {a.k} and {a.batch_size}")
@@ -331,8 +331,8 @@ def _replay_row(label: str, r: dict) -> str:
 
 def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fsdata.balancer.bubble import reduction
-    from fstrain.metrics import write_json
-    from fstrain.replay import replay
+    from fstrain.components.metrics import write_json
+    from fstrain.measure.replay import replay
 
     if a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
@@ -391,7 +391,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.report import write_train_report
+    from fstrain.measure.report import write_train_report
 
     r = write_train_report(a.shards, a.metrics_dir, a.html, input_path=a.input)
     if a.json:
@@ -404,8 +404,8 @@ def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
-    from fstrain.calibrate import calibrate, shard_batches
-    from fstrain.metrics import write_json
+    from fstrain.measure.calibrate import calibrate, shard_batches
+    from fstrain.components.metrics import write_json
 
     lengths = _ints(a.lengths, "--lengths", parser)
     sizes = _ints(a.batch_sizes, "--batch-sizes", parser)

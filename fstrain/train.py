@@ -16,31 +16,33 @@ Resumption: the reader starts at the checkpoint's step; negatives depend only on
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.data import HISTORY_KEY, Batch, ShardReader, check_world_size, infer_num_items, load_manifest
-from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed,
-                          planned_device)
+from fstrain.data.batch import HISTORY_KEY, Batch
+from fstrain.data.manifest import check_world_size, infer_num_items, load_manifest, steps_per_epoch
+from fstrain.data.reader import ShardReader
+from fstrain.distributed.env import DistEnv, init_distributed, planned_device
+from fstrain.distributed.optim import OptimConfig
+from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
-from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
-from fstrain.model import NEGATIVE_KEY, OBJECTIVE_FOR_SAMPLES, Config, attach_negatives, objective_inputs
+from fstrain.components.checkpoint import resume_checkpoint, save_checkpoint
+from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
+from fstrain.models.config import NEGATIVE_KEY, Config, objective_for
+from fstrain.models.negatives import attach_negatives
+from fstrain.models.recommender import objective_inputs
 from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
-from fstrain.steplog import StepLog
+from fstrain.components.steplog import StepLog
 
 logger = logging.getLogger(__name__)
-_CKPT_PREFIX = "step-"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,7 +52,7 @@ class TrainConfig:
     shards: str
     """An ``fsdata balance`` OUTPUT folder written for this world size."""
     model: dict = field(default_factory=dict)
-    """Keyword arguments of :class:`fstrain.model.Config`; ``num_items`` is inferred when absent."""
+    """Keyword arguments of :class:`fstrain.models.config.Config`; ``num_items`` is inferred when absent."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer settings."""
     max_steps: int | None = None
@@ -73,17 +75,17 @@ class TrainConfig:
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
     steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
     backend: str = "auto"
-    """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
+    """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.distributed.env.init_distributed`)."""
     progress: bool = False
     """Rank 0 shows a progress bar of the steps on stderr (``fstrain train --progress``)."""
     tensorboard_dir: str | None = None
-    """Where rank 0 writes TensorBoard event files (:mod:`fstrain.steplog`); ``None``: none."""
+    """Where rank 0 writes TensorBoard event files (:mod:`fstrain.components.steplog`); ``None``: none."""
     collective_timeout_seconds: float = 120.0
     """A peer that makes no progress for this long makes every other rank exit with one line
-    naming it (:mod:`fstrain.watchdog`); also the process groups' and the shm transport's timeout."""
+    naming it (:mod:`fstrain.distributed.watchdog`); also the process groups' and the shm transport's timeout."""
     eval_data: str | None = None
     """Evaluation file (``fsdata convert --holdout last``): held-out HR@10/NDCG@10 during training
-    (:class:`fstrain.evaluate.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
+    (:class:`fstrain.components.evaluator.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
     eval_every_steps: int = 0
     """Evaluate every this many steps (0: only at the end) when ``eval_data`` is set."""
     eval_every_epochs: int = 0
@@ -93,20 +95,7 @@ class TrainConfig:
     """Evaluate a fixed seeded sample of this many users (``None``: all)."""
     simulate_ranks: bool = False
     """World size 1 trains on each step's whole global batch (every rank file of the shards read,
-    :class:`fstrain.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
-
-
-def objective_for(manifest) -> str:
-    """The objective the field trains the manifest's samples with (:data:`fstrain.model.OBJECTIVE_FOR_SAMPLES`):
-    ``all-positions`` for ``per-user`` samples, else ``last-position`` (per-event, or samples made
-    without ``fsdata convert``, whose kind the manifest cannot say)."""
-    kind = (manifest.settings or {}).get("samples")
-    return OBJECTIVE_FOR_SAMPLES.get(kind, "last-position")
-
-
-def steps_per_epoch(manifest) -> int:
-    """Steps of one epoch of the shards (``fsdata balance --epochs``; one epoch: every step)."""
-    return int(manifest.steps_per_epoch)
+    :class:`fstrain.data.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
 
 
 def _sync(device: torch.device) -> None:
@@ -175,57 +164,6 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
     return loss_sum, int(n), timing
 
 
-def latest_checkpoint(checkpoint_dir: str) -> tuple[str, int] | None:
-    """Newest complete checkpoint ``(path, step)`` in ``checkpoint_dir``, or ``None``."""
-    if not os.path.isdir(checkpoint_dir):
-        return None
-    best = None
-    for name in os.listdir(checkpoint_dir):
-        p = os.path.join(checkpoint_dir, name)
-        digits = name[len(_CKPT_PREFIX):]
-        if name.startswith(_CKPT_PREFIX) and digits.isdigit() and os.path.exists(os.path.join(p, "fstrain.json")):
-            step = int(digits)
-            if best is None or step > best[1]:
-                best = (p, step)
-    return best
-
-
-def _state(dmp, opt) -> dict:
-    return {"model": dmp.state_dict(), "optim": opt.state_dict()}
-
-
-def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, env: DistEnv, extra: dict) -> str:
-    """Save with torch.distributed.checkpoint into ``step-XXXXXXXX`` (complete once ``fstrain.json`` exists).
-
-    Args:
-        step: the next step to train (the number of steps done).
-        extra: recorded in ``fstrain.json`` (settings to check on resume).
-
-    Returns:
-        The checkpoint folder.
-    """
-    path = os.path.join(checkpoint_dir, f"{_CKPT_PREFIX}{step:08d}")
-    if env.rank == 0 and os.path.exists(path):
-        shutil.rmtree(path)
-    dist.barrier()
-    with record_function("## checkpoint ##"):
-        dcp.save(_state(dmp, opt), checkpoint_id=path)
-    dist.barrier()
-    if env.rank == 0:
-        write_json({"step": step, "world_size": env.world_size, **extra}, os.path.join(path, "fstrain.json"))
-    dist.barrier()
-    return path
-
-
-def load_checkpoint(dmp, opt, path: str) -> None:
-    """Load a checkpoint written by :func:`save_checkpoint` into ``dmp`` and ``opt`` in place."""
-    opt.init_state()  # Adam's state is created lazily; DCP loads into existing tensors
-    state = _state(dmp, opt)
-    dcp.load(state, checkpoint_id=path)
-    dmp.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
-
-
 def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
     """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=env.device)
@@ -247,7 +185,7 @@ class TrainResult:
 
 
 class _PeerGuard:
-    """Holds the :class:`fstrain.watchdog.CollectiveWatchdog` of a run once the process group exists."""
+    """Holds the :class:`fstrain.distributed.watchdog.CollectiveWatchdog` of a run once the process group exists."""
 
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout_seconds = timeout_seconds
@@ -255,7 +193,7 @@ class _PeerGuard:
 
     def start(self, env: DistEnv) -> None:
         if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:
-            from fstrain.watchdog import CollectiveWatchdog
+            from fstrain.distributed.watchdog import CollectiveWatchdog
 
             self.watchdog = CollectiveWatchdog(env.rank, env.world_size, self.timeout_seconds).start()
 
@@ -271,21 +209,21 @@ class _PeerGuard:
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train on ``cfg.shards``; rank 0 logs and writes the metrics.
 
-    With more than one rank, a :class:`fstrain.watchdog.CollectiveWatchdog` guards the run: a
+    With more than one rank, a :class:`fstrain.distributed.watchdog.CollectiveWatchdog` guards the run: a
     peer that stops making progress for ``cfg.collective_timeout_seconds`` makes this rank print
     one line naming it (and the collective and step) and exit with status 3; a collective that
-    fails because a peer died raises :class:`fstrain.watchdog.PeerFailureError` with that line.
+    fails because a peer died raises :class:`fstrain.distributed.watchdog.PeerFailureError` with that line.
 
     Returns:
-        :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.metrics.summarize`).
+        :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.components.metrics.summarize`).
 
     Raises:
         ShardMismatchError: shards written for another world size (before any collective).
         ShardError / ConfigError: bad shards or settings.
         PeerFailureError: a peer rank exited or stopped responding during a collective.
     """
-    from fstrain.comm.base import CommError
-    from fstrain.watchdog import PeerFailureError
+    from fstrain.distributed.comm.base import CommError
+    from fstrain.distributed.watchdog import PeerFailureError
 
     guard = _PeerGuard(cfg.collective_timeout_seconds)
     try:
@@ -333,21 +271,15 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0
     if cfg.resume and cfg.checkpoint_dir:
-        found = latest_checkpoint(cfg.checkpoint_dir)
+        found = resume_checkpoint(dmp, opt, cfg.checkpoint_dir, env.world_size)
         if found:
-            with open(os.path.join(found[0], "fstrain.json")) as fh:
-                meta = json.load(fh)
-            if meta.get("world_size") != env.world_size:
-                raise ConfigError(f"checkpoint {found[0]} is from world size {meta.get('world_size')}, "
-                                  f"this job has {env.world_size}; resume with the same world size")
-            load_checkpoint(dmp, opt, found[0])
             start = found[1]
             if env.rank == 0:
                 logger.info("resumed from %s at step %d", found[0], start)
     max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start)
     try:
         if cfg.simulate_ranks:
-            from fstrain.simulate import GlobalBatchReader
+            from fstrain.data.simulate import GlobalBatchReader
 
             reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps), ""
         else:
@@ -358,7 +290,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     guard.step(start)
     evaluator = None
     if cfg.eval_data:
-        from fstrain.evaluate import Evaluator
+        from fstrain.components.evaluator import Evaluator
 
         spe = steps_per_epoch(manifest)
         every = cfg.eval_every_epochs * spe if cfg.eval_every_epochs else cfg.eval_every_steps
@@ -434,7 +366,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env.rank, env.world_size, ckpt_extra)
             guard.step(step)  # a long save is progress, not a hang
         if evaluator and evaluator.every_steps and step % evaluator.every_steps == 0:
             if pipe:
@@ -454,7 +386,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             steplog.log_eval(step, metrics)
     if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
         if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env.rank, env.world_size, ckpt_extra)
     if evaluator:
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard

@@ -45,9 +45,9 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fsdata.samples import schema
-from fstrain.data import HISTORY_KEY, TARGET_KEY
-from fstrain.errors import ConfigError, FstrainError
-from fstrain.model import NEGATIVE_KEY
+from fstrain.data.batch import HISTORY_KEY, TARGET_KEY
+from fstrain.errors import ConfigError
+from fstrain.models.config import NEGATIVE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
     """HR@k and NDCG@k of ``model`` on ``data`` (module docstring for the protocol).
 
     Args:
-        model: a :class:`fstrain.model.SequentialRecommender` (plain, or ``dmp.module`` of a
+        model: a :class:`fstrain.models.recommender.SequentialRecommender` (plain, or ``dmp.module`` of a
             sharded one: every rank must call this together).
         data: from :func:`load_eval_data`.
         num_items: N, rows of the item table (candidates ``0..N-1``).
@@ -417,38 +417,22 @@ class Evaluator:
         pq.write_table(pa.Table.from_pylist(self.records), path)
 
 
-def read_checkpoint_meta(path: str) -> dict:
-    """``fstrain.json`` of a checkpoint folder (step, world size, model config when recorded).
-
-    Raises:
-        FstrainError: not a complete checkpoint.
-    """
-    import json
-
-    meta = os.path.join(path, "fstrain.json")
-    if not os.path.isfile(meta):
-        raise FstrainError(f"{path} is not a complete fstrain checkpoint (no fstrain.json); pass a "
-                           "ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
-    with open(meta) as f:
-        return json.load(f)
-
-
 def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None = None, k: int = DEFAULT_K,
                         batch_size: int = 256, mask_history: bool = True, padding_id: int = 0,
                         backend: str = "auto", max_users: int | None = None) -> dict:
     """Evaluate a ``fstrain train`` checkpoint on an evaluation file (``fstrain evaluate``).
 
-    The model is rebuilt exactly as in training (:func:`fstrain.dist.build_sharded_model`, the
+    The model is rebuilt exactly as in training (:func:`fstrain.distributed.sharding.build_sharded_model`, the
     job's world size: 1 without torchrun) and its weights loaded with
     torch.distributed.checkpoint, which reshards the table when the world size differs.
 
     Args:
         checkpoint: a ``ckpt/step-XXXXXXXX`` folder.
         eval_path: evaluation file.
-        model: :class:`fstrain.model.Config` keyword arguments; default: the ones recorded in the
+        model: :class:`fstrain.models.config.Config` keyword arguments; default: the ones recorded in the
             checkpoint's ``fstrain.json`` (checkpoints written before that was recorded need them).
         k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
-        backend: as :func:`fstrain.dist.init_distributed`.
+        backend: as :func:`fstrain.distributed.env.init_distributed`.
         max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
 
     Returns:
@@ -457,10 +441,11 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     Raises:
         FstrainError / ConfigError: not a checkpoint, no model config, or a bad evaluation file.
     """
-    import torch.distributed.checkpoint as dcp
-
-    from fstrain.dist import OptimConfig, build_sharded_model, init_distributed
-    from fstrain.model import Config
+    from fstrain.components.checkpoint import load_model_weights, read_checkpoint_meta
+    from fstrain.distributed.env import init_distributed
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.distributed.sharding import build_sharded_model
+    from fstrain.models.config import Config
 
     meta = read_checkpoint_meta(checkpoint)
     kw = dict(meta.get("model") or {})
@@ -473,13 +458,7 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     cfg = Config(**kw)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
     dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
-    state = {"model": dmp.state_dict()}
-    try:
-        dcp.load(state, checkpoint_id=checkpoint)
-    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException with the per-rank causes
-        raise ConfigError(f"cannot load {checkpoint} into a model with {kw} ({str(e).splitlines()[0][:300]}); "
-                          "pass the model flags the checkpoint was trained with") from None
-    dmp.load_state_dict(state["model"])
+    load_model_weights(dmp, checkpoint, kw)
     res = evaluate_model(dmp.module, data, num_items=cfg.num_items, k=k, batch_size=batch_size,
                          mask_history=mask_history, padding_id=padding_id, device=env.device, rank=env.rank,
                          world_size=env.world_size)

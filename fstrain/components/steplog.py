@@ -3,7 +3,7 @@
 :class:`StepLog` collects this rank's per-step loss (a device scalar) and timing. Once per log
 window (``--log-every-steps``) and at the end it turns the window's losses into floats with one
 device-to-host copy (no synchronisation inside a step) and stores each rank's mean per-sample
-loss in its :class:`fstrain.metrics.StepTiming` (``loss``), so ``step_times.parquet`` carries it.
+loss in its :class:`fstrain.components.metrics.StepTiming` (``loss``), so ``step_times.parquet`` carries it.
 
 With a TensorBoard folder, the window's records of every rank are gathered on rank 0
 (``all_gather_object``, one collective per window, only when TensorBoard is on) and written with
@@ -21,7 +21,7 @@ With a TensorBoard folder, the window's records of every rank are gathered on ra
 * ``eval/<name>``: evaluation metrics passed to :meth:`StepLog.log_eval`.
 * ``eval_best/<name>``: the best evaluation of the run (highest NDCG@10), at its step (:meth:`StepLog.log_best`).
 
-Exposed communication is ``sparse_forward_seconds + sync_seconds`` (see :mod:`fstrain.metrics`;
+Exposed communication is ``sparse_forward_seconds + sync_seconds`` (see :mod:`fstrain.components.metrics`;
 the pipelines report it in ``sync_seconds``).
 """
 
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from fstrain.errors import ConfigError
-from fstrain.metrics import StepTiming
+from fstrain.components.metrics import StepTiming
 
 #: Per-rank curves are written up to this world size (histograms over ranks always).
 MAX_PER_RANK_CURVES = 64
@@ -161,7 +161,7 @@ class StepLog:
         self._writer.flush()
 
     def log_best(self, record: dict) -> None:
-        """Write the best evaluation (``record`` from :meth:`fstrain.evaluate.Evaluator.best`) as
+        """Write the best evaluation (``record`` from :meth:`fstrain.components.evaluator.Evaluator.best`) as
         ``eval_best/<name>`` scalars at its step, ``eval_best/epoch`` included (rank 0)."""
         if self._writer is None or not record:
             return

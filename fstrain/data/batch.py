@@ -27,7 +27,7 @@ class Batch(Pipelineable):
     Attributes:
         features: KJT with keys ``item_ids`` (the histories, lengths ``[B]``, ``T`` values) and
             ``target_item_id`` (one id per sample), int64 ids; model code may append keys
-            (e.g. shared negatives, see :func:`fstrain.model.with_negatives`).
+            (e.g. shared negatives, see :func:`fstrain.models.negatives.with_negatives`).
         target_ids: shape ``[B]``, int64: the next item of each sample (the label).
         sample_ids: shape ``[B]``, int64.
         step: the step number (0-based, same on every rank).

@@ -15,7 +15,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from fstrain.data import HISTORY_KEY, Batch, ShardReader, load_manifest, make_batch
+from fstrain.data.batch import HISTORY_KEY, Batch, make_batch
+from fstrain.data.manifest import load_manifest
+from fstrain.data.reader import ShardReader
 
 
 class GlobalBatchReader:
@@ -23,10 +25,10 @@ class GlobalBatchReader:
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder (any ``num_ranks``).
-        start_step, max_steps: as :class:`fstrain.data.ShardReader`.
+        start_step, max_steps: as :class:`fstrain.data.reader.ShardReader`.
 
     Raises:
-        ShardError / ShardMismatchError: as :class:`fstrain.data.ShardReader`, for any rank file.
+        ShardError / ShardMismatchError: as :class:`fstrain.data.reader.ShardReader`, for any rank file.
     """
 
     def __init__(self, shards_dir: str, *, start_step: int = 0, max_steps: int | None = None) -> None:

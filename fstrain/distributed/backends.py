@@ -1,4 +1,4 @@
-"""The one table of process-group backend names (``fstrain train --backend``, :class:`fstrain.comm.CommConfig`).
+"""The one table of process-group backend names (``fstrain train --backend``, :class:`fstrain.distributed.comm.CommConfig`).
 
 Imported by the CLI at parse time, so it imports nothing heavy.
 
@@ -7,9 +7,9 @@ name        device  what carries the collectives
 ==========  ======  ==========================================================================
 gloo        cpu     torch's gloo, everything
 nccl        cuda    torch's NCCL (SM kernels), everything
-shm         cpu     ``fs_shm`` group: all-to-all on :class:`fstrain.comm.ShmBackend` (shared
+shm         cpu     ``fs_shm`` group: all-to-all on :class:`fstrain.distributed.comm.ShmBackend` (shared
                     memory, one node), every other collective on gloo
-cuda-ce     cuda    ``fs_cuda_ce`` group: all-to-all on :class:`fstrain.comm.CopyEngineBackend`
+cuda-ce     cuda    ``fs_cuda_ce`` group: all-to-all on :class:`fstrain.distributed.comm.CopyEngineBackend`
                     (copy engines between the GPUs of one node), every other collective on NCCL;
                     NCCL kernels across nodes
 ==========  ======  ==========================================================================

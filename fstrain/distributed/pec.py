@@ -3,8 +3,8 @@
 ``TrainPipelinePEC`` (torchrec >= 1.9, ``distributed/train_pipeline/pec_train_pipeline.py``) only
 pipelines tables wrapped in ``torchrec.modules.pec_embedding_modules.PECEmbeddingCollection`` and
 sharded row-wise by ``PECEmbeddingCollectionSharder``. :func:`build_pec_sharded_model` builds
-:class:`fstrain.model.SequentialRecommender` that way (otherwise exactly as
-:func:`fstrain.dist.build_sharded_model`: same planner constraint, fused optimizer, SUM-DDP);
+:class:`fstrain.models.recommender.SequentialRecommender` that way (otherwise exactly as
+:func:`fstrain.distributed.sharding.build_sharded_model`: same planner constraint, fused optimizer, SUM-DDP);
 the wrapper changes the table's state-dict key (:data:`PEC_TABLE_PREFIX`), so checkpoints of the
 two layouts are not interchangeable without :func:`to_plain_keys`.
 
@@ -28,9 +28,12 @@ from torchrec.optim import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from fstrain.batch import Batch
-from fstrain.dist import DistEnv, OptimConfig, SumDataParallelWrapper, init_table_rows, sparse_optimizer
-from fstrain.model import TABLE_NAME, Config, SequentialRecommender
+from fstrain.data.batch import Batch
+from fstrain.distributed.env import DistEnv
+from fstrain.distributed.optim import OptimConfig, sparse_optimizer
+from fstrain.distributed.sharding import SumDataParallelWrapper, init_table_rows
+from fstrain.models.config import TABLE_NAME, Config
+from fstrain.models.recommender import SequentialRecommender
 
 #: State-dict prefix of the wrapped table (``ec.embeddings.`` in the plain layout).
 PEC_TABLE_PREFIX = "ec._embedding_collection.embeddings."
@@ -38,12 +41,12 @@ PEC_TABLE_PREFIX = "ec._embedding_collection.embeddings."
 
 def build_pec_sharded_model(config: Config, optim: OptimConfig, env: DistEnv
                             ) -> tuple[DistributedModelParallel, CombinedOptimizer]:
-    """:func:`fstrain.dist.build_sharded_model` with the item table wrapped for ``TrainPipelinePEC``.
+    """:func:`fstrain.distributed.sharding.build_sharded_model` with the item table wrapped for ``TrainPipelinePEC``.
 
     Args:
         config: model size.
         optim: optimizer settings.
-        env: from :func:`fstrain.dist.init_distributed`.
+        env: from :func:`fstrain.distributed.env.init_distributed`.
 
     Returns:
         ``(dmp, optimizer)``; ``dmp.module.ec`` is a ``ShardedPECEmbeddingCollection``.

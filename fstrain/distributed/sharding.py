@@ -3,17 +3,14 @@
 Gradient semantics (why the hooks below exist): torchrec sums the embedding gradients of all
 ranks into the owning shard (the backward all-to-all), while stock DDP *averages* dense
 gradients. The loss of every rank is already divided by the step's global sample count
-(:mod:`fstrain.model`), so both parts must be *summed* over ranks for the update to equal one
+(:mod:`fstrain.models.recommender`), so both parts must be *summed* over ranks for the update to equal one
 rank training on the whole global batch; :class:`SumDataParallelWrapper` registers a DDP comm
 hook that all-reduces with SUM and does not divide by the world size.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
-import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,138 +23,13 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim import apply_optimizer_in_backward
-from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from fstrain.backends import BACKEND_CHOICES, BACKEND_DEVICES
-from fstrain.errors import ConfigError
-from fstrain.model import TABLE_NAME, Config, SequentialRecommender
+from fstrain.models.config import TABLE_NAME, Config
+from fstrain.models.recommender import SequentialRecommender
+from fstrain.distributed.env import DistEnv
+from fstrain.distributed.optim import OptimConfig, sparse_optimizer
 
 logger = logging.getLogger(__name__)
-
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
-
-
-def sparse_optimizer(optim: "OptimConfig", device: torch.device | None = None
-                     ) -> tuple[type[torch.optim.Optimizer], dict]:
-    """The fused in-backward optimizer of the embedding table: ``(class, kwargs)``.
-
-    Args:
-        optim: the settings.
-        device: where the table lives (``adam`` needs CUDA); None: not checked.
-
-    Raises:
-        ConfigError: ``optim.sparse_optimizer`` is not one of :data:`SPARSE_OPTIMIZERS`, or ``adam``
-            on a CPU table.
-    """
-    if optim.sparse_optimizer not in SPARSE_OPTIMIZERS:
-        raise ConfigError(f"unknown sparse optimizer {optim.sparse_optimizer!r}; use {', '.join(SPARSE_OPTIMIZERS)}")
-    if optim.sparse_optimizer == "rowwise_adagrad":
-        return RowWiseAdagrad, {"lr": optim.sparse_lr}
-    if optim.sparse_optimizer == "adagrad":
-        return torch.optim.Adagrad, {"lr": optim.sparse_lr, "eps": 1e-8}
-    if optim.sparse_optimizer == "adam":
-        if device is not None and device.type != "cuda":
-            raise ConfigError("--sparse-optimizer adam runs only on CUDA (fbgemm's CPU table-batched embeddings have "
-                              "no Adam); use rowwise_adagrad or adagrad on CPU")
-        from torchrec.optim.optimizers import Adam  # noqa: PLC0415 (fbgemm's fused Adam, by torchrec's placeholder)
-
-        return Adam, {"lr": optim.sparse_lr, "beta1": optim.betas[0], "beta2": optim.betas[1], "eps": 1e-8,
-                      "weight_decay": 0.0}
-    return torch.optim.SGD, {"lr": optim.sparse_lr}
-
-
-BACKENDS = BACKEND_CHOICES  # the one table: fstrain.backends
-
-
-def planned_device(backend: str) -> torch.device:
-    """The device :func:`init_distributed` will pick for ``backend`` (without initialising anything).
-
-    Raises:
-        ConfigError: unknown backend.
-    """
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(BACKEND_DEVICES[backend])
-
-
-@dataclass(frozen=True, slots=True)
-class DistEnv:
-    """This process's place in the job.
-
-    Attributes:
-        rank: global rank.
-        world_size: number of processes.
-        local_rank: rank inside the node (selects the CUDA device).
-        device: ``cuda:<local_rank>`` with ``nccl`` / ``cuda-ce``, else ``cpu``.
-        backend: ``nccl``, ``gloo``, ``shm`` or ``cuda-ce``.
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-    backend: str
-
-
-def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistEnv:
-    """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
-
-    Args:
-        backend: a name of :data:`fstrain.backends.BACKEND_CHOICES`: ``auto`` (NCCL when CUDA is
-            available, else gloo), ``nccl``, ``gloo``, ``shm`` (CPU: the shared-memory
-            all-to-all of :mod:`fstrain.comm`, registered as a torch.distributed backend, so
-            torchrec's all-to-alls use it unchanged) or ``cuda-ce`` (GPU: the all-to-all on copy
-            engines, every other collective on NCCL; :class:`fstrain.comm.CopyEngineProcessGroup`).
-            On several nodes ``shm`` / ``cuda-ce`` are hierarchical by themselves (shm / copy
-            engines inside a node, gloo / NCCL across; :mod:`fstrain.comm.hierarchical`).
-        timeout_seconds: collective timeout (process group, and the shm transport's own).
-
-    Returns:
-        The :class:`DistEnv`.
-
-    Raises:
-        ConfigError: ``nccl`` / ``cuda-ce`` requested without CUDA, or an unknown backend.
-    """
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-    cuda = torch.cuda.is_available()
-    if backend in ("nccl", "cuda-ce") and not cuda:
-        raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
-    backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
-    pg_backend = backend
-    if backend == "shm":
-        from fstrain.comm import CommConfig, register_torch_backends
-        from fstrain.comm.shm import ShmBackend
-
-        pg_backend = register_torch_backends(CommConfig(backend="shm",
-                                                        shm=ShmBackend.Config(timeout_seconds=timeout_seconds)))
-    elif backend == "cuda-ce":
-        from fstrain.comm import CommConfig, register_torch_backends
-
-        pg_backend = register_torch_backends(CommConfig(backend="cuda-ce"))  # "fs_cuda_ce"
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if BACKEND_DEVICES[backend] == "cuda":
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_seconds)
-        store = None
-        if "MASTER_ADDR" not in os.environ and world == 1:  # plain `fstrain train` without torchrun
-            # bind the store to a port the OS picks (port 0) instead of probing a free port and
-            # binding it later: another process could take it in between (EADDRINUSE)
-            # (one process: no peer, so no watchdog connects to it and nothing goes into the environment)
-            store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timeout,
-                                  wait_for_workers=False)
-        dist.init_process_group(backend=pg_backend, rank=rank, world_size=world, timeout=timeout, store=store,
-                                device_id=device if backend == "nccl" else None)
-    return DistEnv(rank, world, local, device, backend)
-
 
 def _sum_allreduce_hook(process_group, bucket):  # unannotated: DDP checks annotations at runtime
     """DDP comm hook: all-reduce SUM of a ``dist.GradBucket``, no division by world size."""
@@ -177,28 +49,6 @@ class SumDataParallelWrapper(DefaultDataParallelWrapper):
         ddp = dmp._dmp_wrapped_module
         if isinstance(ddp, nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(env.process_group, _sum_allreduce_hook)
-
-
-@dataclass(kw_only=True, slots=True)
-class OptimConfig:
-    """Optimizers: dense AdamW (data-parallel), sparse fused in backward (fbgemm TBE).
-
-    Dense defaults are generative-recommenders' ML-1M recipe (AdamW, lr 1e-3, betas (0.9, 0.98),
-    no weight decay); the item table uses a fused optimizer because torchrec updates it inside the
-    backward (Adam there only on CUDA).
-    """
-
-    dense_lr: float = 1e-3
-    """AdamW learning rate of the dense tower."""
-    betas: tuple[float, float] = (0.9, 0.98)
-    """AdamW betas (also the table's with ``sparse_optimizer="adam"``)."""
-    weight_decay: float = 0.0
-    """AdamW (decoupled) weight decay of the dense tower."""
-    sparse_lr: float = 0.05
-    """Learning rate of the item table's fused optimizer."""
-    sparse_optimizer: str = "rowwise_adagrad"
-    """``rowwise_adagrad``, ``adagrad``, ``sgd`` or ``adam`` (CUDA only), applied inside the backward
-    by fbgemm's table-batched embeddings."""
 
 
 def build_sharded_model(config: Config, optim: OptimConfig, env: DistEnv

@@ -11,7 +11,7 @@ rank stopped. :class:`CollectiveWatchdog` adds, on every backend:
 * progress marks: the training loop calls :meth:`CollectiveWatchdog.step` once per step; when
   no mark came for ``timeout_seconds`` the watchdog thread names the collective the main thread
   is blocked in (read from its Python stack: the innermost ``torch.distributed`` /
-  ``fstrain.comm`` / torchrec ``comm_ops`` frame), finds the ranks whose heartbeat stopped, prints
+  ``fstrain.distributed.comm`` / torchrec ``comm_ops`` frame), finds the ranks whose heartbeat stopped, prints
   one line and ends the process (``os._exit``: a thread blocked inside a collective cannot be
   interrupted, and the interpreter's shutdown would wait for it).
 * :meth:`CollectiveWatchdog.diagnose` turns an exception raised by a collective (a peer's
@@ -49,7 +49,7 @@ _HB_PREFIX = "fstrain/heartbeat/"
 
 # (file fragment, label): frames that name the collective a thread is blocked in, innermost first
 _COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/_functional_collectives.py",
-                     "torchrec/distributed/comm_ops.py", "torchrec/distributed/dist_data.py", "fstrain/comm/",
+                     "torchrec/distributed/comm_ops.py", "torchrec/distributed/dist_data.py", "fstrain/distributed/comm/",
                      "torch/distributed/c10d_logger.py")
 _SKIP_FUNCS = {"wrapper", "_wrapper", "__call__", "wait", "_check_single_tensor", "_check_tensor_list"}
 
@@ -66,7 +66,7 @@ def collective_in_frames(frames: list[tuple[str, str]]) -> str | None:
 
     Returns:
         The function name of the innermost frame from ``torch.distributed``, torchrec's comm ops
-        or :mod:`fstrain.comm` (decorator wrappers skipped), e.g. ``all_reduce``,
+        or :mod:`fstrain.distributed.comm` (decorator wrappers skipped), e.g. ``all_reduce``,
         ``all_to_all_single``, ``alltoall_pooled``, ``all_to_all_v``.
     """
     hits = [func for filename, func in frames
@@ -215,7 +215,7 @@ class CollectiveWatchdog:
         ``None`` means the error is this rank's own (not raised inside a collective, every peer
         alive): the caller re-raises it unchanged.
         """
-        from fstrain.comm.base import CommError
+        from fstrain.distributed.comm.base import CommError
 
         self._diagnosing = True  # the watchdog thread must not read this thread's stack meanwhile
         in_collective = isinstance(error, CommError) or collective_in_frames(

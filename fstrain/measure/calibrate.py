@@ -1,6 +1,6 @@
 """Calibrate the per-sample cost model ``c0 + c1*L + c2*L^2`` on the current device.
 
-Times forward + backward of the model (:func:`fstrain.replay.time_forward_backward`) over a grid
+Times forward + backward of the model (:func:`fstrain.measure.replay.time_forward_backward`) over a grid
 of batches: homogeneous ones (``n`` samples of length ``L``) and mixed ones (lengths drawn from the
 grid), and fits the batch time
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fstrain.data import make_batch
+from fstrain.data.batch import make_batch
 from fstrain.errors import ConfigError
-from fstrain.model import attach_negatives
-from fstrain.replay import make_replay_model, resolve_clock, time_forward_backward
+from fstrain.models.negatives import attach_negatives
+from fstrain.measure.replay import make_replay_model, resolve_clock, time_forward_backward
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def shard_batches(shards: str, max_steps: int) -> list[np.ndarray]:
     Returns:
         list of ``[B]`` int64 length arrays.
     """
-    from fstrain.data import ShardReader, load_manifest
+    from fstrain.data.manifest import load_manifest
+    from fstrain.data.reader import ShardReader
 
     m = load_manifest(shards)
     out = []
@@ -141,7 +142,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
     """Time the grid on ``device`` and fit the cost model.
 
     Args:
-        model: :class:`fstrain.model.Config` keyword arguments (the model you will train).
+        model: :class:`fstrain.models.config.Config` keyword arguments (the model you will train).
         num_items: item table rows (timing barely depends on it).
         lengths: history lengths of the grid (each <= ``max_seq_len``).
         batch_sizes: samples per batch of the grid.
@@ -152,7 +153,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
         seed: lengths of the mixed batches, ids, init.
         device: ``cpu`` or ``cuda[:i]``.
         num_threads: torch CPU threads (match what replay / training uses).
-        clock: ``auto``, ``thread`` or ``wall`` (:func:`fstrain.replay.resolve_clock`).
+        clock: ``auto``, ``thread`` or ``wall`` (:func:`fstrain.measure.replay.resolve_clock`).
         name: recorded as the cost model's name.
         progress: called as ``progress(done, total)`` after each timed batch (``total`` = repeats x
             grid batches), e.g. to move a progress bar; ``None``: nothing.

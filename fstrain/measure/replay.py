@@ -29,9 +29,13 @@ from torch.autograd.profiler import record_function
 
 from fsdata.balancer.bubble import run_bubble, step_bubbles
 from fsdata.errors import FsdataError
-from fstrain.data import Batch, ShardReader, infer_num_items, load_manifest
+from fstrain.data.batch import Batch
+from fstrain.data.manifest import infer_num_items, load_manifest
+from fstrain.data.reader import ShardReader
 from fstrain.errors import ConfigError, ShardError
-from fstrain.model import Config, SequentialRecommender, attach_negatives
+from fstrain.models.config import Config
+from fstrain.models.negatives import attach_negatives
+from fstrain.models.recommender import SequentialRecommender
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ def time_forward_backward(model: SequentialRecommender, batch: Batch, *, repeats
 
     Args:
         model: an unsharded model on ``device``.
-        batch: a batch with negatives (:func:`fstrain.model.with_negatives`) on ``device``.
+        batch: a batch with negatives (:func:`fstrain.models.negatives.with_negatives`) on ``device``.
         repeats: timed runs (>= 1).
         device: for synchronisation.
         clock: from :func:`resolve_clock`.
@@ -133,7 +137,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
         max_steps: replay the first K steps (``None``: all).
         warmup: untimed forward + backward runs (of the first batches) before timing.
         repeats: timed runs per (step, rank); the median is kept.
-        model: :class:`fstrain.model.Config` keyword arguments (``num_items`` inferred if absent).
+        model: :class:`fstrain.models.config.Config` keyword arguments (``num_items`` inferred if absent).
         seed: parameter init and negatives.
         device: ``cpu`` or ``cuda[:i]``.
         num_threads: torch CPU threads (1 keeps timings steady on shared machines; ``None``: as is).
@@ -165,7 +169,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     m = load_manifest(shards)
     S = m.num_steps if max_steps is None else min(max_steps, m.num_steps)
     dev = torch.device(device)
-    from fstrain.train import objective_for  # noqa: PLC0415
+    from fstrain.models.config import objective_for  # noqa: PLC0415
 
     mdl = make_replay_model(infer_num_items(m), {"objective": objective_for(m), **(model or {})}, seed, dev)
     readers = [ShardReader(shards, r, None, max_steps=S, num_prefetch_batches=0) for r in range(m.num_ranks)]

@@ -6,7 +6,7 @@ Adds, from ``fstrain train --metrics-dir RUN`` on the same shards (``RUN/step_ti
   heat maps) and the straggler wait per step and rank (ms) as heat maps;
 * the measured bubble per step (``1 - mean / max`` of ``compute_seconds``) beside the predicted
   one of the same steps;
-* the loss curve: the global mean per-sample loss per step (:func:`fstrain.metrics.step_losses`).
+* the loss curve: the global mean per-sample loss per step (:func:`fstrain.components.metrics.step_losses`).
 
 The metrics must come from the same shards: same world size, steps within the shards' steps.
 """
@@ -22,7 +22,7 @@ import numpy as np
 from fsdata.balancer import bubble
 from fsdata.report import Figure, pyplot, figure_png, load_output, output_figures, output_rows, write_page
 from fstrain.errors import ConfigError
-from fstrain.metrics import read_step_times, step_losses, timing_matrix
+from fstrain.components.metrics import read_step_times, step_losses, timing_matrix
 
 
 def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> bytes:

@@ -1,4 +1,4 @@
-"""The HSTU layer on jagged, length-sorted sequences: a drop-in for :class:`fstrain.model.Block`.
+"""The HSTU layer on jagged, length-sorted sequences: a drop-in for :class:`fstrain.models.sasrec.Block`.
 
 HSTU (Hierarchical Sequential Transduction Unit) is the layer of Zhai et al., ICML 2024,
 "Actions Speak Louder than Words: Trillion-Parameter Sequential Transducers for Generative
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fstrain.dropout import KeyedDropout
+from fstrain.models.dropout import KeyedDropout
 from fstrain.errors import ConfigError
-from fstrain.jagged import per_bucket
+from fstrain.models.jagged import per_bucket
 
 LAYER_NORM_EPS = 1e-6
 
@@ -128,13 +128,13 @@ class HSTUBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, offsets_list: list[int],
                 buckets: list[tuple[int, int, int]], lengths_list: list[int]) -> torch.Tensor:
-        """The layer on every sequence (arguments as :meth:`fstrain.model.Block.forward`).
+        """The layer on every sequence (arguments as :meth:`fstrain.models.sasrec.Block.forward`).
 
         Args:
             x: ``[T x d]`` float, jagged values of length-sorted sequences.
             offsets: ``[B+1]`` int64 on ``x``'s device.
             offsets_list: the same offsets as python ints.
-            buckets: ``(first sample, end sample, Lb)`` from :func:`fstrain.model.length_buckets`.
+            buckets: ``(first sample, end sample, Lb)`` from :func:`fstrain.models.sasrec.length_buckets`.
             lengths_list: ascending lengths as python ints.
 
         Returns:

@@ -1,8 +1,8 @@
 """Running a per-sequence op on jagged, length-sorted sequences: padded per length bucket.
 
-The one loop both attention kinds use (:class:`fstrain.model.JaggedCausalAttention`,
-:class:`fstrain.hstu.HSTUBlock`): sequences are padded only inside a length bucket
-(:func:`fstrain.model.length_buckets`) with fbgemm's ``jagged_to_padded_dense`` /
+The one loop both attention kinds use (:class:`fstrain.models.sasrec.JaggedCausalAttention`,
+:class:`fstrain.models.hstu.HSTUBlock`): sequences are padded only inside a length bucket
+(:func:`fstrain.models.sasrec.length_buckets`) with fbgemm's ``jagged_to_padded_dense`` /
 ``dense_to_jagged``, or, for tests, one sequence at a time without padding.
 """
 

@@ -2,7 +2,7 @@
 
 Structure (what torchrec's pipelines expect): :class:`SequentialRecommender` owns an
 ``EmbeddingCollection`` ``ec`` (one item table, looked up for the history, the target and the
-shared negatives; sharded row-wise by :mod:`fstrain.dist`) called on ``batch.features`` (a KJT),
+shared negatives; sharded row-wise by :mod:`fstrain.distributed.sharding`) called on ``batch.features`` (a KJT),
 and a purely data-parallel :class:`DenseTower` ``dense``. ``forward(batch)`` returns
 ``(loss, (loss_sum, num_supervised))`` like torchrec's examples, so ``TrainPipelineSparseDist``
 can drive it; ``dense`` is also callable on its own (:func:`fstrain.train.measured_step` splits
@@ -15,7 +15,7 @@ Models (``Config.model``), both on the jagged values ``[T x d]`` (no padding out
   as generative-recommenders' ``LearnablePositionalEmbeddingInputFeaturesPreprocessor``).
   Attention pads only inside power-of-two-like length buckets (like block padding in real jagged
   kernels), using ``torch.ops.fbgemm.jagged_to_padded_dense`` / ``dense_to_jagged``.
-* ``hstu``: ``num_layers`` HSTU layers (Zhai et al., ICML 2024, :mod:`fstrain.hstu`): pointwise
+* ``hstu``: ``num_layers`` HSTU layers (Zhai et al., ICML 2024, :mod:`fstrain.models.hstu`): pointwise
   SiLU attention normalised by the sequence length bound, U gating, relative position bias, no
   feed-forward; same input embedding.
 
@@ -37,7 +37,7 @@ samples between ranks inside a step) would change training. The loss is ``sum of
 losses / the step's global count of supervised positions`` (``global_num_tokens`` for
 ``all-positions``, ``global_num_samples`` for ``last-position``); with gradients summed over ranks
 (not averaged) this equals one rank training on the whole global batch; dropout masks are keyed
-by ``(seed, step, sample_id, position)`` (:mod:`fstrain.dropout`), so that holds with dropout too.
+by ``(seed, step, sample_id, position)`` (:mod:`fstrain.models.dropout`), so that holds with dropout too.
 
 Notation: ``B`` samples in the rank's batch, ``T`` history items (sum of lengths), ``P``
 supervised positions (``T`` or ``B``), ``d`` embedding dim, ``H`` heads, ``K`` negatives (``N``,
@@ -57,154 +57,11 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
-from fstrain.dropout import DropoutKeys, KeyedDropout, mix64, token_keys
+from fstrain.data.batch import HISTORY_KEY, TARGET_KEY, Batch
+from fstrain.models.dropout import DropoutKeys, KeyedDropout, token_keys
 from fstrain.errors import ConfigError
-from fstrain.jagged import per_bucket
-
-NEGATIVE_KEY = "negative_item_ids"
-TABLE_NAME = "item_table"
-
-
-#: ``Config.model`` names: the transformer families fstrain trains.
-MODELS = ("sasrec", "hstu")
-#: ``Config.objective`` names; ``fstrain train`` picks one from the manifest's sample kind.
-OBJECTIVES = ("all-positions", "last-position")
-#: ``Config.negatives``: who shares the sampled negatives.
-NEGATIVE_MODES = ("step", "sample")
-#: The objective the field trains each ``fsdata convert --samples`` kind with.
-OBJECTIVE_FOR_SAMPLES = {"per-user": "all-positions", "per-event": "last-position"}
-
-
-@dataclass(kw_only=True, slots=True)
-class Config:
-    """Size, family and loss of the model.
-
-    Defaults follow generative-recommenders' ML-1M recipe
-    (``configs/ml-1m/sasrec-sampled-softmax-n128-final.gin``): dropout 0.2, 128 sampled
-    negatives, temperature 0.05, L2-normalised embeddings; the size (d 64, 2 blocks, 2 heads) is
-    fstrain's.
-    """
-
-    num_items: int
-    """Rows of the item table (max item id + 1)."""
-    model: str = "sasrec"
-    """``sasrec`` (causal softmax attention + feed-forward) or ``hstu`` (:mod:`fstrain.hstu`)."""
-    objective: str = "all-positions"
-    """``all-positions`` (next item at every history position) or ``last-position``."""
-    embedding_dim: int = 64
-    """d: item embedding and model width."""
-    num_layers: int = 2
-    """Transformer (or HSTU) blocks."""
-    num_heads: int = 2
-    """Attention heads (``embedding_dim`` must be divisible by it for ``sasrec``)."""
-    ffn_multiplier: int = 2
-    """``sasrec``: feed-forward hidden width = ``ffn_multiplier * embedding_dim``."""
-    attention_dim: int | None = None
-    """``hstu``: per-head query/key width (``None``: ``embedding_dim // num_heads``)."""
-    linear_dim: int | None = None
-    """``hstu``: per-head value/gate width (``None``: ``embedding_dim // num_heads``)."""
-    max_seq_len: int = 512
-    """Longest history (rows of the position table); longer histories are an error."""
-    dropout: float = 0.2
-    """Dropout rate on the input embeddings, attention and block outputs (0: none)."""
-    num_negatives: int = 128
-    """K: sampled-softmax negatives (per step or per sample, ``negatives``); 0: full softmax over the catalogue."""
-    negatives: str = "step"
-    """``step``: K negatives shared by every sample of a step, drawn from ``(seed, step)``;
-    ``sample``: K negatives per sample, drawn from ``(seed, step, sample_id)`` (B times more
-    distinct negatives per step, still independent of the rank a sample lands on)."""
-    temperature: float = 0.05
-    """Logits are similarities divided by this (generative-recommenders: 0.05 with L2 norm)."""
-    l2_normalize: bool = True
-    """L2-normalise user outputs and item embeddings before the dot product (cosine similarity)."""
-    attention: str = "bucketed"
-    """``bucketed`` (fbgemm jagged<->padded per length bucket) or ``reference`` (one call per
-    sample; for tests)."""
-    bucket_ratio: float = 1.25
-    """A length bucket holds lengths in ``[Lmin, Lmin * bucket_ratio]`` and is padded to its max:
-    attention padding waste is at most ``bucket_ratio^2 - 1``, keeping a batch's cost close to the
-    sum of its samples' costs (what the balancer assumes). Larger: fewer, bigger kernel calls."""
-
-    def __post_init__(self) -> None:
-        if self.num_items < 2:
-            raise ConfigError(f"num_items must be >= 2, got {self.num_items}")
-        if self.model not in MODELS:
-            raise ConfigError(f"unknown model {self.model!r}; use one of {', '.join(MODELS)}")
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"unknown objective {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
-        if self.embedding_dim % 4:
-            up = -(-self.embedding_dim // 4) * 4
-            raise ConfigError(f"embedding_dim must be a multiple of 4 (fbgemm's table-batched embeddings store rows "
-                              f"in 4-float units), got {self.embedding_dim}; use {up}")
-        if self.model == "sasrec" and self.embedding_dim % self.num_heads:
-            raise ConfigError(f"embedding_dim {self.embedding_dim} is not divisible by num_heads {self.num_heads}")
-        if self.attention not in ("bucketed", "reference"):
-            raise ConfigError(f"attention must be 'bucketed' or 'reference', got {self.attention!r}")
-        if self.bucket_ratio < 1.0:
-            raise ConfigError(f"bucket_ratio must be >= 1.0, got {self.bucket_ratio}")
-        if min(self.num_layers, self.ffn_multiplier, self.max_seq_len, self.num_heads) < 1:
-            raise ConfigError("num_layers, ffn_multiplier, max_seq_len and num_heads must be >= 1")
-        if self.negatives not in NEGATIVE_MODES:
-            raise ConfigError(f"unknown negatives mode {self.negatives!r}; use one of {', '.join(NEGATIVE_MODES)}")
-        if self.num_negatives < 0:
-            raise ConfigError(f"num_negatives must be >= 0 (0: full softmax), got {self.num_negatives}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
-
-    @property
-    def head_dims(self) -> tuple[int, int]:
-        """``hstu``: ``(attention_dim, linear_dim)`` per head, defaults resolved."""
-        d = self.embedding_dim // self.num_heads
-        return self.attention_dim or d, self.linear_dim or d
-
-
-def with_negatives(batch: Batch, num_items: int, num_negatives: int, seed: int, *, per_sample: bool = False) -> Batch:
-    """Append the step's negatives to ``batch.features`` as key ``negative_item_ids``.
-
-    Shared (default): the ids depend only on ``(seed, batch.step)``: every rank of a step draws the
-    same ones, whatever the assignment of samples to ranks; they are carried by the first sample
-    (lengths ``[K, 0, ..., 0]``) so the KJT keeps one stride. Per sample: sample ``s`` gets K ids
-    hashed from ``(seed, step, sample_id)`` (:func:`fstrain.dropout.mix64`), lengths ``[K] * B``.
-
-    Args:
-        batch: a CPU batch from :class:`fstrain.data.ShardReader`.
-        num_items: ids are drawn uniformly from ``[0, num_items)``.
-        num_negatives: K; 0: every id ``0..num_items-1`` once, shared (the full softmax).
-        seed: run seed.
-        per_sample: draw K ids per sample instead of K per step.
-
-    Returns:
-        A new :class:`Batch` whose KJT has keys ``item_ids, target_item_id, negative_item_ids``.
-    """
-    kjt = batch.features
-    B = batch.num_samples
-    neg_lengths = torch.zeros(B, dtype=kjt.lengths().dtype)
-    if num_negatives == 0:
-        neg = torch.arange(num_items, dtype=torch.int64)
-        neg_lengths[0] = num_items
-    elif per_sample:
-        keys = token_keys(seed, batch.step, batch.sample_ids, torch.zeros(B, dtype=torch.int64))
-        cols = torch.arange(num_negatives, dtype=torch.int64) * 0x9E3779B1
-        neg = torch.remainder(mix64(keys[:, None] + cols[None, :]), num_items).reshape(-1)
-        neg_lengths[:] = num_negatives
-    else:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + batch.step)
-        neg = torch.randint(0, num_items, (num_negatives,), generator=g, dtype=torch.int64)
-        neg_lengths[0] = num_negatives
-    features = KeyedJaggedTensor.from_lengths_sync(
-        keys=kjt.keys() + [NEGATIVE_KEY], values=torch.cat([kjt.values(), neg]),
-        lengths=torch.cat([kjt.lengths(), neg_lengths]), stride=B)
-    return Batch(features, batch.target_ids, batch.sample_ids, batch.step, B, batch.global_num_samples,
-                 batch.global_num_tokens)
-
-
-def attach_negatives(batch: Batch, config: "Config", seed: int) -> Batch:
-    """:func:`with_negatives` with the model's settings (``num_negatives``, ``negatives``)."""
-    return with_negatives(batch, config.num_items, config.num_negatives, seed,
-                          per_sample=config.negatives == "sample" and config.num_negatives > 0)
+from fstrain.models.config import NEGATIVE_KEY, TABLE_NAME, Config
+from fstrain.models.sasrec import Block, length_buckets
 
 
 def make_embedding_collection(config: Config, device: torch.device | None = None) -> EmbeddingCollection:
@@ -214,89 +71,10 @@ def make_embedding_collection(config: Config, device: torch.device | None = None
     return EmbeddingCollection(tables=[table], device=device)
 
 
-def length_buckets(lengths: list[int], ratio: float = 1.25) -> list[tuple[int, int, int]]:
-    """Contiguous buckets of length-sorted samples, each within a factor ``ratio`` of its shortest.
-
-    Args:
-        lengths: ascending history lengths (python ints).
-        ratio: a bucket starting at length ``a`` takes lengths up to ``max(a * ratio, a + 8)``
-            (short sequences share a bucket: a kernel call costs more than their padding).
-
-    Returns:
-        ``(first sample, end sample, padded length Lb)`` per bucket; ``Lb`` is the bucket's max.
-    """
-    out: list[tuple[int, int, int]] = []
-    start = 0
-    for i in range(1, len(lengths) + 1):
-        if i == len(lengths) or lengths[i] > max(lengths[start] * ratio, lengths[start] + 8):
-            out.append((start, i, lengths[i - 1]))
-            start = i
-    return out
-
-
-class JaggedCausalAttention(nn.Module):
-    """Multi-head causal self-attention on jagged, length-sorted sequences."""
-
-    def __init__(self, config: Config) -> None:
-        super().__init__()
-        d = config.embedding_dim
-        self.num_heads = config.num_heads
-        self.qkv = nn.Linear(d, 3 * d, bias=False)  # a key bias has zero gradient (softmax shift)
-        self.out = nn.Linear(d, d)
-        self.dropout = config.dropout
-        self.reference = config.attention == "reference"
-
-    def _sdpa(self, qkv: torch.Tensor) -> torch.Tensor:
-        # qkv: [n x Lb x 3d] -> [n x Lb x d]
-        n, L, three_d = qkv.shape
-        H = self.num_heads
-        q, k, v = qkv.view(n, L, 3, H, three_d // (3 * H)).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=0.0)
-        return o.transpose(1, 2).reshape(n, L, three_d // 3)
-
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, offsets_list: list[int],
-                buckets: list[tuple[int, int, int]], lengths_list: list[int]) -> torch.Tensor:
-        """Causal attention of every sequence over itself.
-
-        Args:
-            x: ``[T x d]`` float, jagged values of length-sorted sequences.
-            offsets: ``[B+1]`` int64 on ``x``'s device.
-            offsets_list: the same offsets as python ints (slicing without device syncs).
-            buckets: from :func:`length_buckets`.
-            lengths_list: sorted lengths as python ints.
-
-        Returns:
-            ``[T x d]``.
-        """
-        return self.out(per_bucket(self._sdpa, self.qkv(x), offsets, offsets_list, buckets, lengths_list,
-                                   reference=self.reference))
-
-
-class Block(nn.Module):
-    """SASRec block: pre-LayerNorm causal attention and feed-forward, dropout on both outputs."""
-
-    def __init__(self, config: Config) -> None:
-        super().__init__()
-        d = config.embedding_dim
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = JaggedCausalAttention(config)
-        self.ln2 = nn.LayerNorm(d)
-        self.ffn = nn.Sequential(nn.Linear(d, config.ffn_multiplier * d), nn.GELU(),
-                                 nn.Linear(config.ffn_multiplier * d, d))
-        self.drop_attn = KeyedDropout(config.dropout, site=0)  # sites set per layer by the tower
-        self.drop_ffn = KeyedDropout(config.dropout, site=0)
-
-    def forward(self, x, offsets, offsets_list, buckets, lengths_list):
-        """``x`` ``[T x d]`` -> ``[T x d]`` (arguments as :meth:`JaggedCausalAttention.forward`)."""
-        x = x + self.drop_attn(self.attn(self.ln1(x), offsets, offsets_list, buckets, lengths_list))
-        return x + self.drop_ffn(self.ffn(self.ln2(x)))
-
-
 def _make_block(config: Config) -> nn.Module:
     if config.model == "sasrec":
         return Block(config)
-    from fstrain.hstu import HSTUBlock  # noqa: PLC0415
+    from fstrain.models.hstu import HSTUBlock  # noqa: PLC0415
 
     dqk, dv = config.head_dims
     return HSTUBlock(embedding_dim=config.embedding_dim, num_heads=config.num_heads, attention_dim=dqk,
@@ -382,7 +160,7 @@ class DenseTower(nn.Module):
             hist: ``[T x d]`` float: history embeddings, jagged in input order.
             lay: from :meth:`layout`.
             sample_ids: ``[B]`` int64 global sample ids (input order) and ``step``: key the dropout
-                masks (:mod:`fstrain.dropout`) so a sample's masks do not depend on its rank;
+                masks (:mod:`fstrain.models.dropout`) so a sample's masks do not depend on its rank;
                 None: ``torch.nn.functional.dropout``.
             step: the global step (with ``sample_ids``).
 
@@ -421,7 +199,7 @@ class DenseTower(nn.Module):
         return out.index_select(0, lay.offsets[1:] - 1), lay.perm
 
     def user_vectors(self, hist: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """:meth:`encode` in input order: ``[B x d]`` float (evaluation, :mod:`fstrain.evaluate`)."""
+        """:meth:`encode` in input order: ``[B x d]`` float (evaluation, :mod:`fstrain.components.evaluator`)."""
         user, perm = self.encode(hist, lengths)
         return torch.empty_like(user).index_copy_(0, perm, user)
 

@@ -1,6 +1,6 @@
 """Training pipelines: one interface, one verb (``progress``), four schedules selectable by name.
 
-Every pipeline trains the same sharded model (:func:`fstrain.dist.build_sharded_model`) on the
+Every pipeline trains the same sharded model (:func:`fstrain.distributed.sharding.build_sharded_model`) on the
 same batches and must end with the same parameters as the plain, non-pipelined step (proved by
 ``tests/fstrain/test_pipeline.py``); they differ only in *when* the embedding communication runs:
 
@@ -97,15 +97,15 @@ def model_builder(name: str) -> Callable:
     """The sharded-model builder pipeline ``name`` needs (a name from :func:`resolve_pipeline_name`).
 
     Returns:
-        :func:`fstrain.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
+        :func:`fstrain.distributed.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
         ``PECEmbeddingCollection``, which ``TrainPipelinePEC`` requires), else
-        :func:`fstrain.dist.build_sharded_model`; both take ``(config, optim, env)``.
+        :func:`fstrain.distributed.sharding.build_sharded_model`; both take ``(config, optim, env)``.
     """
     if name == "pec":
-        from fstrain.pec import build_pec_sharded_model
+        from fstrain.distributed.pec import build_pec_sharded_model
 
         return build_pec_sharded_model
-    from fstrain.dist import build_sharded_model
+    from fstrain.distributed.sharding import build_sharded_model
 
     return build_sharded_model
 

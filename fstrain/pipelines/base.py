@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.batch import Batch
+from fstrain.data.batch import Batch
 from fstrain.errors import ConfigError
-from fstrain.metrics import StepTiming
+from fstrain.components.metrics import StepTiming
 from fstrain.pipelines.timing import ComputeTimer, TimedOptimizer
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class TrainPipeline(abc.ABC):
     """One training step per call of :meth:`progress`; subclasses choose the schedule.
 
     Args:
-        dmp: the sharded model from :func:`fstrain.dist.build_sharded_model`.
+        dmp: the sharded model from :func:`fstrain.distributed.sharding.build_sharded_model`.
         optimizer: its optimizer (fused sparse + dense Adam).
         device: where the model runs.
         measure_straggler_wait: time the wait for the slowest rank apart (a one-element
@@ -178,8 +178,8 @@ class TrainPipeline(abc.ABC):
         or are moved there by the pipeline).
 
         Args:
-            dataloader_iter: yields :class:`fstrain.data.Batch` (with
-                :func:`fstrain.model.with_negatives` applied); every rank yields the same number.
+            dataloader_iter: yields :class:`fstrain.data.batch.Batch` (with
+                :func:`fstrain.models.negatives.with_negatives` applied); every rank yields the same number.
 
         Returns:
             :class:`StepOutput` of the batch trained in this call (pipelines that read ahead
@@ -244,7 +244,7 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int,
     Yields:
         ``(step, loss_sum, num_samples, num_tokens, timing)``: ``Batch.step`` of the trained batch,
         its detached loss sum (tensor), sample and history-item counts, and a
-        :class:`fstrain.metrics.StepTiming` with ``compute_seconds`` (dense forward + backward
+        :class:`fstrain.components.metrics.StepTiming` with ``compute_seconds`` (dense forward + backward
         + optimizer), ``wait_seconds`` (straggler wait), ``sync_seconds`` (exposed
         communication) and ``sparse_forward_seconds`` 0 (inside the exposed communication).
     """

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fstrain.metrics import StepTiming, read_step_times, step_losses, summarize, write_step_times
-from fstrain.steplog import StepLog
+from fstrain.components.metrics import StepTiming, read_step_times, step_losses, summarize, write_step_times
+from fstrain.components.steplog import StepLog
 from tests.fstrain.multiproc import run_ranks
 from tests.fstrain.shards import write_shards
 
@@ -93,7 +93,7 @@ def test_train_two_ranks_writes_tensorboard_and_loss(tmp_path, pipeline):
 
 
 def test_steplog_copies_pending_losses_in_bounded_chunks(tmp_path, monkeypatch):
-    import fstrain.steplog as sl
+    import fstrain.components.steplog as sl
 
     monkeypatch.setattr(sl, "MAX_PENDING_STEPS", 2)
     log = StepLog(0, 1, str(tmp_path / "tb"))

@@ -21,28 +21,15 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from fstrain.backends import BACKEND_NAMES as _BACKEND_NAMES
-from fstrain.comm.base import (
-    BackendUnavailableError,
-    CommBackend,
-    CommError,
-    ConcurrentCollectiveError,
-    PeerExitedError,
-    PeerTimeoutError,
-    SplitMismatchError,
-)
-from fstrain.comm.cuda_ce import CopyEngineBackend
-from fstrain.comm.gloo import TorchDistBackend
-from fstrain.comm.hierarchical import NODE_ID_ENV, HierarchicalAllToAll, NodeLayout, node_key
-from fstrain.comm.process_group import (
-    CUDA_CE_BACKEND_NAME,
-    SHM_BACKEND_NAME,
-    CopyEngineProcessGroup,
-    ShmProcessGroup,
-    register_cuda_ce_backend,
-    register_shm_backend,
-)
-from fstrain.comm.shm import ShmBackend
+from fstrain.distributed.backends import BACKEND_NAMES as _BACKEND_NAMES
+from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
+                                           PeerExitedError, PeerTimeoutError, SplitMismatchError)
+from fstrain.distributed.comm.cuda_ce import CopyEngineBackend
+from fstrain.distributed.comm.gloo import TorchDistBackend
+from fstrain.distributed.comm.hierarchical import NODE_ID_ENV, HierarchicalAllToAll, NodeLayout, node_key
+from fstrain.distributed.comm.process_group import (CUDA_CE_BACKEND_NAME, SHM_BACKEND_NAME, CopyEngineProcessGroup,
+                                                    ShmProcessGroup, register_cuda_ce_backend, register_shm_backend)
+from fstrain.distributed.comm.shm import ShmBackend
 
 __all__ = [
     "BACKEND_NAMES",
@@ -71,7 +58,7 @@ __all__ = [
 # store prefix is unique per transport and agreed without communication.
 _shm_instances: dict[str, itertools.count] = {}
 
-#: config names accepted by `CommConfig.backend` (the one table: :mod:`fstrain.backends`).
+#: config names accepted by `CommConfig.backend` (the one table: :mod:`fstrain.distributed.backends`).
 BACKEND_NAMES = _BACKEND_NAMES
 
 
@@ -107,7 +94,7 @@ def register_torch_backends(config: CommConfig) -> str:
         ``"nccl"``, ``"fs_shm"`` (all-to-all on shared memory, the rest on gloo) or
         ``"fs_cuda_ce"`` (all-to-all on copy engines inside a node, the rest on NCCL; see
         `CopyEngineProcessGroup`). Groups on several nodes are hierarchical
-        (:mod:`fstrain.comm.hierarchical`).
+        (:mod:`fstrain.distributed.comm.hierarchical`).
     """
     if config.backend == "shm":
         return register_shm_backend(config.shm)

@@ -33,7 +33,7 @@ __all__ = [
 
 
 class CommError(RuntimeError):
-    """Base class of every error raised by `fstrain.comm` during an exchange."""
+    """Base class of every error raised by `fstrain.distributed.comm` during an exchange."""
 
 
 class BackendUnavailableError(CommError):
@@ -197,9 +197,9 @@ def allocate_output(input: torch.Tensor, output_splits: Sequence[int]) -> torch.
 class CommBackend(abc.ABC):
     """One transport for the embedding all-to-all with uneven splits (all-to-all-v).
 
-    Implementations: `fstrain.comm.gloo.TorchDistBackend` (``"gloo"``/``"nccl"``, the
-    reference), `fstrain.comm.shm.ShmBackend` (``"shm"``, CPU shared memory) and
-    `fstrain.comm.cuda_ce.CopyEngineBackend` (``"cuda-ce"``, GPU copy engines). Every rank of the
+    Implementations: `fstrain.distributed.comm.gloo.TorchDistBackend` (``"gloo"``/``"nccl"``, the
+    reference), `fstrain.distributed.comm.shm.ShmBackend` (``"shm"``, CPU shared memory) and
+    `fstrain.distributed.comm.cuda_ce.CopyEngineBackend` (``"cuda-ce"``, GPU copy engines). Every rank of the
     group must call `all_to_all_v` in the same order (it is a collective).
     """
 

@@ -52,13 +52,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
-from fstrain.comm.base import (
-    BackendUnavailableError,
-    CommBackend,
-    SplitMismatchError,
-    allocate_output,
-    check_splits,
-)
+from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, SplitMismatchError, allocate_output,
+                                           check_splits)
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +152,7 @@ class CopyEngineBackend(CommBackend):
 
     Args:
         group: an NCCL process group (or the ``fs_cuda_ce`` group of
-            :class:`fstrain.comm.process_group.CopyEngineProcessGroup`) whose ranks each drive
+            :class:`fstrain.distributed.comm.process_group.CopyEngineProcessGroup`) whose ranks each drive
             one GPU (the current device).
         config: transport settings.
         peer_uuids: the UUID of every rank's GPU, when the caller already has them (the process

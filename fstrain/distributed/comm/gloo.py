@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
-from fstrain.comm.base import CommBackend, allocate_output, check_splits
+from fstrain.distributed.comm.base import CommBackend, allocate_output, check_splits
 
 __all__ = ["TorchDistBackend"]
 

@@ -21,7 +21,7 @@ boot id, or ``$FSTRAIN_NODE_ID`` when set, so tests can split one machine into s
 The process groups publish the keys in their store and every rank builds the same
 :class:`NodeLayout` from the same keys; an all-reduce then checks, before the first collective,
 that every rank holds the same layout and built its node-local transport (module users:
-:class:`fstrain.comm.process_group.ShmProcessGroup`, :class:`~fstrain.comm.process_group.CopyEngineProcessGroup`).
+:class:`fstrain.distributed.comm.process_group.ShmProcessGroup`, :class:`~fstrain.distributed.comm.process_group.CopyEngineProcessGroup`).
 
 Notation: ``W`` ranks in the group, ``L`` ranks on this node, splits in rows (dim 0).
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fstrain.comm.base import CommBackend, check_splits, is_dense
+from fstrain.distributed.comm.base import CommBackend, check_splits, is_dense
 
 __all__ = ["NODE_ID_ENV", "HierarchicalAllToAll", "NodeLayout", "Route", "gather_rows", "is_dense", "node_key",
            "plan_route", "scatter_rows"]

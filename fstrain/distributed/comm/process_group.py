@@ -44,9 +44,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions, _create_work_from_future
 from torch.futures import Future
 
-from fstrain.comm.base import BackendUnavailableError, CommBackend, CommError, even_splits
-from fstrain.comm.hierarchical import HierarchicalAllToAll, NodeLayout, is_dense, node_key
-from fstrain.comm.shm import ShmBackend
+from fstrain.distributed.comm.base import BackendUnavailableError, CommBackend, CommError, even_splits
+from fstrain.distributed.comm.hierarchical import HierarchicalAllToAll, NodeLayout, is_dense, node_key
+from fstrain.distributed.comm.shm import ShmBackend
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ CUDA_CE_BACKEND_NAME = "fs_cuda_ce"
 
 
 def _publish_layout(store: dist.Store, rank: int, world_size: int) -> NodeLayout:
-    """Every rank's :func:`~fstrain.comm.hierarchical.node_key` through the group's store (an all-gather):
+    """Every rank's :func:`~fstrain.distributed.comm.hierarchical.node_key` through the group's store (an all-gather):
     the same :class:`NodeLayout` on every rank."""
     node_store = dist.PrefixStore("node/", store)
     node_store.set(str(rank), node_key())
@@ -78,8 +78,8 @@ class ShmProcessGroup(dist.ProcessGroup):
     """Process group: all-to-all on `ShmBackend`, every other collective on gloo.
 
     When the group spans several nodes (node keys published in the store,
-    :func:`fstrain.comm.hierarchical.node_key`), the all-to-all is hierarchical
-    (:class:`~fstrain.comm.hierarchical.HierarchicalAllToAll`): rows between ranks of one node on
+    :func:`fstrain.distributed.comm.hierarchical.node_key`), the all-to-all is hierarchical
+    (:class:`~fstrain.distributed.comm.hierarchical.HierarchicalAllToAll`): rows between ranks of one node on
     that node's shm transport, rows across nodes on the group's gloo, both in one call whose
     result equals gloo's all-to-all. One gloo all-reduce at construction checks that every rank
     holds the same layout and built its node-local transport (else every rank raises
@@ -256,7 +256,7 @@ def register_shm_backend(config: ShmBackend.Config | None = None) -> str:
 
 
 class CopyEngineProcessGroup(dist.ProcessGroup):
-    """Process group: all-to-all on copy engines (:class:`fstrain.comm.CopyEngineBackend`), the rest on NCCL.
+    """Process group: all-to-all on copy engines (:class:`fstrain.distributed.comm.CopyEngineBackend`), the rest on NCCL.
 
     NOT RUN ON A GPU YET (no GPU where it was written; ``tests/fstrain/test_comm_cuda_ce.py`` is
     CUDA-marked). Built at ``dist.init_process_group("fs_cuda_ce")`` after
@@ -266,10 +266,10 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
        all-to-all itself where copy engines cannot be used);
     2. every rank publishes its GPU's UUID and its node key in the store, decides locally whether
        it reaches every peer's GPU on its node over peer access
-       (:func:`fstrain.comm.cuda_ce.copy_engine_reason`), and one NCCL all-reduce (MIN) of that
+       (:func:`fstrain.distributed.comm.cuda_ce.copy_engine_reason`), and one NCCL all-reduce (MIN) of that
        flag decides for all ranks before any user collective;
     2b. a group on several nodes (the default group only) is hierarchical
-       (:class:`~fstrain.comm.hierarchical.HierarchicalAllToAll`): at the first all-to-all every
+       (:class:`~fstrain.distributed.comm.hierarchical.HierarchicalAllToAll`): at the first all-to-all every
        rank makes the node-local NCCL groups (``dist.new_subgroups_by_enumeration``), rows between
        GPUs of one node go over copy engines on that node's group, rows across nodes over this
        group's NCCL (zero splits inside the node), in one call;
@@ -288,7 +288,7 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
                  config=None):
-        from fstrain.comm.cuda_ce import CopyEngineBackend, _device_uuid, copy_engine_reason
+        from fstrain.distributed.comm.cuda_ce import CopyEngineBackend, _device_uuid, copy_engine_reason
 
         super().__init__(rank, world_size)
         self._rank, self._world_size = rank, world_size
@@ -339,7 +339,7 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
     def _build_hierarchical(self) -> None:
         """Multi-node: node-local NCCL groups (every rank of the default group, in the same order), a
         copy-engine transport on this node's group, and the routing over both."""
-        from fstrain.comm.cuda_ce import CopyEngineBackend
+        from fstrain.distributed.comm.cuda_ce import CopyEngineBackend
 
         local_group, _ = dist.new_subgroups_by_enumeration(self.layout.nodes, backend="nccl")
         local = self.layout.local_ranks
@@ -355,7 +355,7 @@ class CopyEngineProcessGroup(dist.ProcessGroup):
         if self.hierarchical is None and self.copy_engines_agreed and self.layout.num_nodes > 1:
             self._build_hierarchical()
         elif self._transport is None and self.copy_engines_agreed:
-            from fstrain.comm.cuda_ce import CopyEngineBackend
+            from fstrain.distributed.comm.cuda_ce import CopyEngineBackend
 
             self._transport = CopyEngineBackend(self, config=self.config, peer_uuids=self.peer_uuids)
             if not self._transport.uses_copy_engines:
@@ -425,7 +425,7 @@ def register_cuda_ce_backend(config=None) -> str:
     Registering needs no GPU; creating a group does. Registering again replaces the config.
 
     Args:
-        config: :class:`fstrain.comm.CopyEngineBackend.Config` for every group created afterwards.
+        config: :class:`fstrain.distributed.comm.CopyEngineBackend.Config` for every group created afterwards.
 
     Returns:
         the backend name, ``"fs_cuda_ce"``.
