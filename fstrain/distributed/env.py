@@ -51,7 +51,7 @@ class DistEnv:
     backend: str
 
 
-def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistEnv:
+def init_distributed(backend: str = "auto", timeout_seconds: float = 600, comm=None) -> DistEnv:
     """Initialise ``torch.distributed`` from torchrun's environment (single process without it).
 
     Args:
@@ -63,6 +63,8 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
             On several nodes ``shm`` / ``cuda-ce`` are hierarchical by themselves (shm / copy
             engines inside a node, gloo / NCCL across; :mod:`fstrain.distributed.comm.hierarchical`).
         timeout_seconds: collective timeout (process group, and the shm transport's own).
+        comm: a :class:`fstrain.distributed.comm.CommConfig` whose transport settings (``shm``,
+            ``cuda_ce``) are used; its ``backend`` replaces ``backend``. ``None``: the defaults.
 
     Returns:
         The :class:`DistEnv`.
@@ -70,23 +72,25 @@ def init_distributed(backend: str = "auto", timeout_seconds: int = 600) -> DistE
     Raises:
         ConfigError: ``nccl`` / ``cuda-ce`` requested without CUDA, or an unknown backend.
     """
+    from dataclasses import replace
+
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
+
+    if comm is not None:
+        backend = comm.backend
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    comm = comm if comm is not None else CommConfig(backend=backend)
     cuda = torch.cuda.is_available()
     if backend in ("nccl", "cuda-ce") and not cuda:
         raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
     backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
     pg_backend = backend
-    if backend == "shm":
-        from fstrain.distributed.comm import CommConfig, register_torch_backends
-        from fstrain.distributed.comm.shm import ShmBackend
-
-        pg_backend = register_torch_backends(CommConfig(backend="shm",
-                                                        shm=ShmBackend.Config(timeout_seconds=timeout_seconds)))
+    if backend == "shm":  # "fs_shm"; the transport times out with the process group
+        pg_backend = register_torch_backends(replace(comm, backend="shm",
+                                                     shm=replace(comm.shm, timeout_seconds=timeout_seconds)))
     elif backend == "cuda-ce":
-        from fstrain.distributed.comm import CommConfig, register_torch_backends
-
-        pg_backend = register_torch_backends(CommConfig(backend="cuda-ce"))  # "fs_cuda_ce"
+        pg_backend = register_torch_backends(replace(comm, backend="cuda-ce"))  # "fs_cuda_ce"
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))

@@ -308,5 +308,25 @@ class CollectiveWatchdog:
                 logger.error("%s", line)
 
 
-__all__ = ["PEER_FAILURE_EXIT_CODE", "CollectiveWatchdog", "PeerFailureError", "collective_in_frames",
+class PeerGuard:
+    """Holds the :class:`CollectiveWatchdog` of a run once the process group exists (none on one rank)."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.watchdog = None
+
+    def start(self, env) -> None:
+        if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:
+            self.watchdog = CollectiveWatchdog(env.rank, env.world_size, self.timeout_seconds).start()
+
+    def step(self, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.step(step)
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+
+__all__ = ["PEER_FAILURE_EXIT_CODE", "CollectiveWatchdog", "PeerFailureError", "PeerGuard", "collective_in_frames",
            "culprit_text"]

@@ -1,7 +1,8 @@
 """The model's settings (:class:`Config`) and the names fstrain's models, objectives and tables use."""
 
-from dataclasses import dataclass
+from __future__ import annotations
 
+from dataclasses import dataclass
 
 from fstrain.errors import ConfigError
 
@@ -15,6 +16,8 @@ MODELS = ("sasrec", "hstu")
 OBJECTIVES = ("all-positions", "last-position")
 #: ``Config.negatives``: who shares the sampled negatives.
 NEGATIVE_MODES = ("step", "sample")
+#: ``Config.attention``: how attention runs over jagged sequences.
+ATTENTIONS = ("bucketed", "reference")
 #: The objective the field trains each ``fsdata convert --samples`` kind with.
 OBJECTIVE_FOR_SAMPLES = {"per-user": "all-positions", "per-event": "last-position"}
 
@@ -29,12 +32,15 @@ class Config:
     fstrain's.
     """
 
-    num_items: int
-    """Rows of the item table (max item id + 1)."""
+    num_items: int | None = None
+    """Rows of the item table (max item id + 1); ``None``: read from the data (``fstrain train``
+    takes the shards' max id + 1). A model cannot be built before it is known."""
     model: str = "sasrec"
     """``sasrec`` (causal softmax attention + feed-forward) or ``hstu`` (:mod:`fstrain.models.hstu`)."""
-    objective: str = "all-positions"
-    """``all-positions`` (next item at every history position) or ``last-position``."""
+    objective: str | None = None
+    """``all-positions`` (next item at every history position) or ``last-position``; ``None``:
+    from the data (``fstrain train``: the manifest's sample kind, per-user: all-positions,
+    per-event: last-position; a model built without data: all-positions)."""
     embedding_dim: int = 64
     """d: item embedding and model width."""
     num_layers: int = 2
@@ -70,11 +76,11 @@ class Config:
     sum of its samples' costs (what the balancer assumes). Larger: fewer, bigger kernel calls."""
 
     def __post_init__(self) -> None:
-        if self.num_items < 2:
+        if self.num_items is not None and self.num_items < 2:
             raise ConfigError(f"num_items must be >= 2, got {self.num_items}")
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}; use one of {', '.join(MODELS)}")
-        if self.objective not in OBJECTIVES:
+        if self.objective is not None and self.objective not in OBJECTIVES:
             raise ConfigError(f"unknown objective {self.objective!r}; use one of {', '.join(OBJECTIVES)}")
         if self.embedding_dim % 4:
             up = -(-self.embedding_dim // 4) * 4
@@ -82,7 +88,7 @@ class Config:
                               f"in 4-float units), got {self.embedding_dim}; use {up}")
         if self.model == "sasrec" and self.embedding_dim % self.num_heads:
             raise ConfigError(f"embedding_dim {self.embedding_dim} is not divisible by num_heads {self.num_heads}")
-        if self.attention not in ("bucketed", "reference"):
+        if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention must be 'bucketed' or 'reference', got {self.attention!r}")
         if self.bucket_ratio < 1.0:
             raise ConfigError(f"bucket_ratio must be >= 1.0, got {self.bucket_ratio}")
@@ -96,6 +102,16 @@ class Config:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+
+    def for_data(self, manifest=None, num_items: int | None = None) -> Config:
+        """A copy with ``num_items`` and ``objective`` decided: the ones set here win, else
+        ``num_items`` (e.g. the shards' max id + 1) and :func:`objective_for` the manifest
+        (``all-positions`` without one)."""
+        from dataclasses import replace
+
+        objective = self.objective or (objective_for(manifest) if manifest is not None else "all-positions")
+        return replace(self, num_items=self.num_items if self.num_items is not None else num_items,
+                       objective=objective)
 
     @property
     def head_dims(self) -> tuple[int, int]:

@@ -66,6 +66,9 @@ from fstrain.models.sasrec import Block, length_buckets
 
 def make_embedding_collection(config: Config, device: torch.device | None = None) -> EmbeddingCollection:
     """The item table, shared by history, target and negatives (sharded row-wise by DMP)."""
+    if config.num_items is None:
+        raise ConfigError("the model's num_items is not set; pass --num-items, or Config.for_data(num_items=...) "
+                          "(fstrain train reads it from the shards)")
     table = EmbeddingConfig(name=TABLE_NAME, embedding_dim=config.embedding_dim, num_embeddings=config.num_items,
                             feature_names=[HISTORY_KEY, TARGET_KEY, NEGATIVE_KEY])
     return EmbeddingCollection(tables=[table], device=device)

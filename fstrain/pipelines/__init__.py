@@ -37,7 +37,9 @@ import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.pipelines.base import (
+    NO_PIPELINE,
     PIPELINE_NAMES,
+    STEP_MODES,
     PipelineConfig,
     PipelineError,
     PipelineUnavailableError,
@@ -130,6 +132,8 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if isinstance(config, str):
         config = PipelineConfig(name=config)
     name = config.name
+    if name == NO_PIPELINE:
+        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
     kw = {"measure_straggler_wait": config.measure_straggler_wait}
     if name in ("pec", "auto"):
         reason = pec_unavailable_reason(dmp, device)
@@ -149,7 +153,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
                                ordered_collectives=config.ordered_collectives, **kw)
 
 
-__all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
+__all__ = ["NO_PIPELINE", "PIPELINE_NAMES", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
            "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
            "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
            "pipeline_steps", "resolve_pipeline_name", "run_steps"]

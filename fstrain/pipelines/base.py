@@ -27,6 +27,10 @@ from fstrain.pipelines.timing import ComputeTimer, TimedOptimizer
 logger = logging.getLogger(__name__)
 
 PIPELINE_NAMES = ("plain", "sparse-dist", "pec", "prioritized", "auto")
+#: ``PipelineConfig.name`` of no pipeline: ``fstrain train`` drives the steps with its own loop (``step_mode``).
+NO_PIPELINE = "none"
+#: ``PipelineConfig.step_mode``: the loop used without a pipeline.
+STEP_MODES = ("measured", "plain")
 
 
 class PipelineError(ConfigError):
@@ -43,7 +47,12 @@ class PipelineConfig:
 
     name: str = "plain"
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (``pec`` where it runs,
-    else ``prioritized``)."""
+    else ``prioritized``; docs/pipeline.md); ``none``: no pipeline, the training loop's own
+    step (``step_mode``)."""
+    step_mode: str = "measured"
+    """With ``name="none"``: ``measured`` (the backward split at the embedding output, so local
+    compute is timed apart from the wait for the other ranks) or ``plain`` (``loss.backward()``
+    through DDP)."""
     pec_fallback: bool = False
     """When ``name == "pec"`` cannot run here, use ``prioritized`` (with a warning) instead of
     raising :class:`PipelineUnavailableError`."""
@@ -59,8 +68,11 @@ class PipelineConfig:
     ``fs_cuda_ce``, off for gloo / ``fs_shm``. Same results either way."""
 
     def __post_init__(self) -> None:
-        if self.name not in PIPELINE_NAMES:
-            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+        if self.name not in (*PIPELINE_NAMES, NO_PIPELINE):
+            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(PIPELINE_NAMES)} or "
+                                f"{NO_PIPELINE}")
+        if self.step_mode not in STEP_MODES:
+            raise PipelineError(f"step_mode must be one of {', '.join(STEP_MODES)}, got {self.step_mode!r}")
 
 
 @dataclass(slots=True)

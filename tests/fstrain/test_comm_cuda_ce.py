@@ -90,10 +90,12 @@ def test_cuda_ce_process_group_equals_nccl_and_agrees_on_split_errors():
 
 def _train_worker(shards, backend):
     from fstrain.distributed.sharding import local_state
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
-                            max_steps=4, pipeline="prioritized", backend=backend, log_every_steps=0))
+    res = train(from_dict({"shards": shards, "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+                           "max_steps": 4, "pipeline.name": "prioritized", "comm.backend": backend,
+                           "metrics.log_every_steps": 0}))
     return local_state(res.model)
 
 

@@ -21,7 +21,7 @@ def test_one_backend_table_everywhere():
     assert BACKEND_NAMES == backends.BACKEND_NAMES == ("gloo", "nccl", "shm", "cuda-ce")
     assert fdist.BACKENDS == ("auto", *BACKEND_NAMES)
     train = build_parser()._subparsers._group_actions[0].choices["train"]
-    (backend_action,) = [a for a in train._actions if a.dest == "backend"]
+    (backend_action,) = [a for a in train._actions if "--backend" in a.option_strings]
     assert tuple(backend_action.choices) == fdist.BACKENDS
     for name in BACKEND_NAMES:
         CommConfig(backend=name)

@@ -350,15 +350,16 @@ def _train_worker(shards, backend, pipeline):
 
     from fstrain.distributed.env import init_distributed
     from fstrain.distributed.sharding import local_state
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     rank = int(os.environ["RANK"])
     if int(os.environ["WORLD_SIZE"]) > 1:
         os.environ[NODE_ID_ENV] = f"node{rank // 2}"  # 2 "nodes" x 2 ranks
     init_distributed(backend)
     pg = dist.group.WORLD
-    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=2),
-                            max_steps=3, log_every_steps=0, pipeline=pipeline))
+    res = train(from_dict({"shards": shards, "model": dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=2),
+                           "max_steps": 3, "metrics.log_every_steps": 0, "pipeline.name": pipeline or "none"}))
     hier = getattr(pg, "hierarchical", None)
     return local_state(res.model), (hier.num_calls, hier.inter_rows) if hier is not None else None
 

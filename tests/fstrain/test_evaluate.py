@@ -129,10 +129,12 @@ def test_bad_eval_files(tmp_path):
 
 def _train_eval_worker(shards, eval_path, ckpt, metrics, simulate):
     from fstrain.components.evaluator import evaluate_checkpoint
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    res = train(TrainConfig(shards=shards, model=MODEL, max_steps=3, log_every_steps=0, eval_data=eval_path,
-                            eval_every_steps=2, checkpoint_dir=ckpt, metrics_dir=metrics, simulate_ranks=simulate))
+    res = train(from_dict({"shards": shards, "model": MODEL, "max_steps": 3, "pipeline.name": "none",
+                           "metrics": {"log_every_steps": 0, "dir": metrics}, "eval": {"data": eval_path, "every_steps": 2},
+                           "checkpoint.dir": ckpt, "simulate_ranks": simulate}))
     again = evaluate_checkpoint(os.path.join(ckpt, "step-00000003"), eval_path) if ckpt else None
     return res.summary, again
 

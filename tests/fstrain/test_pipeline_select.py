@@ -75,7 +75,8 @@ def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
 
     import fstrain.distributed.pec
     import fstrain.pipelines as P
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     built = []
     real = fstrain.distributed.pec.build_pec_sharded_model
@@ -89,7 +90,8 @@ def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
     try:
         with pytest.raises(P.PipelineUnavailableError, match="TrainPipelinePEC needs CUDA"):
-            train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="gloo", log_every_steps=0))
+            train(from_dict({"shards": shards, "model": MODEL, "pipeline.name": "pec", "comm.backend": "gloo",
+                             "metrics.log_every_steps": 0}))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -132,11 +134,13 @@ def test_train_with_pec_pipeline_on_one_gpu(tmp_path):
         pytest.skip("needs a CUDA device")
     import torch.distributed as dist
 
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=6, batch_size_per_rank=4)
     try:
-        res = train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="nccl", log_every_steps=0))
+        res = train(from_dict({"shards": shards, "model": MODEL, "pipeline.name": "pec", "comm.backend": "nccl",
+                               "metrics.log_every_steps": 0}))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

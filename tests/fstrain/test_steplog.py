@@ -64,10 +64,12 @@ def test_step_times_loss_column_and_old_files(tmp_path):
 
 
 def _tb_worker(shards, metrics, tb, pipeline):
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    cfg = TrainConfig(shards=shards, model=dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
-                      max_steps=3, log_every_steps=2, metrics_dir=metrics, tensorboard_dir=tb, pipeline=pipeline)
+    cfg = from_dict({"shards": shards, "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+                     "max_steps": 3, "metrics": {"log_every_steps": 2, "dir": metrics, "tensorboard_dir": tb},
+                     "pipeline.name": pipeline or "none"})
     return train(cfg).summary
 
 

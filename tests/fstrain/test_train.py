@@ -13,12 +13,19 @@ from tests.fstrain.shards import write_shards
 MODEL = dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2)
 
 
-def _params(shards, steps, mode="measured", model=None, **kw):
-    from fstrain.distributed.sharding import local_state
-    from fstrain.train import TrainConfig, train
+#: keyword of _params -> its TrainConfig field
+_KEYS = {"checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "pipeline": "pipeline.name",
+         "backend": "comm.backend"}
 
-    res = train(TrainConfig(shards=shards, model=model or MODEL, max_steps=steps, step_mode=mode, log_every_steps=0,
-                            **kw))
+
+def _params(shards, steps, mode="measured", model=None, **kw):
+    from fstrain.config import from_dict
+    from fstrain.distributed.sharding import local_state
+    from fstrain.train import train
+
+    res = train(from_dict({"shards": shards, "model": model or MODEL, "max_steps": steps, "pipeline.name": "none",
+                           "pipeline.step_mode": mode, "metrics.log_every_steps": 0,
+                           **{_KEYS.get(k, k): v for k, v in kw.items()}}))
     return local_state(res.model), res.summary
 
 

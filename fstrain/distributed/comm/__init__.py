@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from fstrain.distributed.backends import BACKEND_CHOICES as _BACKEND_CHOICES
 from fstrain.distributed.backends import BACKEND_NAMES as _BACKEND_NAMES
 from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
                                            PeerExitedError, PeerTimeoutError, SplitMismatchError)
@@ -67,7 +68,7 @@ class CommConfig:
     """Which transport carries the embedding all-to-all, and its settings."""
 
     backend: str = "gloo"
-    """One of ``"gloo"`` (CPU reference), ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"``
+    """``"auto"`` (``"nccl"`` when CUDA is available, else ``"gloo"``) or one of ``"gloo"`` (CPU reference), ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"``
     (CPU shared memory inside a node; as a process group on several nodes, hierarchical with gloo
     across), ``"cuda-ce"`` (GPU copy engines inside a node; NCCL across nodes, hierarchical, or
     as the fallback)."""
@@ -77,10 +78,19 @@ class CommConfig:
     """Settings of the ``"cuda-ce"`` transport (chunk size, staging buffer)."""
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKEND_NAMES:
+        if self.backend not in _BACKEND_CHOICES:
             raise ValueError(
-                f"unknown comm backend {self.backend!r}; choose one of {', '.join(BACKEND_NAMES)}"
+                f"unknown comm backend {self.backend!r}; choose one of {', '.join(_BACKEND_CHOICES)}"
             )
+
+    @property
+    def transport(self) -> str:
+        """``backend`` with ``"auto"`` decided: ``"nccl"`` when CUDA is available, else ``"gloo"``."""
+        if self.backend != "auto":
+            return self.backend
+        import torch
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def register_torch_backends(config: CommConfig) -> str:
@@ -96,11 +106,11 @@ def register_torch_backends(config: CommConfig) -> str:
         `CopyEngineProcessGroup`). Groups on several nodes are hierarchical
         (:mod:`fstrain.distributed.comm.hierarchical`).
     """
-    if config.backend == "shm":
+    if config.transport == "shm":
         return register_shm_backend(config.shm)
-    if config.backend == "cuda-ce":
+    if config.transport == "cuda-ce":
         return register_cuda_ce_backend(config.cuda_ce)
-    return config.backend
+    return config.transport
 
 
 def build_backend(
@@ -131,9 +141,9 @@ def build_backend(
     """
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
-    if config.backend in ("gloo", "nccl"):
-        return TorchDistBackend(group, name=config.backend)
-    if config.backend == "shm":
+    if config.transport in ("gloo", "nccl"):
+        return TorchDistBackend(group, name=config.transport)
+    if config.transport == "shm":
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         group_name = (group or dist.group.WORLD).group_name if dist.is_initialized() else "-"
