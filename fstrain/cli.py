@@ -17,6 +17,7 @@ from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
 from fstrain.distributed.backends import BACKEND_CHOICES
 from fstrain.errors import FstrainError
+from fstrain.quiet import show_all_noise, silence_known_noise
 
 _TRAIN_EPILOG = """examples:
   torchrun --nproc-per-node 2 -m fstrain.cli train shards/ --max-steps 100 --log-every-steps 10
@@ -396,6 +397,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       force=True)
+    # known library noise (fstrain.quiet) shows with -v only; our own warnings always
+    (show_all_noise if a.verbose else silence_known_noise)()
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
     try:
