@@ -119,7 +119,9 @@ def test_no_import_cycle_in_fstrain():
 
 
 def test_removed_shim_paths_are_gone():
-    """The re-export modules of earlier releases are removed (CHANGELOG.md names their replacements)."""
+    """The re-export modules of earlier releases are removed: fstrain.pipeline -> fstrain.pipelines,
+    fstrain.prioritized -> fstrain.pipelines.prioritized, fstrain.pipeline_timing ->
+    fstrain.pipelines.timing, fstrain.dataset -> fstrain.data."""
     import fstrain
 
     root = pathlib.Path(fstrain.__file__).parent
