@@ -103,7 +103,8 @@ _NOISE = ("TopologyFactory", "HeuristicalStorageReservation", "dense tensor size
           "deprecating ShardedTensor", "is_fx_tracing")
 
 
-@pytest.mark.slow  # two real `fstrain train` runs and one `fstrain evaluate` (about 1-2 min on 2 cores)
+@pytest.mark.slow  # two real `fstrain train` runs and one `fstrain evaluate` (about 1-2 min on 2 idle cores)
+@pytest.mark.timeout(1800)  # three interpreters importing torchrec: minutes each on a loaded machine
 def test_train_and_evaluate_are_quiet_and_verbose_shows_the_noise(tmp_path):
     out = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=3, batch_size_per_rank=4)
     small = ["--embedding-dim", "16", "--num-negatives", "8", "--num-layers", "1", "--max-seq-len", "64"]
