@@ -67,7 +67,7 @@ def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
 
 def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool,
                 result_path: str) -> None:
-    from fstrain.comm import CommConfig, build_backend
+    from fstrain.distributed.comm import CommConfig, build_backend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -98,7 +98,7 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
 
 def _gpu_worker(rank: int, world_size: int, init_file: str, quick: bool, result_path: str) -> None:
     """GEMM TFLOP/s alone and during an all-to-all-v loop (cuda-ce vs nccl). Needs CUDA."""
-    from fstrain.comm import CommConfig, CopyEngineBackend, build_backend
+    from fstrain.distributed.comm import CommConfig, CopyEngineBackend, build_backend
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,

@@ -78,7 +78,7 @@ QUICK = BenchConfig(num_steps=10, num_warmup_steps=3, batch_size_per_rank=16, me
 def make_batches(cfg: BenchConfig, rank: int, num_steps: int, seed: int = 0) -> list:
     """Per-step batches of ``rank`` (with negatives), deterministic in ``(seed, step, rank)``."""
     from fstrain.data import make_batch
-    from fstrain.model import with_negatives
+    from fstrain.models import with_negatives
 
     out = []
     for step in range(num_steps):
@@ -106,8 +106,9 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
     torch.set_num_threads(1)
     result: dict = {}
     try:
-        from fstrain.dist import OptimConfig, init_distributed
-        from fstrain.model import Config
+        from fstrain.distributed.env import init_distributed
+        from fstrain.distributed.optim import OptimConfig
+        from fstrain.models import Config
         from fstrain.pipelines import PipelineUnavailableError, make_pipeline, model_builder, run_steps
 
         env = init_distributed("gloo")
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(cfg, names)
     print(format_table(result))
     if args.out:
-        from fstrain.metrics import write_json
+        from fstrain.components.metrics import write_json
 
         path = os.path.join(args.out, "bench_pipeline.json")
         write_json(result, path)

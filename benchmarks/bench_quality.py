@@ -12,7 +12,7 @@ For each dataset: ``fsdata convert --samples per-event --holdout last`` (leave-o
 every setting and seed: ``fsdata balance`` (R ranks x B, the setting's flags, ``--seed S``) and
 ``fstrain train --simulate-ranks`` (world size 1 on each step's whole global batch: the exact update
 of R ranks, docs/fstrain.md) for the same number of samples seen, then held-out HR@10/NDCG@10 over
-the full item vocabulary (``fstrain.evaluate``). Reports mean +- std over seeds per setting
+the full item vocabulary (``fstrain.components.evaluator``). Reports mean +- std over seeds per setting
 (table + JSON).
 
 Settings: ``shuffle`` (today's practice), ``balanced`` (per-step assignment only, W=1), one

@@ -23,8 +23,8 @@ import time
 import torch
 
 from fstrain.data import ShardReader, infer_num_items, load_manifest
-from fstrain.model import with_negatives
-from fstrain.replay import make_replay_model, time_forward_backward
+from fstrain.models import with_negatives
+from fstrain.measure.replay import make_replay_model, time_forward_backward
 
 
 def _read_all(shards: str, rank: int, prefetch: int, start: int = 0) -> dict:

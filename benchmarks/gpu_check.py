@@ -153,8 +153,8 @@ def _event_replay(shards: str, model_kw: dict, repeats: int) -> dict:
 
     from fsdata.balancer.bubble import run_bubble
     from fstrain.data import ShardReader, infer_num_items, load_manifest
-    from fstrain.model import with_negatives
-    from fstrain.replay import make_replay_model
+    from fstrain.models import with_negatives
+    from fstrain.measure.replay import make_replay_model
 
     dev = torch.device("cuda", 0)
     manifest = load_manifest(shards)
@@ -262,7 +262,7 @@ def check_multi_gpu(work: Path, quick: bool) -> dict:
 # ----------------------------------------------------------------------- 6. shared GPU
 _SHARED_GPU_SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist
-from fstrain.comm import CommConfig, register_torch_backends
+from fstrain.distributed.comm import CommConfig, register_torch_backends
 rank = int(sys.argv[1]); init = sys.argv[2]
 torch.cuda.set_device(0)
 name = register_torch_backends(CommConfig(backend="cuda-ce"))

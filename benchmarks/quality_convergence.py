@@ -3,7 +3,7 @@
 Every run goes through the user's commands: ``fsdata convert --samples per-user --holdout last``
 (leave-one-out), ``fsdata balance --epochs E`` (every epoch its own seeded shuffle and
 composition), ``fstrain train --eval-every-epochs N`` (full ranking over the catalogue, history
-items excluded: :mod:`fstrain.evaluate`). Runs are subprocesses; the commands go to
+items excluded: :mod:`fstrain.components.evaluator`). Runs are subprocesses; the commands go to
 ``WORK/commands.log``.
 
 * ``--reproduce [--recipes a,b]``: one row per :data:`benchmarks.quality_recipes.RECIPES` entry

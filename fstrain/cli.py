@@ -15,8 +15,9 @@ from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_f
                             configure_logging, resolve_progress, run_main)
 from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
-from fstrain.backends import BACKEND_CHOICES
+from fstrain.distributed.backends import BACKEND_CHOICES
 from fstrain.errors import FstrainError
+from fstrain.quiet import show_all_noise, silence_known_noise
 
 _TRAIN_EPILOG = """examples:
   torchrun --nproc-per-node 2 -m fstrain.cli train shards/ --max-steps 100 --log-every-steps 10
@@ -47,54 +48,20 @@ _CALIBRATE_EPILOG = """examples:
 REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 64}
 
 
-def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    from fstrain.model import MODELS, OBJECTIVES, Config
+def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None, *, all_none: bool = False) -> None:
+    """The model flags of :class:`fstrain.models.config.Config` (generated from its fields) and ``--seed``."""
+    from fstrain.config import add_config_flags
+    from fstrain.models.config import Config
 
-    base = {f: Config.__dataclass_fields__[f].default for f in
-            ("model", "embedding_dim", "num_layers", "num_heads", "num_negatives", "max_seq_len", "dropout",
-             "temperature", "bucket_ratio", "attention", "negatives")}
-    d = {**base, **(defaults or {})}
-    g = p.add_argument_group("model (fstrain.model.Config)")
-    g.add_argument("--model", choices=MODELS, default=d["model"],
-                   help=f"sasrec (softmax attention) or hstu (Zhai et al. 2024) (default {d['model']})")
-    g.add_argument("--objective", choices=OBJECTIVES, default=None,
-                   help="all-positions (next item at every history position) or last-position; default: from the "
-                        "manifest's sample kind (per-user: all-positions, per-event: last-position)")
-    g.add_argument("--num-items", type=int, default=None, help="item table rows (default: max id + 1 from the shards)")
-    g.add_argument("--embedding-dim", type=int, default=d["embedding_dim"],
-                   help=f"a multiple of 4 (default {d['embedding_dim']})")
-    g.add_argument("--num-layers", type=int, default=d["num_layers"], help=f"default {d['num_layers']}")
-    g.add_argument("--num-heads", type=int, default=d["num_heads"], help=f"default {d['num_heads']}")
-    g.add_argument("--attention-dim", type=int, default=None, help="hstu: query/key width per head (default d/heads)")
-    g.add_argument("--linear-dim", type=int, default=None, help="hstu: value/gate width per head (default d/heads)")
-    g.add_argument("--num-negatives", type=int, default=d["num_negatives"],
-                   help=f"sampled-softmax negatives shared per step; 0: full softmax (default {d['num_negatives']})")
-    g.add_argument("--negatives", choices=("step", "sample"), default=d.get("negatives", "step"),
-                   help="step: K negatives shared by the step; sample: K per sample, keyed by sample id (both "
-                        "independent of the rank a sample lands on) (default step)")
-    g.add_argument("--temperature", type=float, default=d["temperature"],
-                   help=f"logits = similarity / temperature (default {d['temperature']})")
-    g.add_argument("--no-l2-normalize", dest="l2_normalize", action="store_false", default=True,
-                   help="plain dot products instead of cosine similarity")
-    g.add_argument("--dropout", type=float, default=d["dropout"], help=f"dropout rate (default {d['dropout']})")
-    g.add_argument("--max-seq-len", type=int, default=d["max_seq_len"], help=f"default {d['max_seq_len']}")
-    g.add_argument("--bucket-ratio", type=float, default=d["bucket_ratio"], help="attention length-bucket ratio (>= 1)")
-    g.add_argument("--attention", choices=("bucketed", "reference"), default=d["attention"])
+    paths = add_config_flags(p, Config, prefix="model.", defaults=Config(**(defaults or {})), all_none=all_none)
+    p.set_defaults(_model_paths=paths)
     p.add_argument("--seed", type=int, default=0, help="init, dropout and negatives seed (default 0)")
 
 
-_MODEL_FLAGS = ("model", "objective", "embedding_dim", "num_layers", "num_heads", "attention_dim", "linear_dim",
-                "num_negatives", "negatives", "temperature", "l2_normalize", "dropout", "max_seq_len", "bucket_ratio", "attention")
-
-
 def _model_kwargs(a: argparse.Namespace) -> dict:
-    kw = {k: getattr(a, k) for k in _MODEL_FLAGS}
-    for k in ("objective", "attention_dim", "linear_dim"):  # None: decided later (manifest, model)
-        if kw[k] is None:
-            del kw[k]
-    if a.num_items is not None:
-        kw["num_items"] = a.num_items
-    return kw
+    """:class:`fstrain.models.config.Config` keyword arguments of the parsed model flags (``None`` left out)."""
+    kw = {p.split(".", 1)[1]: getattr(a, p) for p in a._model_paths}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if v is not None}
 
 
 def _add_timing_flags(p: argparse.ArgumentParser, repeats: int = 5) -> None:
@@ -113,50 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
 
     t = sub.add_parser("train", help="train on an fsdata balance OUTPUT", epilog=_TRAIN_EPILOG, formatter_class=fmt)
-    t.add_argument("shards", help="fsdata balance OUTPUT written for this world size")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (default: all)")
-    t.add_argument("--log-every-steps", "--log-every", type=int, default=10, help="rank-0 log period (default 10)")
-    t.add_argument("--checkpoint-dir", default=None)
-    t.add_argument("--checkpoint-every-steps", type=int, default=0, help="0: only at the end")
-    t.add_argument("--resume", action="store_true", help="resume from the newest checkpoint in --checkpoint-dir")
-    t.add_argument("--metrics-dir", default=None, help="write step_times.parquet and summary.json here")
-    t.add_argument("--tensorboard-dir", default=None,
-                   help="write TensorBoard event files here (loss, samples/s, per-rank compute, straggler wait, "
-                        "exposed communication per step); view with: tensorboard --logdir DIR")
-    t.add_argument("--pipeline", choices=("auto", "prioritized", "pec", "sparse-dist", "plain", "none"),
-                   default="auto", help="train pipeline (docs/pipeline.md): auto = torchrec TrainPipelinePEC where it "
-                   "runs (CUDA), else our prioritized pipeline; none: the --step-mode loop (default auto)")
-    t.add_argument("--step-mode", choices=("measured", "plain"), default="measured",
-                   help="loop used with --pipeline none: measured (timed) or plain")
-    t.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="auto: nccl with CUDA, else gloo; shm: fstrain.comm shared-memory all-to-all (CPU); "
-                   "cuda-ce: all-to-all on copy engines inside a node, the rest on NCCL (GPU; docs/comm.md)")
-    t.add_argument("--collective-timeout-seconds", type=float, default=120.0,
-                   help="a rank that makes no progress for this long makes every other rank exit with one line "
-                   "naming it, the collective and the step (default 120)")
-    from fstrain.dist import SPARSE_OPTIMIZERS, OptimConfig
-
-    o = OptimConfig()
-    t.add_argument("--dense-lr", type=float, default=o.dense_lr, help=f"AdamW learning rate (default {o.dense_lr})")
-    t.add_argument("--weight-decay", type=float, default=o.weight_decay,
-                   help=f"AdamW weight decay of the dense tower (default {o.weight_decay})")
-    t.add_argument("--sparse-lr", type=float, default=o.sparse_lr, help=f"item-table learning rate (default {o.sparse_lr})")
-    t.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default=o.sparse_optimizer,
-                   help="fused item-table optimizer (adam: CUDA only, fbgemm has no CPU Adam) "
-                        f"(default {o.sparse_optimizer})")
-    t.add_argument("--eval-data", default=None, metavar="EVAL.parquet",
-                   help="held-out file (fsdata convert --holdout last): HR@10/NDCG@10 into eval.parquet and the summary")
-    t.add_argument("--eval-every-steps", type=int, default=0, help="with --eval-data: period in steps (0: at the end)")
-    t.add_argument("--eval-every-epochs", type=int, default=0,
-                   help="with --eval-data: evaluate after every N epochs of the shards (fsdata balance --epochs)")
-    t.add_argument("--eval-max-users", type=int, default=None,
-                   help="with --eval-data: evaluate a fixed seeded sample of this many users (default: all)")
-    t.add_argument("--simulate-ranks", action="store_true",
-                   help="one process trains on each step's whole global batch (all rank files): the update of "
-                        "num_ranks ranks, for quality measurements on a small machine")
+    t.add_argument("shards", nargs="?", default=None, help="fsdata balance OUTPUT written for this world size")
+    t.add_argument("--config", default=None, metavar="FILE.yaml",
+                   help="read the settings from this YAML file (keys as --print-config prints them); flags given "
+                        "on the command line override it")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
     add_common_flags(t, name="fstrain")
-    _add_model_flags(t)
+    from fstrain.config import TrainConfig, add_config_flags
+
+    t.set_defaults(_config_paths=add_config_flags(t, TrainConfig))
 
     e = sub.add_parser("evaluate", help="HR@10/NDCG@10 of a checkpoint on a held-out file", epilog=_EVAL_EPILOG,
                        formatter_class=fmt)
@@ -174,9 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_flag(e, help="also write the result JSON here", deprecated=("--out",))
     e.add_argument("--json", action="store_true", help="print the result as JSON")
     add_common_flags(e, progress=False, name="fstrain")
-    _add_model_flags(e)
-    # model flags override the config recorded in the checkpoint only when given
-    e.set_defaults(**{k: None for k in _MODEL_FLAGS})
+    _add_model_flags(e, all_none=True)  # given flags override the config recorded in the checkpoint
 
     r = sub.add_parser("replay", help="measure the bubble R ranks would see, on one device", epilog=_REPLAY_EPILOG,
                        formatter_class=fmt)
@@ -229,40 +160,43 @@ def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, .
     return vals
 
 
-def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.dist import OptimConfig
-    from fstrain.train import TrainConfig, train
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    return next(x for x in parser._actions if isinstance(x, argparse._SubParsersAction)).choices[name]
 
-    if a.max_steps is not None and a.max_steps < 1:
-        parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
-    if a.eval_every_steps < 0:
-        parser.error(f"--eval-every-steps must be >= 0, got {a.eval_every_steps}")
-    if a.eval_every_epochs < 0:
-        parser.error(f"--eval-every-epochs must be >= 0, got {a.eval_every_epochs}")
-    if (a.eval_every_steps or a.eval_every_epochs) and not a.eval_data:
-        parser.error("--eval-every-steps / --eval-every-epochs need --eval-data EVAL.parquet")
-    if a.resume and not a.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    for flag, path in (("--checkpoint-dir", a.checkpoint_dir), ("--metrics-dir", a.metrics_dir)):
+
+def _train_config(a: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The :class:`fstrain.config.TrainConfig` of ``fstrain train``'s flags over its ``--config`` file."""
+    from fstrain.config import from_dict, load_yaml
+
+    from_file: dict = {}
+    if a.config:
+        from_file = load_yaml(a.config)
+        t = _subparser(parser, "train")
+        t.set_defaults(**{k: v for k, v in from_file.items() if k in a._config_paths or k == "shards"})
+        a = parser.parse_args(a._argv)  # flags given win over the file
+    values = {k: v for k, v in from_file.items() if k not in a._config_paths}
+    values.update({p: getattr(a, p) for p in a._config_paths})
+    values.update(shards=a.shards, progress=resolve_progress(a.progress))
+    return a, from_dict(values)
+
+
+def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from fstrain.config import to_yaml
+
+    a, cfg = _train_config(a, parser)
+    if a.print_config:
+        sys.stdout.write(to_yaml(cfg))
+        return 0
+    if cfg.shards is None:
+        parser.error("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
+    cfg.check()
+    for flag, path in (("--checkpoint-dir", cfg.checkpoint.dir), ("--metrics-dir", cfg.metrics.dir)):
         if path:
-            check_output_apart(path, [a.shards], output_name=flag, input_name="SHARDS")
-    if not a.collective_timeout_seconds > 0:
-        parser.error(f"--collective-timeout-seconds must be > 0, got {a.collective_timeout_seconds}")
+            check_output_apart(path, [cfg.shards], output_name=flag, input_name="SHARDS")
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger("fstrain").setLevel(logging.WARNING)
-    cfg = TrainConfig(shards=a.shards, model=_model_kwargs(a), max_steps=a.max_steps, seed=a.seed,
-                      log_every_steps=a.log_every_steps, checkpoint_dir=a.checkpoint_dir,
-                      checkpoint_every_steps=a.checkpoint_every_steps, resume=a.resume, step_mode=a.step_mode,
-                      metrics_dir=a.metrics_dir, backend=a.backend, tensorboard_dir=a.tensorboard_dir,
-                      progress=resolve_progress(a.progress),
-                      collective_timeout_seconds=a.collective_timeout_seconds,
-                      pipeline=None if a.pipeline == "none" else a.pipeline,
-                      eval_data=a.eval_data, eval_every_steps=a.eval_every_steps,
-                      eval_every_epochs=a.eval_every_epochs,
-                      simulate_ranks=a.simulate_ranks, eval_max_users=a.eval_max_users,
-                      optim=OptimConfig(dense_lr=a.dense_lr, sparse_lr=a.sparse_lr, weight_decay=a.weight_decay,
-                                        sparse_optimizer=a.sparse_optimizer))
-    from fstrain.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
+    from fstrain.distributed.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
+    from fstrain.train import train
 
     try:
         res = train(cfg)
@@ -280,15 +214,15 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.evaluate import evaluate_checkpoint
-    from fstrain.metrics import write_json
+    from fstrain.components.evaluator import evaluate_checkpoint
+    from fstrain.components.metrics import write_json
 
     if a.k < 1 or a.batch_size < 1:
         parser.error(f"--k and --batch-size must be >= 1, got {a.k} and {a.batch_size}")
     if a.output:
         check_output_apart(a.output, [a.checkpoint, a.eval_data], output_name="--output",
                            input_name="CHECKPOINT or EVAL_DATA")
-    given = {k: v for k, v in _model_kwargs(a).items() if v is not None}
+    given = _model_kwargs(a)
     try:
         res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
                                   mask_history=a.mask_history, padding_id=a.padding_id, backend=a.backend,
@@ -331,8 +265,8 @@ def _replay_row(label: str, r: dict) -> str:
 
 def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fsdata.balancer.bubble import reduction
-    from fstrain.metrics import write_json
-    from fstrain.replay import replay
+    from fstrain.components.metrics import write_json
+    from fstrain.measure.replay import replay
 
     if a.max_steps < 1:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
@@ -391,7 +325,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.report import write_train_report
+    from fstrain.measure.report import write_train_report
 
     r = write_train_report(a.shards, a.metrics_dir, a.html, input_path=a.input)
     if a.json:
@@ -404,8 +338,8 @@ def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
-    from fstrain.calibrate import calibrate, shard_batches
-    from fstrain.metrics import write_json
+    from fstrain.measure.calibrate import calibrate, shard_batches
+    from fstrain.components.metrics import write_json
 
     lengths = _ints(a.lengths, "--lengths", parser)
     sizes = _ints(a.batch_sizes, "--batch-sizes", parser)
@@ -444,13 +378,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parsed: list[argparse.Namespace] = []
 
+    args = sys.argv[1:] if argv is None else list(argv)
+
     def body() -> int:
-        parsed.append(parser.parse_args(argv))
+        parsed.append(parser.parse_args(args))
+        parsed[0]._argv = args
         return _main(parsed[0], parser)
 
     def location() -> str | None:
         a = parsed[0] if parsed else None
-        return a and next((getattr(a, k) for k in ("output", "metrics_dir", "checkpoint_dir")
+        return a and next((getattr(a, k) for k in ("output", "metrics.dir", "checkpoint.dir")
                            if getattr(a, k, None)), None)
 
     return run_main("fstrain", body, location)
@@ -460,6 +397,8 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       force=True)
+    # known library noise (fstrain.quiet) shows with -v only; our own warnings always
+    (show_all_noise if a.verbose else silence_known_noise)()
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
     try:

@@ -16,97 +16,34 @@ Resumption: the reader starts at the checkpoint's step; negatives depend only on
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.data import HISTORY_KEY, Batch, ShardReader, check_world_size, infer_num_items, load_manifest
-from fstrain.dist import (DistEnv, OptimConfig, allreduce_dense_grads, build_sharded_model, init_distributed,
-                          planned_device)
+from fstrain.data.batch import HISTORY_KEY, Batch
+from fstrain.data.manifest import check_world_size, infer_num_items, load_manifest, steps_per_epoch
+from fstrain.data.reader import ShardReader
+from fstrain.distributed.env import DistEnv, init_distributed, planned_device
+from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
-from fstrain.metrics import StepTiming, summarize, write_json, write_step_times
-from fstrain.model import NEGATIVE_KEY, OBJECTIVE_FOR_SAMPLES, Config, attach_negatives, objective_inputs
-from fstrain.pipelines import PipelineConfig, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
-from fstrain.steplog import StepLog
+from fstrain.components.checkpoint import resume_checkpoint, save_checkpoint
+from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
+from fstrain.models.config import NEGATIVE_KEY
+from fstrain.models.negatives import attach_negatives
+from fstrain.models.recommender import objective_inputs
+from fstrain.config import TrainConfig
+from fstrain.distributed.watchdog import PeerGuard
+from fstrain.pipelines import NO_PIPELINE, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
+from fstrain.components.steplog import StepLog
 
 logger = logging.getLogger(__name__)
-_CKPT_PREFIX = "step-"
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainConfig:
-    """One training run."""
-
-    shards: str
-    """An ``fsdata balance`` OUTPUT folder written for this world size."""
-    model: dict = field(default_factory=dict)
-    """Keyword arguments of :class:`fstrain.model.Config`; ``num_items`` is inferred when absent."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    """Optimizer settings."""
-    max_steps: int | None = None
-    """Stop after this step count (``None``: to the end of the shards)."""
-    seed: int = 0
-    """Seed of parameter init and of the shared negatives."""
-    log_every_steps: int = 10
-    """Rank 0 logs loss and throughput every this many steps."""
-    checkpoint_dir: str | None = None
-    """Where ``step-XXXXXXXX`` checkpoints go (torch.distributed.checkpoint); ``None``: none."""
-    checkpoint_every_steps: int = 0
-    """Checkpoint period in steps (0: only at the end, when ``checkpoint_dir`` is set)."""
-    resume: bool = False
-    """Resume from the newest complete checkpoint in ``checkpoint_dir`` (start fresh if none)."""
-    step_mode: str = "measured"
-    """``measured`` (timed, split backward) or ``plain`` (``loss.backward()`` through DDP)."""
-    metrics_dir: str | None = None
-    """Where ``step_times.parquet`` and ``summary.json`` go (rank 0); ``None``: not written."""
-    pipeline: str | None = None
-    """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (docs/pipeline.md): drive the
-    steps with :mod:`fstrain.pipelines` instead of ``step_mode``; ``None``: ``step_mode``."""
-    backend: str = "auto"
-    """``auto``, ``gloo``, ``nccl``, ``shm`` or ``cuda-ce`` (:func:`fstrain.dist.init_distributed`)."""
-    progress: bool = False
-    """Rank 0 shows a progress bar of the steps on stderr (``fstrain train --progress``)."""
-    tensorboard_dir: str | None = None
-    """Where rank 0 writes TensorBoard event files (:mod:`fstrain.steplog`); ``None``: none."""
-    collective_timeout_seconds: float = 120.0
-    """A peer that makes no progress for this long makes every other rank exit with one line
-    naming it (:mod:`fstrain.watchdog`); also the process groups' and the shm transport's timeout."""
-    eval_data: str | None = None
-    """Evaluation file (``fsdata convert --holdout last``): held-out HR@10/NDCG@10 during training
-    (:class:`fstrain.evaluate.Evaluator`), written to ``eval.parquet`` and the summary's ``eval``."""
-    eval_every_steps: int = 0
-    """Evaluate every this many steps (0: only at the end) when ``eval_data`` is set."""
-    eval_every_epochs: int = 0
-    """Evaluate after every this many epochs of the shards (``fsdata balance --epochs``; 0: by
-    ``eval_every_steps``) when ``eval_data`` is set."""
-    eval_max_users: int | None = None
-    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
-    simulate_ranks: bool = False
-    """World size 1 trains on each step's whole global batch (every rank file of the shards read,
-    :class:`fstrain.simulate.GlobalBatchReader`): the same update as ``num_ranks`` ranks."""
-
-
-def objective_for(manifest) -> str:
-    """The objective the field trains the manifest's samples with (:data:`fstrain.model.OBJECTIVE_FOR_SAMPLES`):
-    ``all-positions`` for ``per-user`` samples, else ``last-position`` (per-event, or samples made
-    without ``fsdata convert``, whose kind the manifest cannot say)."""
-    kind = (manifest.settings or {}).get("samples")
-    return OBJECTIVE_FOR_SAMPLES.get(kind, "last-position")
-
-
-def steps_per_epoch(manifest) -> int:
-    """Steps of one epoch of the shards (``fsdata balance --epochs``; one epoch: every step)."""
-    return int(manifest.steps_per_epoch)
 
 
 def _sync(device: torch.device) -> None:
@@ -175,57 +112,6 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
     return loss_sum, int(n), timing
 
 
-def latest_checkpoint(checkpoint_dir: str) -> tuple[str, int] | None:
-    """Newest complete checkpoint ``(path, step)`` in ``checkpoint_dir``, or ``None``."""
-    if not os.path.isdir(checkpoint_dir):
-        return None
-    best = None
-    for name in os.listdir(checkpoint_dir):
-        p = os.path.join(checkpoint_dir, name)
-        digits = name[len(_CKPT_PREFIX):]
-        if name.startswith(_CKPT_PREFIX) and digits.isdigit() and os.path.exists(os.path.join(p, "fstrain.json")):
-            step = int(digits)
-            if best is None or step > best[1]:
-                best = (p, step)
-    return best
-
-
-def _state(dmp, opt) -> dict:
-    return {"model": dmp.state_dict(), "optim": opt.state_dict()}
-
-
-def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, env: DistEnv, extra: dict) -> str:
-    """Save with torch.distributed.checkpoint into ``step-XXXXXXXX`` (complete once ``fstrain.json`` exists).
-
-    Args:
-        step: the next step to train (the number of steps done).
-        extra: recorded in ``fstrain.json`` (settings to check on resume).
-
-    Returns:
-        The checkpoint folder.
-    """
-    path = os.path.join(checkpoint_dir, f"{_CKPT_PREFIX}{step:08d}")
-    if env.rank == 0 and os.path.exists(path):
-        shutil.rmtree(path)
-    dist.barrier()
-    with record_function("## checkpoint ##"):
-        dcp.save(_state(dmp, opt), checkpoint_id=path)
-    dist.barrier()
-    if env.rank == 0:
-        write_json({"step": step, "world_size": env.world_size, **extra}, os.path.join(path, "fstrain.json"))
-    dist.barrier()
-    return path
-
-
-def load_checkpoint(dmp, opt, path: str) -> None:
-    """Load a checkpoint written by :func:`save_checkpoint` into ``dmp`` and ``opt`` in place."""
-    opt.init_state()  # Adam's state is created lazily; DCP loads into existing tensors
-    state = _state(dmp, opt)
-    dcp.load(state, checkpoint_id=path)
-    dmp.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
-
-
 def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
     """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=env.device)
@@ -246,48 +132,26 @@ class TrainResult:
     optimizer: object
 
 
-class _PeerGuard:
-    """Holds the :class:`fstrain.watchdog.CollectiveWatchdog` of a run once the process group exists."""
-
-    def __init__(self, timeout_seconds: float) -> None:
-        self.timeout_seconds = timeout_seconds
-        self.watchdog = None
-
-    def start(self, env: DistEnv) -> None:
-        if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:
-            from fstrain.watchdog import CollectiveWatchdog
-
-            self.watchdog = CollectiveWatchdog(env.rank, env.world_size, self.timeout_seconds).start()
-
-    def step(self, step: int) -> None:
-        if self.watchdog is not None:
-            self.watchdog.step(step)
-
-    def stop(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.stop()
-
-
 def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     """Train on ``cfg.shards``; rank 0 logs and writes the metrics.
 
-    With more than one rank, a :class:`fstrain.watchdog.CollectiveWatchdog` guards the run: a
+    With more than one rank, a :class:`fstrain.distributed.watchdog.CollectiveWatchdog` guards the run: a
     peer that stops making progress for ``cfg.collective_timeout_seconds`` makes this rank print
     one line naming it (and the collective and step) and exit with status 3; a collective that
-    fails because a peer died raises :class:`fstrain.watchdog.PeerFailureError` with that line.
+    fails because a peer died raises :class:`fstrain.distributed.watchdog.PeerFailureError` with that line.
 
     Returns:
-        :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.metrics.summarize`).
+        :class:`TrainResult`; ``summary`` has the measured bubble (see :func:`fstrain.components.metrics.summarize`).
 
     Raises:
         ShardMismatchError: shards written for another world size (before any collective).
         ShardError / ConfigError: bad shards or settings.
         PeerFailureError: a peer rank exited or stopped responding during a collective.
     """
-    from fstrain.comm.base import CommError
-    from fstrain.watchdog import PeerFailureError
+    from fstrain.distributed.comm.base import CommError
+    from fstrain.distributed.watchdog import PeerFailureError
 
-    guard = _PeerGuard(cfg.collective_timeout_seconds)
+    guard = PeerGuard(cfg.collective_timeout_seconds)
     try:
         return _train(cfg, env, guard)
     except (RuntimeError, CommError, dist.DistError) as e:
@@ -299,13 +163,10 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
         guard.stop()
 
 
-def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainResult:
+def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResult:
     """:func:`train`'s body; ``guard`` receives the watchdog and the progress marks."""
-    if cfg.step_mode not in ("measured", "plain"):
-        raise ConfigError(f"step_mode must be 'measured' or 'plain', got {cfg.step_mode!r}")
-    pcfg = PipelineConfig(name=cfg.pipeline) if cfg.pipeline else None  # unknown name: PipelineError
-    if cfg.max_steps is not None and cfg.max_steps < 1:
-        raise ConfigError(f"--max-steps must be >= 1, got {cfg.max_steps}")
+    cfg.check()
+    pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
     if cfg.simulate_ranks and world != 1:
@@ -315,39 +176,28 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         check_world_size(manifest, world)
     pipe_name = None
     if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
-        pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.backend))
-        if pipe_name == "pec" and cfg.checkpoint_dir and cfg.checkpoint_every_steps:
+        pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.comm.backend))
+        if pipe_name == "pec" and cfg.checkpoint.dir and cfg.checkpoint.every_steps:
             raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
                               "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
                               "or --pipeline prioritized")
-    if cfg.collective_timeout_seconds <= 0:
-        raise ConfigError(f"--collective-timeout-seconds must be > 0, got {cfg.collective_timeout_seconds}")
-    env = env or init_distributed(cfg.backend, timeout_seconds=cfg.collective_timeout_seconds)
+    env = env or init_distributed(timeout_seconds=cfg.collective_timeout_seconds, comm=cfg.comm)
     guard.start(env)
     torch.manual_seed(cfg.seed)
-    model_kwargs = dict(cfg.model)
-    model_kwargs.setdefault("num_items", infer_num_items(manifest))
-    model_kwargs.setdefault("objective", objective_for(manifest))
-    mcfg = Config(**model_kwargs)
+    mcfg = cfg.model.for_data(manifest, num_items=infer_num_items(manifest) if cfg.model.num_items is None else None)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0
-    if cfg.resume and cfg.checkpoint_dir:
-        found = latest_checkpoint(cfg.checkpoint_dir)
+    if cfg.checkpoint.resume and cfg.checkpoint.dir:
+        found = resume_checkpoint(dmp, opt, cfg.checkpoint.dir, env.world_size)
         if found:
-            with open(os.path.join(found[0], "fstrain.json")) as fh:
-                meta = json.load(fh)
-            if meta.get("world_size") != env.world_size:
-                raise ConfigError(f"checkpoint {found[0]} is from world size {meta.get('world_size')}, "
-                                  f"this job has {env.world_size}; resume with the same world size")
-            load_checkpoint(dmp, opt, found[0])
             start = found[1]
             if env.rank == 0:
                 logger.info("resumed from %s at step %d", found[0], start)
     max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start)
     try:
         if cfg.simulate_ranks:
-            from fstrain.simulate import GlobalBatchReader
+            from fstrain.data.simulate import GlobalBatchReader
 
             reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps), ""
         else:
@@ -357,22 +207,22 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
     _check_all_ranks(reader is not None, err, env)
     guard.step(start)
     evaluator = None
-    if cfg.eval_data:
-        from fstrain.evaluate import Evaluator
+    if cfg.eval.data:
+        from fstrain.components.evaluator import Evaluator
 
         spe = steps_per_epoch(manifest)
-        every = cfg.eval_every_epochs * spe if cfg.eval_every_epochs else cfg.eval_every_steps
-        evaluator = Evaluator(cfg.eval_data, every_steps=every, num_items=mcfg.num_items,
+        every = cfg.eval.every_epochs * spe if cfg.eval.every_epochs else cfg.eval.every_steps
+        evaluator = Evaluator(cfg.eval.data, every_steps=every, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
-                              max_users=cfg.eval_max_users, steps_per_epoch=spe)
+                              max_users=cfg.eval.max_users, steps_per_epoch=spe)
     timings: list[StepTiming] = []
-    steplog = StepLog(env.rank, env.world_size, cfg.tensorboard_dir)  # per-step loss; TensorBoard
+    steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
     total_samples, total_tokens, t_start, eval_seconds = 0, 0, time.perf_counter(), 0.0
     step = start
     ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
-    pipe = make_pipeline(PipelineConfig(name=pipe_name), dmp, opt, env.device) if pipe_name else None
+    pipe = make_pipeline(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
         raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
                          "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
@@ -381,7 +231,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
         # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
         # unless checkpoints are taken between steps (the state must match the item's step)
-        lag = env.device.type == "cuda" and not (cfg.checkpoint_dir and cfg.checkpoint_every_steps)
+        lag = env.device.type == "cuda" and not (cfg.checkpoint.dir and cfg.checkpoint.every_steps)
         source = pipeline_steps(pipe, host, env.rank, lag=lag)
     else:
         source = reader
@@ -404,7 +254,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             if env.device.type == "cuda":
                 batch = batch.pin_memory()  # so the copy below is asynchronous
             batch = batch.to(env.device, non_blocking=True)
-            if cfg.step_mode == "plain":
+            if cfg.pipeline.step_mode == "plain":
                 loss_sum, n = train_step(dmp, opt, batch)
             else:
                 loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
@@ -420,7 +270,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         window_tokens += num_tokens
         total_samples += num_samples
         total_tokens += num_tokens
-        if cfg.log_every_steps and step % cfg.log_every_steps == 0:
+        if cfg.metrics.log_every_steps and step % cfg.metrics.log_every_steps == 0:
             stats = torch.stack([window_loss] + [torch.tensor(float(v), dtype=torch.float64, device=env.device)
                                                  for v in (window_n, window_samples, window_tokens)])
             dist.all_reduce(stats)
@@ -431,10 +281,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
             steplog.window(step, samples_per_second=stats[2].item() / dt, tokens_per_second=stats[3].item() / dt)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
-        if cfg.checkpoint_dir and cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step, env.rank, env.world_size, ckpt_extra)
             guard.step(step)  # a long save is progress, not a hang
         if evaluator and evaluator.every_steps and step % evaluator.every_steps == 0:
             if pipe:
@@ -452,9 +302,9 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
             steplog.log_eval(step, metrics)
-    if cfg.checkpoint_dir and (not cfg.checkpoint_every_steps or step % cfg.checkpoint_every_steps):
+    if cfg.checkpoint.dir and (not cfg.checkpoint.every_steps or step % cfg.checkpoint.every_steps):
         if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint_dir, step, env, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step, env.rank, env.world_size, ckpt_extra)
     if evaluator:
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard
@@ -476,12 +326,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: _PeerGuard) -> TrainRes
         summary["eval_final"] = evaluator.records[-1] if evaluator.records else None
         summary["eval_best"] = evaluator.best()
     if env.rank == 0:
-        if cfg.metrics_dir and all_timings:
-            write_step_times(all_timings, os.path.join(cfg.metrics_dir, "step_times.parquet"))
-        if cfg.metrics_dir and evaluator and evaluator.records:
-            evaluator.write(os.path.join(cfg.metrics_dir, "eval.parquet"))
-        if cfg.metrics_dir:
-            write_json(summary, os.path.join(cfg.metrics_dir, "summary.json"))
+        if cfg.metrics.dir and all_timings:
+            write_step_times(all_timings, os.path.join(cfg.metrics.dir, "step_times.parquet"))
+        if cfg.metrics.dir and evaluator and evaluator.records:
+            evaluator.write(os.path.join(cfg.metrics.dir, "eval.parquet"))
+        if cfg.metrics.dir:
+            write_json(summary, os.path.join(cfg.metrics.dir, "summary.json"))
         logger.info("done: steps %d..%d measured bubble %.4f (predicted %.4f)", start, step - 1,
                     summary["measured_bubble"], manifest.predicted_bubble)
     return TrainResult(summary, dmp, opt)

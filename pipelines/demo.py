@@ -192,7 +192,7 @@ def train_demo(samples: Path, out: Path, steps: int, *, progress: bool = True, s
         say(f"held-out:          HR@10 {ev['hr@10']:.4f} NDCG@10 {ev['ndcg@10']:.4f} after {ev['epoch']:.2f} epochs "
             f"({ev['num_users']:,} users, full ranking; a {steps}-step demo, far from convergence: "
             "benchmarks/bench_quality.py --reproduce trains to it)")
-    from fstrain.report import write_train_report
+    from fstrain.measure.report import write_train_report
 
     report = write_train_report(shards, metrics, out / "train-report.html", input_path=samples)
     say(f"training report:   {Path(report['html']).resolve().as_uri()}")

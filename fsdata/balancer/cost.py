@@ -8,7 +8,7 @@ analytic models below and what ``fstrain calibrate`` fits on a device. Specs (``
 * ``hstu[:d_model=256,num_heads=4,head_dim=64,num_layers=4,causal=1]``: forward matmul FLOPs of
   HSTU layers (Zhai et al. 2024, "Actions Speak Louder than Words", eqs. 1-3; layer as in
   meta-recsys/generative-recommenders' ``SequentialTransductionUnitJagged`` and fstrain's
-  :class:`fstrain.hstu.HSTUBlock` with ``embedding_dim=d_model`` and
+  :class:`fstrain.models.hstu.HSTUBlock` with ``embedding_dim=d_model`` and
   ``attention_dim=linear_dim=head_dim``, as in GR's configs where ``dqk == dv``). Per layer, the
   U/V/Q/K projection ``2*L*d*4*h*dh``, the output projection ``2*L*h*dh*d``, and attention
   ``QK^T`` plus ``AV`` ``2*2*h*dh*L^2``. ``causal=1`` halves the ``L^2`` term, as fused causal

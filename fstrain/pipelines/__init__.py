@@ -1,6 +1,6 @@
 """Training pipelines: one interface, one verb (``progress``), four schedules selectable by name.
 
-Every pipeline trains the same sharded model (:func:`fstrain.dist.build_sharded_model`) on the
+Every pipeline trains the same sharded model (:func:`fstrain.distributed.sharding.build_sharded_model`) on the
 same batches and must end with the same parameters as the plain, non-pipelined step (proved by
 ``tests/fstrain/test_pipeline.py``); they differ only in *when* the embedding communication runs:
 
@@ -37,7 +37,9 @@ import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.pipelines.base import (
+    NO_PIPELINE,
     PIPELINE_NAMES,
+    STEP_MODES,
     PipelineConfig,
     PipelineError,
     PipelineUnavailableError,
@@ -97,15 +99,15 @@ def model_builder(name: str) -> Callable:
     """The sharded-model builder pipeline ``name`` needs (a name from :func:`resolve_pipeline_name`).
 
     Returns:
-        :func:`fstrain.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
+        :func:`fstrain.distributed.pec.build_pec_sharded_model` for ``pec`` (the item table wrapped in
         ``PECEmbeddingCollection``, which ``TrainPipelinePEC`` requires), else
-        :func:`fstrain.dist.build_sharded_model`; both take ``(config, optim, env)``.
+        :func:`fstrain.distributed.sharding.build_sharded_model`; both take ``(config, optim, env)``.
     """
     if name == "pec":
-        from fstrain.pec import build_pec_sharded_model
+        from fstrain.distributed.pec import build_pec_sharded_model
 
         return build_pec_sharded_model
-    from fstrain.dist import build_sharded_model
+    from fstrain.distributed.sharding import build_sharded_model
 
     return build_sharded_model
 
@@ -130,6 +132,8 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if isinstance(config, str):
         config = PipelineConfig(name=config)
     name = config.name
+    if name == NO_PIPELINE:
+        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
     kw = {"measure_straggler_wait": config.measure_straggler_wait}
     if name in ("pec", "auto"):
         reason = pec_unavailable_reason(dmp, device)
@@ -149,7 +153,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
                                ordered_collectives=config.ordered_collectives, **kw)
 
 
-__all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
+__all__ = ["NO_PIPELINE", "PIPELINE_NAMES", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
            "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
            "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
            "pipeline_steps", "resolve_pipeline_name", "run_steps"]

@@ -19,14 +19,18 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.batch import Batch
+from fstrain.data.batch import Batch
 from fstrain.errors import ConfigError
-from fstrain.metrics import StepTiming
+from fstrain.components.metrics import StepTiming
 from fstrain.pipelines.timing import ComputeTimer, TimedOptimizer
 
 logger = logging.getLogger(__name__)
 
 PIPELINE_NAMES = ("plain", "sparse-dist", "pec", "prioritized", "auto")
+#: ``PipelineConfig.name`` of no pipeline: ``fstrain train`` drives the steps with its own loop (``step_mode``).
+NO_PIPELINE = "none"
+#: ``PipelineConfig.step_mode``: the loop used without a pipeline.
+STEP_MODES = ("measured", "plain")
 
 
 class PipelineError(ConfigError):
@@ -43,7 +47,12 @@ class PipelineConfig:
 
     name: str = "plain"
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (``pec`` where it runs,
-    else ``prioritized``)."""
+    else ``prioritized``; docs/pipeline.md); ``none``: no pipeline, the training loop's own
+    step (``step_mode``)."""
+    step_mode: str = "measured"
+    """With ``name="none"``: ``measured`` (the backward split at the embedding output, so local
+    compute is timed apart from the wait for the other ranks) or ``plain`` (``loss.backward()``
+    through DDP)."""
     pec_fallback: bool = False
     """When ``name == "pec"`` cannot run here, use ``prioritized`` (with a warning) instead of
     raising :class:`PipelineUnavailableError`."""
@@ -59,8 +68,11 @@ class PipelineConfig:
     ``fs_cuda_ce``, off for gloo / ``fs_shm``. Same results either way."""
 
     def __post_init__(self) -> None:
-        if self.name not in PIPELINE_NAMES:
-            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+        if self.name not in (*PIPELINE_NAMES, NO_PIPELINE):
+            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(PIPELINE_NAMES)} or "
+                                f"{NO_PIPELINE}")
+        if self.step_mode not in STEP_MODES:
+            raise PipelineError(f"step_mode must be one of {', '.join(STEP_MODES)}, got {self.step_mode!r}")
 
 
 @dataclass(slots=True)
@@ -131,7 +143,7 @@ class TrainPipeline(abc.ABC):
     """One training step per call of :meth:`progress`; subclasses choose the schedule.
 
     Args:
-        dmp: the sharded model from :func:`fstrain.dist.build_sharded_model`.
+        dmp: the sharded model from :func:`fstrain.distributed.sharding.build_sharded_model`.
         optimizer: its optimizer (fused sparse + dense Adam).
         device: where the model runs.
         measure_straggler_wait: time the wait for the slowest rank apart (a one-element
@@ -178,8 +190,8 @@ class TrainPipeline(abc.ABC):
         or are moved there by the pipeline).
 
         Args:
-            dataloader_iter: yields :class:`fstrain.data.Batch` (with
-                :func:`fstrain.model.with_negatives` applied); every rank yields the same number.
+            dataloader_iter: yields :class:`fstrain.data.batch.Batch` (with
+                :func:`fstrain.models.negatives.with_negatives` applied); every rank yields the same number.
 
         Returns:
             :class:`StepOutput` of the batch trained in this call (pipelines that read ahead
@@ -244,7 +256,7 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int,
     Yields:
         ``(step, loss_sum, num_samples, num_tokens, timing)``: ``Batch.step`` of the trained batch,
         its detached loss sum (tensor), sample and history-item counts, and a
-        :class:`fstrain.metrics.StepTiming` with ``compute_seconds`` (dense forward + backward
+        :class:`fstrain.components.metrics.StepTiming` with ``compute_seconds`` (dense forward + backward
         + optimizer), ``wait_seconds`` (straggler wait), ``sync_seconds`` (exposed
         communication) and ``sparse_forward_seconds`` 0 (inside the exposed communication).
     """

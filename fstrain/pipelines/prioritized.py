@@ -36,9 +36,10 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from fstrain.batch import HISTORY_KEY, TARGET_KEY, Batch
-from fstrain.dist import dense_parameters
-from fstrain.model import NEGATIVE_KEY, objective_inputs
+from fstrain.data.batch import HISTORY_KEY, TARGET_KEY, Batch
+from fstrain.distributed.sharding import dense_parameters
+from fstrain.models.config import NEGATIVE_KEY
+from fstrain.models.recommender import objective_inputs
 from fstrain.pipelines.base import PipelineError, TrainPipeline
 from fstrain.pipelines.ordering import CollectiveOrderGate, needs_ordered_collectives
 
@@ -135,7 +136,7 @@ class PrioritizedPipeline(TrainPipeline):
         shardings = getattr(ec, "_sharding_type_to_sharding", {})
         if list(shardings) != ["row_wise"] or len(ec._lookups) != 1:
             raise PipelineError(f"the prioritized pipeline needs one row-wise sharded table group; this model has "
-                                f"sharding types {list(shardings)}; build it with fstrain.dist.build_sharded_model")
+                                f"sharding types {list(shardings)}; build it with fstrain.distributed.sharding.build_sharded_model")
         self._lookup = ec._lookups[0]  # GroupedEmbeddingsLookup over this rank's rows (fused TBE)
         self._feature_names = list(shardings["row_wise"].feature_names())
         (table_name, weight), = [(k, v) for k, v in ec.state_dict().items() if k.endswith(".weight")]

@@ -1,4 +1,4 @@
-"""Single-process tests of fstrain.comm: split checks, ring layout, configs, errors."""
+"""Single-process tests of fstrain.distributed.comm: split checks, ring layout, configs, errors."""
 
 from __future__ import annotations
 
@@ -9,16 +9,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fstrain.comm import (
-    CommConfig,
-    PeerTimeoutError,
-    ShmBackend,
-    SplitMismatchError,
-    register_torch_backends,
-)
-from fstrain.comm.base import allocate_output, check_splits, even_splits
-from fstrain.comm.cuda_ce import plan_rounds
-from fstrain.comm.shm import _ring_index, num_chunks, ring_bytes, segment_bytes
+from fstrain.distributed.comm import (CommConfig, PeerTimeoutError, ShmBackend, SplitMismatchError,
+                                      register_torch_backends)
+from fstrain.distributed.comm.base import allocate_output, check_splits, even_splits
+from fstrain.distributed.comm.cuda_ce import plan_rounds
+from fstrain.distributed.comm.shm_segment import _ring_index, num_chunks, ring_bytes, segment_bytes
 
 
 def test_check_splits_rejects_bad_lengths_counts_and_sums():
@@ -109,7 +104,7 @@ def test_process_group_override_is_reached_through_the_c10d_dispatcher():
 
     from torch.distributed.distributed_c10d import _register_process_group, _unregister_process_group
 
-    from fstrain.comm.process_group import ShmProcessGroup
+    from fstrain.distributed.comm.process_group import ShmProcessGroup
 
     pg = ShmProcessGroup(dist.HashStore(), 0, 1, timedelta(seconds=5))
     _register_process_group("fs_shm_unit", pg)
@@ -128,7 +123,7 @@ def test_process_group_override_is_reached_through_the_c10d_dispatcher():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA guard")
 def test_cuda_ce_without_cuda_raises_a_clear_error():
-    from fstrain.comm import BackendUnavailableError, CopyEngineBackend
+    from fstrain.distributed.comm import BackendUnavailableError, CopyEngineBackend
 
     with pytest.raises(BackendUnavailableError, match="needs CUDA; use 'shm' or 'gloo'"):
         CopyEngineBackend(None)

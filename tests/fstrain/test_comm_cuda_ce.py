@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multiproc]
 
 
 def _ce_equals_nccl(rank, world_size, init_file):
-    from fstrain.comm import CommConfig, CopyEngineBackend, build_backend
+    from fstrain.distributed.comm import CommConfig, CopyEngineBackend, build_backend
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
@@ -49,7 +49,7 @@ def test_copy_engine_all_to_all_v_equals_nccl():
 def _process_group_equals_nccl(rank, world_size, init_file):
     """The fs_cuda_ce process group: dist.all_to_all_single on it equals NCCL's, and a split
     mismatch is raised on every rank with the same message."""
-    from fstrain.comm import CommConfig, SplitMismatchError, register_torch_backends
+    from fstrain.distributed.comm import CommConfig, SplitMismatchError, register_torch_backends
 
     torch.cuda.set_device(rank)
     name = register_torch_backends(CommConfig(backend="cuda-ce"))
@@ -89,11 +89,13 @@ def test_cuda_ce_process_group_equals_nccl_and_agrees_on_split_errors():
 
 
 def _train_worker(shards, backend):
-    from fstrain.dist import local_state
-    from fstrain.train import TrainConfig, train
+    from fstrain.distributed.sharding import local_state
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
-                            max_steps=4, pipeline="prioritized", backend=backend, log_every_steps=0))
+    res = train(from_dict({"shards": shards, "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+                           "max_steps": 4, "pipeline.name": "prioritized", "comm.backend": backend,
+                           "metrics.log_every_steps": 0}))
     return local_state(res.model)
 
 
@@ -114,8 +116,8 @@ def _hierarchical_equals_nccl(rank, world_size, init_file):
     """fs_cuda_ce over 2 "nodes" (FSTRAIN_NODE_ID): copy engines inside a node, NCCL across, equal to NCCL."""
     import os
 
-    from fstrain.comm import CommConfig, register_torch_backends
-    from fstrain.comm.hierarchical import NODE_ID_ENV
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm.hierarchical import NODE_ID_ENV
 
     os.environ[NODE_ID_ENV] = f"node{rank * 2 // world_size}"  # 4 GPUs: 2 x 2; 2 GPUs: 2 x 1
     torch.cuda.set_device(rank)

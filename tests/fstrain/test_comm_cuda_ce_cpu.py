@@ -14,14 +14,14 @@ from tests.fstrain.shards import write_shards
 
 
 def test_one_backend_table_everywhere():
-    from fstrain import backends, dist as fdist
+    from fstrain.distributed import backends, env as fdist
     from fstrain.cli import build_parser
-    from fstrain.comm import BACKEND_NAMES, CommConfig
+    from fstrain.distributed.comm import BACKEND_NAMES, CommConfig
 
     assert BACKEND_NAMES == backends.BACKEND_NAMES == ("gloo", "nccl", "shm", "cuda-ce")
     assert fdist.BACKENDS == ("auto", *BACKEND_NAMES)
     train = build_parser()._subparsers._group_actions[0].choices["train"]
-    (backend_action,) = [a for a in train._actions if a.dest == "backend"]
+    (backend_action,) = [a for a in train._actions if "--backend" in a.option_strings]
     assert tuple(backend_action.choices) == fdist.BACKENDS
     for name in BACKEND_NAMES:
         CommConfig(backend=name)
@@ -29,7 +29,7 @@ def test_one_backend_table_everywhere():
 
 
 def test_register_cuda_ce_is_its_own_process_group_backend():
-    from fstrain.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
 
     name = register_torch_backends(CommConfig(backend="cuda-ce"))
     assert name == "fs_cuda_ce"  # no longer plain "nccl": the all-to-all is ours
@@ -49,7 +49,7 @@ def test_train_backend_cuda_ce_without_cuda_is_one_line(tmp_path, capsys):
 
 
 def test_topology_by_device_uuid():
-    from fstrain.comm.cuda_ce import copy_engine_reason
+    from fstrain.distributed.comm.cuda_ce import copy_engine_reason
 
     visible = ["GPU-a", "GPU-b"]
     yes = lambda i, j: True  # noqa: E731
@@ -65,7 +65,7 @@ def test_topology_by_device_uuid():
 
 
 def test_split_mismatch_message_names_every_bad_pair():
-    from fstrain.comm.cuda_ce import split_mismatch_message
+    from fstrain.distributed.comm.cuda_ce import split_mismatch_message
 
     send = [[0, 8, 16], [4, 0, 0], [0, 0, 0]]
     recv = [[0, 4, 0], [8, 0, 0], [16, 0, 0]]  # recv[q][p]: q expects from p
@@ -79,7 +79,7 @@ def test_split_mismatch_message_names_every_bad_pair():
 def _agreement_worker(fake_ok_rank1: bool):
     """Each rank: a fake local capability; one all-reduce decides. Then a split-size exchange of
     the rows every rank holds after the metadata step, checked on every rank."""
-    from fstrain.comm.cuda_ce import agree, split_mismatch_message
+    from fstrain.distributed.comm.cuda_ce import agree, split_mismatch_message
 
     dist.init_process_group("gloo")
     rank, w = dist.get_rank(), dist.get_world_size()

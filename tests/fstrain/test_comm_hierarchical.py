@@ -1,6 +1,6 @@
 """Hierarchical all-to-all-v (shm / copy engines inside a node, gloo / NCCL across).
 
-Single process: the routing core (:mod:`fstrain.comm.hierarchical`) driven by one thread per rank
+Single process: the routing core (:mod:`fstrain.distributed.comm.hierarchical`) driven by one thread per rank
 over in-process exchanges equals a plain all-to-all for many layouts (contiguous, interleaved,
 single-rank nodes) and random uneven splits with zeros. Multi-process (``multiproc``): 4 ranks as
 2 "nodes" of 2 (``FSTRAIN_NODE_ID``) on the ``fs_shm`` process group equal gloo's
@@ -16,16 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fstrain.comm.base import CommBackend
-from fstrain.comm.hierarchical import (
-    NODE_ID_ENV,
-    HierarchicalAllToAll,
-    NodeLayout,
-    gather_rows,
-    node_key,
-    plan_route,
-    scatter_rows,
-)
+from fstrain.distributed.comm.base import CommBackend
+from fstrain.distributed.comm.hierarchical import (NODE_ID_ENV, HierarchicalAllToAll, NodeLayout, gather_rows,
+                                                   node_key, plan_route, scatter_rows)
 
 
 def _reference(inputs: list[torch.Tensor], m: list[list[int]]) -> list[torch.Tensor]:
@@ -277,9 +270,9 @@ def _row_wise_lookup(rank, world_size):
 def _hierarchical_worker():
     import os
 
-    from fstrain.comm import CommConfig, register_torch_backends
-    from fstrain.comm.process_group import ShmProcessGroup
-    from fstrain.comm.shm import ShmBackend
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm.process_group import ShmProcessGroup
+    from fstrain.distributed.comm.shm import ShmBackend
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     os.environ[NODE_ID_ENV] = f"node{rank // 2}"  # 2 "nodes" x 2 ranks
@@ -318,7 +311,7 @@ def _hierarchical_worker():
     out["calls"] = pg.num_shm_all_to_all
     # one rank cannot build its node-local transport: every rank raises, none hangs (last: the failed
     # group creation leaves nothing usable behind)
-    from fstrain.comm import BackendUnavailableError
+    from fstrain.distributed.comm import BackendUnavailableError
 
     os.environ[NODE_ID_ENV] = f"node{rank // 2}"
     bad = ShmBackend.Config(timeout_seconds=3, shm_dir="/nonexistent" if rank == 3 else "/dev/shm")
@@ -355,16 +348,18 @@ def test_fs_shm_on_two_nodes_of_two_equals_gloo():
 def _train_worker(shards, backend, pipeline):
     import os
 
-    from fstrain.dist import init_distributed, local_state
-    from fstrain.train import TrainConfig, train
+    from fstrain.distributed.env import init_distributed
+    from fstrain.distributed.sharding import local_state
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     rank = int(os.environ["RANK"])
     if int(os.environ["WORLD_SIZE"]) > 1:
         os.environ[NODE_ID_ENV] = f"node{rank // 2}"  # 2 "nodes" x 2 ranks
     init_distributed(backend)
     pg = dist.group.WORLD
-    res = train(TrainConfig(shards=shards, model=dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=2),
-                            max_steps=3, log_every_steps=0, pipeline=pipeline))
+    res = train(from_dict({"shards": shards, "model": dict(embedding_dim=8, num_negatives=4, num_layers=1, num_heads=2),
+                           "max_steps": 3, "metrics.log_every_steps": 0, "pipeline.name": pipeline or "none"}))
     hier = getattr(pg, "hierarchical", None)
     return local_state(res.model), (hier.num_calls, hier.inter_rows) if hier is not None else None
 

@@ -147,7 +147,7 @@ _EQUALITY_SETUPS = {2: (1 << 16, 100_000), 3: (1 << 20, 8_000), 4: (1 << 14, 5_0
 
 
 def _check_group(rank, world_size, group, gloo, cfg):
-    from fstrain.comm import CommConfig, build_backend
+    from fstrain.distributed.comm import CommConfig, build_backend
 
     direct = build_backend(CommConfig(backend="shm", shm=cfg), group=group)
     checked, max_bytes = [], 0
@@ -197,9 +197,9 @@ def _check_group(rank, world_size, group, gloo, cfg):
 
 def _equal_to_gloo(rank, world_size, init_file):
     """Default group fs_shm over 4 ranks, then fs_shm subgroups of 2, 3 and 4 ranks."""
-    from fstrain.comm import CommConfig, register_torch_backends
-    from fstrain.comm.process_group import ShmProcessGroup
-    from fstrain.comm.shm import ShmBackend
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm.process_group import ShmProcessGroup
+    from fstrain.distributed.comm.shm import ShmBackend
 
     _init(rank, world_size, init_file, register_torch_backends(CommConfig(backend="shm")))
     assert isinstance(dist.group.WORLD, ShmProcessGroup)
@@ -243,7 +243,7 @@ def _try(fn):
 
 
 def _failures(rank, world_size, init_file, scenarios):
-    from fstrain.comm import ShmBackend
+    from fstrain.distributed.comm import ShmBackend
 
     _init(rank, world_size, init_file, "gloo")
     store = dist.distributed_c10d._get_default_store()

@@ -64,8 +64,8 @@ def _in_thread(fn):
 
 
 def _threads(rank, world_size, init_file):
-    from fstrain.comm import CommConfig, ConcurrentCollectiveError, register_torch_backends
-    from fstrain.comm.shm import ShmBackend
+    from fstrain.distributed.comm import CommConfig, ConcurrentCollectiveError, register_torch_backends
+    from fstrain.distributed.comm.shm import ShmBackend
 
     # Small chunks and 2-slot rings: every big exchange wraps its rings many times.
     cfg = ShmBackend.Config(chunk_bytes=1 << 12, num_slots=2, timeout_seconds=10,

@@ -33,7 +33,7 @@ def _row_wise_embedding_collection(rank, world_size, init_file):
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.types import ShardingEnv, ShardingType
 
-    from fstrain.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
 
     _init(rank, world_size, init_file, register_torch_backends(CommConfig(backend="shm")))
     pg = dist.group.WORLD
@@ -76,7 +76,7 @@ _OBJECT_ROUNDS = 300
 def _other_collectives(rank, world_size, init_file):
     """Every non-all-to-all collective of the fs_shm group (gloo underneath), called from Python
     and from C++ (DDP's parameter check), with the results gloo gives."""
-    from fstrain.comm import CommConfig, register_torch_backends
+    from fstrain.distributed.comm import CommConfig, register_torch_backends
 
     _init(rank, world_size, init_file, register_torch_backends(CommConfig(backend="shm")))
     pg = dist.group.WORLD

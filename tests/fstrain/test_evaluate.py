@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fstrain.evaluate import EvalData, evaluate_model, hr_ndcg_sums, load_eval_data, mask_scores, target_ranks
+from fstrain.components.evaluator import (EvalData, evaluate_model, hr_ndcg_sums, load_eval_data, mask_scores,
+                                          target_ranks)
 from fstrain.errors import ConfigError
 from tests.fstrain.multiproc import run_ranks
 from tests.fstrain.shards import write_shards
@@ -86,7 +87,7 @@ def _eval_file(path, num_users=40, num_items=50, seed=0):
 
 def test_evaluate_model_equals_per_user_brute_force(tmp_path):
     """Batched, length-sorted scoring gives each user the rank a one-user forward gives."""
-    from fstrain.model import Config, SequentialRecommender
+    from fstrain.models import Config, SequentialRecommender
 
     torch.manual_seed(0)
     model = SequentialRecommender(Config(num_items=50, **MODEL))
@@ -120,18 +121,20 @@ def test_bad_eval_files(tmp_path):
     with pytest.raises(ConfigError, match="lacks columns"):
         load_eval_data(str(tmp_path / "x.parquet"))
     data = EvalData("e", np.array([0]), np.array([3]), np.array([0, 1]), np.array([60]))
-    from fstrain.model import Config, SequentialRecommender
+    from fstrain.models import Config, SequentialRecommender
 
     with pytest.raises(ConfigError, match="num_items 50"):
         evaluate_model(SequentialRecommender(Config(num_items=50, **MODEL)), data, num_items=50)
 
 
 def _train_eval_worker(shards, eval_path, ckpt, metrics, simulate):
-    from fstrain.evaluate import evaluate_checkpoint
-    from fstrain.train import TrainConfig, train
+    from fstrain.components.evaluator import evaluate_checkpoint
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    res = train(TrainConfig(shards=shards, model=MODEL, max_steps=3, log_every_steps=0, eval_data=eval_path,
-                            eval_every_steps=2, checkpoint_dir=ckpt, metrics_dir=metrics, simulate_ranks=simulate))
+    res = train(from_dict({"shards": shards, "model": MODEL, "max_steps": 3, "pipeline.name": "none",
+                           "metrics": {"log_every_steps": 0, "dir": metrics}, "eval": {"data": eval_path, "every_steps": 2},
+                           "checkpoint.dir": ckpt, "simulate_ranks": simulate}))
     again = evaluate_checkpoint(os.path.join(ckpt, "step-00000003"), eval_path) if ckpt else None
     return res.summary, again
 
@@ -188,7 +191,7 @@ def test_subsample_is_seeded_and_keeps_rows_intact(tmp_path):
 
 
 def test_popularity_ranking_hand_computed():
-    from fstrain.evaluate import evaluate_popularity
+    from fstrain.components.evaluator import evaluate_popularity
 
     # counts: item 1 most popular, then 2, 3, 4; users: history masks their own items
     counts = np.array([0, 40, 30, 20, 10])
@@ -207,7 +210,7 @@ def test_300_ml1m_users_few_epochs_beat_popularity(tmp_path):
     """Per-user samples, the all-positions objective, a few epochs: better than the popularity ranking."""
     if not os.path.exists(DATASET):
         pytest.skip(f"{DATASET} not found: the shared datasets folder is absent")
-    from fstrain.evaluate import evaluate_popularity, item_counts
+    from fstrain.components.evaluator import evaluate_popularity, item_counts
 
     with open(DATASET) as f:
         lines = [next(f) for _ in range(300)]

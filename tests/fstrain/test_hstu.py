@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fsdata.balancer.cost import load_cost_model
 from fstrain.errors import ConfigError
-from fstrain.hstu import HSTUBlock, hstu_reference
-from fstrain.model import length_buckets
+from fstrain.models.hstu import HSTUBlock, hstu_reference
+from fstrain.models import length_buckets
 
 D, H, DQK, DV, N = 8, 2, 4, 3, 40
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from fstrain.data import make_batch
 from fstrain.errors import ConfigError
-from fstrain.model import (MODELS, NEGATIVE_KEY, OBJECTIVES, Config, SequentialRecommender, attach_negatives,
-                           length_buckets, with_negatives)
+from fstrain.models import (MODELS, NEGATIVE_KEY, OBJECTIVES, Config, SequentialRecommender, attach_negatives,
+                            length_buckets, with_negatives)
 
 
 def _batch(lengths, step=0, global_n=None, seed=0, num_items=40):
@@ -154,7 +154,7 @@ def test_full_softmax_uses_every_item():
 
 
 def test_keyed_dropout_masks_depend_on_sample_not_on_batch():
-    from fstrain.dropout import KeyedDropout, DropoutKeys, token_keys
+    from fstrain.models.dropout import KeyedDropout, DropoutKeys, token_keys
 
     d = KeyedDropout(0.5, site=3)
     d.source = DropoutKeys()
@@ -185,7 +185,7 @@ def test_per_sample_negatives_depend_on_sample_and_step_only():
 
 def test_per_sample_negative_logits_jagged_equal_the_gather():
     """The padded batched matmul gives every token the logits of the plain per-token gather."""
-    from fstrain.model import DenseTower
+    from fstrain.models import DenseTower
 
     torch.manual_seed(0)
     tower = DenseTower(Config(num_items=40, embedding_dim=8, num_layers=1, negatives="sample", num_negatives=5))

@@ -120,7 +120,7 @@ def test_killed_peer_every_survivor_prints_one_line(tmp_path):
 
 # ---------------------------------------------------------------- in-process parts of the watchdog
 def test_collective_in_frames_prefers_the_innermost_public_collective():
-    from fstrain.watchdog import collective_in_frames
+    from fstrain.distributed.watchdog import collective_in_frames
 
     frames = [("/x/fstrain/train.py", "_train"), ("/v/torchrec/distributed/dist_data.py", "Awaitable._wait_impl"),
               ("/v/torch/distributed/c10d_logger.py", "wrapper"),
@@ -131,7 +131,7 @@ def test_collective_in_frames_prefers_the_innermost_public_collective():
 
 
 def test_culprit_text_and_first_sentence():
-    from fstrain.watchdog import _first_sentence, culprit_text
+    from fstrain.distributed.watchdog import _first_sentence, culprit_text
 
     assert culprit_text([2], False).startswith("rank 2 stopped responding")
     assert culprit_text([1, 3], False).startswith("ranks 1, 3 stopped")
@@ -146,7 +146,7 @@ def test_watchdog_names_the_rank_whose_heartbeat_stopped():
     making progress: rank 0's watchdog fires within the timeout and names rank 1."""
     import torch.distributed as dist
 
-    from fstrain.watchdog import CollectiveWatchdog
+    from fstrain.distributed.watchdog import CollectiveWatchdog
 
     store = dist.HashStore()
     w0 = CollectiveWatchdog(0, 2, 1.0, heartbeat_seconds=0.1, store=store, exit_on_timeout=False).start()
@@ -169,7 +169,7 @@ def test_watchdog_names_the_rank_whose_heartbeat_stopped():
 def test_watchdog_leaves_a_rank_s_own_errors_alone():
     import torch.distributed as dist
 
-    from fstrain.watchdog import CollectiveWatchdog
+    from fstrain.distributed.watchdog import CollectiveWatchdog
 
     store = dist.HashStore()
     ws = [CollectiveWatchdog(r, 2, 60.0, heartbeat_seconds=0.05, store=store, exit_on_timeout=False).start()

@@ -19,15 +19,16 @@ PIPELINED = ["sparse-dist", "prioritized", "prioritized-no-overlap"]
 
 def _batches(shards, rank, world_size=2):
     from fstrain.data import ShardReader
-    from fstrain.model import with_negatives
+    from fstrain.models import with_negatives
 
     return (with_negatives(b, MODEL["num_items"], MODEL["num_negatives"], 0)
             for b in ShardReader(shards, rank, world_size, num_prefetch_batches=0))
 
 
 def _train(shards, config, env, build=None, max_steps=None):
-    from fstrain.dist import OptimConfig, build_sharded_model, local_state
-    from fstrain.model import Config
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.distributed.sharding import build_sharded_model, local_state
+    from fstrain.models import Config
     from fstrain.pipelines import PipelineConfig, make_pipeline, run_steps
 
     if config == "prioritized-no-overlap":
@@ -58,8 +59,9 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
     """
     import threading
 
-    from fstrain.dist import OptimConfig, build_sharded_model
-    from fstrain.model import Config
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.distributed.sharding import build_sharded_model
+    from fstrain.models import Config
     from fstrain.pipelines import PipelineConfig, make_pipeline, run_steps
 
     dmp, opt = build_sharded_model(Config(**MODEL), OptimConfig(), env)
@@ -96,8 +98,9 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
 
 def _pipeline_steps(shards, env) -> list:
     """What ``fstrain.train`` would consume: ``pipeline_steps`` items (timings as plain tuples)."""
-    from fstrain.dist import OptimConfig, build_sharded_model
-    from fstrain.model import Config
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.distributed.sharding import build_sharded_model
+    from fstrain.models import Config
     from fstrain.pipelines import make_pipeline, pipeline_steps
 
     torch.manual_seed(0)
@@ -110,9 +113,10 @@ def _pipeline_steps(shards, env) -> list:
 
 
 def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
-    from fstrain.dist import OptimConfig, init_distributed
-    from fstrain.model import Config
-    from fstrain.pec import build_pec_sharded_model, probe_torchrec_pec, to_plain_keys
+    from fstrain.distributed.env import init_distributed
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.models import Config
+    from fstrain.distributed.pec import build_pec_sharded_model, probe_torchrec_pec, to_plain_keys
     from fstrain.pipelines import PipelineConfig, PipelineUnavailableError, make_pipeline
 
     env = init_distributed(backend)
@@ -122,7 +126,7 @@ def _worker(shards, backend="gloo", names=("plain", *PIPELINED), probe=True):
             out[f"{name}@2"] = _train(shards, name, env, max_steps=2)
         out["overlap_probe"] = {mode: _overlap_probe(shards, env, mode) for mode in (True, False)}
         out["pipeline_steps"] = _pipeline_steps(shards, env)
-    from fstrain.dist import build_sharded_model, local_state
+    from fstrain.distributed.sharding import build_sharded_model, local_state
 
     torch.manual_seed(0)
     out["init"] = local_state(build_sharded_model(Config(**MODEL), OptimConfig(), env)[0])
@@ -266,10 +270,10 @@ def test_segment_counts():
 
 
 def _pec_gpu_worker(shards):
-    from fstrain.pec import build_pec_sharded_model, to_plain_keys
+    from fstrain.distributed.pec import build_pec_sharded_model, to_plain_keys
 
     out = _worker(shards, backend="nccl", names=("plain",), probe=False)
-    from fstrain.dist import DistEnv
+    from fstrain.distributed.env import DistEnv
     import torch.distributed as dist
 
     env = DistEnv(dist.get_rank(), dist.get_world_size(), dist.get_rank(), torch.device("cuda", dist.get_rank()),
@@ -306,7 +310,7 @@ def _shm_worker(shards):
     faulthandler.dump_traceback_later(_SHM_HANG_SECONDS, exit=True, file=sys.stderr)
     try:
         out = _worker(shards, backend="shm", names=("plain", "prioritized"), probe=False)
-        from fstrain.dist import DistEnv
+        from fstrain.distributed.env import DistEnv
         import torch.distributed as dist
 
         env = DistEnv(dist.get_rank(), dist.get_world_size(), dist.get_rank(), torch.device("cpu"), "shm")

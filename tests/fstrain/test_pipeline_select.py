@@ -44,8 +44,8 @@ def test_pec_without_cuda_is_an_error_or_an_explicit_fallback():
 
 
 def test_pec_selects_the_pec_builder():
-    from fstrain.dist import build_sharded_model
-    from fstrain.pec import build_pec_sharded_model
+    from fstrain.distributed.sharding import build_sharded_model
+    from fstrain.distributed.pec import build_pec_sharded_model
     from fstrain.pipelines import model_builder
 
     assert model_builder("pec") is build_pec_sharded_model
@@ -73,23 +73,25 @@ def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
     hands it to the PEC pipeline, which on CPU says why torchrec's cannot run."""
     import torch.distributed as dist
 
-    import fstrain.pec
+    import fstrain.distributed.pec
     import fstrain.pipelines as P
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     built = []
-    real = fstrain.pec.build_pec_sharded_model
+    real = fstrain.distributed.pec.build_pec_sharded_model
 
     def spy(*args, **kwargs):
         built.append("pec")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fstrain.pec, "build_pec_sharded_model", spy)
+    monkeypatch.setattr(fstrain.distributed.pec, "build_pec_sharded_model", spy)
     monkeypatch.setattr(P, "pec_runs_on", lambda device: True)
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
     try:
         with pytest.raises(P.PipelineUnavailableError, match="TrainPipelinePEC needs CUDA"):
-            train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="gloo", log_every_steps=0))
+            train(from_dict({"shards": shards, "model": MODEL, "pipeline.name": "pec", "comm.backend": "gloo",
+                             "metrics.log_every_steps": 0}))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -97,8 +99,7 @@ def test_train_builds_the_pec_model_when_pec_is_chosen(tmp_path, monkeypatch):
 
 
 def test_no_import_cycle_in_fstrain():
-    """Imports between fstrain modules, lazy ones inside functions included, form no cycle (the
-    deprecated re-export modules are leaves)."""
+    """Imports between fstrain modules, lazy ones inside functions included, form no cycle."""
     root = pathlib.Path(__file__).resolve().parents[2] / "fstrain"
     graph: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
@@ -117,11 +118,15 @@ def test_no_import_cycle_in_fstrain():
     assert_no_cycle(edges)
 
 
-def test_batch_is_one_class_from_both_modules():
-    from fstrain.batch import Batch
-    from fstrain.data import Batch as DataBatch
+def test_removed_shim_paths_are_gone():
+    """The re-export modules of earlier releases are removed: fstrain.pipeline -> fstrain.pipelines,
+    fstrain.prioritized -> fstrain.pipelines.prioritized, fstrain.pipeline_timing ->
+    fstrain.pipelines.timing, fstrain.dataset -> fstrain.data."""
+    import fstrain
 
-    assert DataBatch is Batch
+    root = pathlib.Path(fstrain.__file__).parent
+    for old in ("pipeline", "prioritized", "pipeline_timing", "dataset"):
+        assert not (root / f"{old}.py").exists(), old
 
 
 @pytest.mark.gpu
@@ -131,11 +136,13 @@ def test_train_with_pec_pipeline_on_one_gpu(tmp_path):
         pytest.skip("needs a CUDA device")
     import torch.distributed as dist
 
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=6, batch_size_per_rank=4)
     try:
-        res = train(TrainConfig(shards=shards, model=MODEL, pipeline="pec", backend="nccl", log_every_steps=0))
+        res = train(from_dict({"shards": shards, "model": MODEL, "pipeline.name": "pec", "comm.backend": "nccl",
+                               "metrics.log_every_steps": 0}))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

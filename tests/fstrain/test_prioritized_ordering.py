@@ -69,8 +69,9 @@ def _train(shards, env, ordered: bool, record: bool):
     import torch.distributed as dist
 
     from fstrain.data import ShardReader
-    from fstrain.dist import OptimConfig, build_sharded_model, local_state
-    from fstrain.model import Config, with_negatives
+    from fstrain.distributed.optim import OptimConfig
+    from fstrain.distributed.sharding import build_sharded_model, local_state
+    from fstrain.models import Config, with_negatives
     from fstrain.pipelines import PipelineConfig, make_pipeline, run_steps
 
     torch.manual_seed(0)
@@ -112,7 +113,7 @@ def _train(shards, env, ordered: bool, record: bool):
 
 
 def _worker(shards):
-    from fstrain.dist import init_distributed
+    from fstrain.distributed.env import init_distributed
 
     env = init_distributed("gloo")
     out = {"ordered": _train(shards, env, ordered=True, record=True),

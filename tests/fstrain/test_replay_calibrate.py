@@ -9,10 +9,10 @@ import pytest
 
 from fsdata.balancer.bubble import run_bubble
 from fsdata.balancer.cost import load_cost_model
-from fstrain.calibrate import calibrate, fit_batch_times, nnls
+from fstrain.measure.calibrate import calibrate, fit_batch_times, nnls
 from fstrain.cli import main
 from fstrain.errors import ConfigError
-from fstrain.replay import replay
+from fstrain.measure.replay import replay
 from tests.fstrain.shards import write_shards
 
 TINY = dict(embedding_dim=8, num_layers=1, num_heads=1, num_negatives=4, max_seq_len=64)
@@ -131,7 +131,7 @@ def test_cli_errors_are_one_line_with_nonzero_exit(tmp_path, capsys, monkeypatch
 
 
 def test_calibrate_from_real_shard_batches(tmp_path):
-    from fstrain.calibrate import shard_batches
+    from fstrain.measure.calibrate import shard_batches
 
     shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
     batches = shard_batches(shards, 2)

@@ -9,7 +9,7 @@ import pytest
 
 from fsdata.cli import main as fsdata_main
 from fstrain.cli import main
-from fstrain.metrics import StepTiming, write_step_times
+from fstrain.components.metrics import StepTiming, write_step_times
 from tests.fsdata.helpers import write_samples
 
 

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fstrain.metrics import StepTiming, read_step_times, step_losses, summarize, write_step_times
-from fstrain.steplog import StepLog
+from fstrain.components.metrics import StepTiming, read_step_times, step_losses, summarize, write_step_times
+from fstrain.components.steplog import StepLog
 from tests.fstrain.multiproc import run_ranks
 from tests.fstrain.shards import write_shards
 
@@ -64,10 +64,12 @@ def test_step_times_loss_column_and_old_files(tmp_path):
 
 
 def _tb_worker(shards, metrics, tb, pipeline):
-    from fstrain.train import TrainConfig, train
+    from fstrain.config import from_dict
+    from fstrain.train import train
 
-    cfg = TrainConfig(shards=shards, model=dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
-                      max_steps=3, log_every_steps=2, metrics_dir=metrics, tensorboard_dir=tb, pipeline=pipeline)
+    cfg = from_dict({"shards": shards, "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+                     "max_steps": 3, "metrics": {"log_every_steps": 2, "dir": metrics, "tensorboard_dir": tb},
+                     "pipeline.name": pipeline or "none"})
     return train(cfg).summary
 
 
@@ -93,7 +95,7 @@ def test_train_two_ranks_writes_tensorboard_and_loss(tmp_path, pipeline):
 
 
 def test_steplog_copies_pending_losses_in_bounded_chunks(tmp_path, monkeypatch):
-    import fstrain.steplog as sl
+    import fstrain.components.steplog as sl
 
     monkeypatch.setattr(sl, "MAX_PENDING_STEPS", 2)
     log = StepLog(0, 1, str(tmp_path / "tb"))

@@ -13,12 +13,19 @@ from tests.fstrain.shards import write_shards
 MODEL = dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2)
 
 
-def _params(shards, steps, mode="measured", model=None, **kw):
-    from fstrain.dist import local_state
-    from fstrain.train import TrainConfig, train
+#: keyword of _params -> its TrainConfig field
+_KEYS = {"checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "pipeline": "pipeline.name",
+         "backend": "comm.backend"}
 
-    res = train(TrainConfig(shards=shards, model=model or MODEL, max_steps=steps, step_mode=mode, log_every_steps=0,
-                            **kw))
+
+def _params(shards, steps, mode="measured", model=None, **kw):
+    from fstrain.config import from_dict
+    from fstrain.distributed.sharding import local_state
+    from fstrain.train import train
+
+    res = train(from_dict({"shards": shards, "model": model or MODEL, "max_steps": steps, "pipeline.name": "none",
+                           "pipeline.step_mode": mode, "metrics.log_every_steps": 0,
+                           **{_KEYS.get(k, k): v for k, v in kw.items()}}))
     return local_state(res.model), res.summary
 
 
@@ -106,7 +113,7 @@ def test_train_cli_on_movielens_two_ranks(tmp_path):
 
 
 def _world_worker(shards, backend, simulate=False):
-    from fstrain.dist import init_distributed
+    from fstrain.distributed.env import init_distributed
 
     init_distributed(backend)
     params, summary = _params(shards, 3, simulate_ranks=simulate)
@@ -116,7 +123,7 @@ def _world_worker(shards, backend, simulate=False):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("samples,objective", [("per-event", "last-position"), ("per-user", "all-positions")])
 def test_two_ranks_over_shm_equal_one_rank_with_the_whole_global_batch(tmp_path, samples, objective):
-    """The loss normalisation claim, end to end: 2 ranks (fstrain.comm shared-memory transport)
+    """The loss normalisation claim, end to end: 2 ranks (fstrain.distributed.comm shared-memory transport)
     train exactly like 1 rank holding each step's whole global batch (written as one rank, and
     read with --simulate-ranks from the 2-rank output), for both objectives, dropout on."""
     one = write_shards(str(tmp_path / "r1"), num_ranks=1, num_steps=3, batch_size_per_rank=12, seed=7, samples=samples)

@@ -1,0 +1,11 @@
+"""What a training run keeps and reports: checkpoints, held-out evaluation, step metrics, the step log.
+
+=================  =====================================================================
+module             what it holds
+=================  =====================================================================
+``checkpoint``     the checkpoint format: save, find, resume, read (one place)
+``evaluator``      HR@K / NDCG@K / MRR on a held-out file; ``fstrain evaluate``
+``metrics``        per-step, per-rank timings, the measured bubble, JSON/Parquet writers
+``steplog``        per-step loss and TensorBoard
+=================  =====================================================================
+"""
