@@ -2,7 +2,7 @@
 
 from fstrain.quiet import silence_import_noise as _silence_import_noise
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _silence_import_noise()  # torch.fx's tracing notice on the first batch (fstrain.quiet)
 
