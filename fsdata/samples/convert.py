@@ -76,7 +76,7 @@ BLOCK_BYTES = 16 << 20
 MAX_LINE_BYTES = 32 << 20
 #: Default events per temporary bucket of the ``events`` path; an input estimated at fewer events is
 #: grouped in memory.
-EVENTS_PER_BUCKET = 4_000_000
+EVENTS_PER_BUCKET = 1_000_000
 #: A chunk of users is cut early once its events pass this count.
 MAX_EVENTS_PER_CHUNK = 1 << 23
 #: Default most history items (summed over samples) built and written at once.
@@ -84,7 +84,7 @@ MAX_ITEMS_PER_PIECE = 1 << 24
 #: Most temporary buckets (open files of the partitioned sink).
 _MAX_BUCKETS = 256
 #: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
-_MERGE_EVENTS_PER_GROUP = 1 << 17
+_MERGE_EVENTS_PER_GROUP = 1 << 14
 #: Bytes per event assumed when estimating the events of a text input (``"12 345\\n"``).
 _TEXT_BYTES_PER_EVENT = 8
 
@@ -119,14 +119,15 @@ def _check_input_file(path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- sequences
 
-def iter_sequences(path: Path, *, block_bytes: int = BLOCK_BYTES,
-                   max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[pl.DataFrame]:
+def iter_sequences(path: Path, *, block_bytes: int | None = None,
+                   max_line_bytes: int | None = None) -> Iterator[pl.DataFrame]:
     """Read ``user item1 item2 ...`` lines, a block of about ``block_bytes`` at a time.
 
     Args:
         path: the text file (UTF-8; a byte order mark is ignored; blank lines are skipped).
-        block_bytes: bytes parsed at once (the block is extended to the end of its last line).
-        max_line_bytes: longest line accepted.
+        block_bytes: bytes parsed at once (the block is extended to the end of its last line);
+            default :data:`BLOCK_BYTES`.
+        max_line_bytes: longest line accepted; default :data:`MAX_LINE_BYTES`.
 
     Yields:
         DataFrames ``user_id`` int64, ``item_ids`` list<int64> (chronological), in file order.
@@ -136,6 +137,8 @@ def iter_sequences(path: Path, *, block_bytes: int = BLOCK_BYTES,
             id, or a line longer than ``max_line_bytes`` (each names the line).
     """
     _check_input_file(path)
+    block_bytes = block_bytes or BLOCK_BYTES
+    max_line_bytes = max_line_bytes or MAX_LINE_BYTES
     lines_before = nonblank_before = 0
     carry = b""
     with open(path, "rb") as f:
@@ -388,7 +391,7 @@ def _group_users(ev: pl.DataFrame, has_time: bool) -> tuple[pl.DataFrame, int]:
     return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs), dup
 
 
-def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int = EVENTS_PER_BUCKET,
+def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
                 stats: dict | None = None) -> Iterator[pl.DataFrame]:
     """Group an events input into per-user sequences with bounded memory (module docstring).
 
@@ -584,8 +587,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             max_seq_len: int = 512, user_col: str = "0", item_col: str = "1", time_col: str | None = None,
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
-            holdout_output: str | os.PathLike | None = None, events_per_bucket: int = EVENTS_PER_BUCKET,
-            max_items_per_piece: int = MAX_ITEMS_PER_PIECE) -> ConvertSummary:
+            holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
+            max_items_per_piece: int | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
@@ -605,10 +608,11 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.samples.holdout`).
         holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after
             the samples).
-        events_per_bucket: events input: events per temporary bucket (module docstring); inputs
-            estimated at no more (file bytes / 8 for text, rows for Parquet) are grouped in memory.
+        events_per_bucket: events input: events per temporary bucket (module docstring; default
+            :data:`EVENTS_PER_BUCKET`); inputs estimated at no more (file bytes / 8 for text, rows
+            for Parquet) are grouped in memory.
         max_items_per_piece: most history items of one chunk built and written at once (a chunk
-            over it is written as several pieces).
+            over it is written as several pieces; default :data:`MAX_ITEMS_PER_PIECE`).
 
     Returns:
         :class:`ConvertSummary`.
@@ -635,6 +639,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if holdout_output and Path(holdout_output).exists() and not overwrite:
         raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
+    events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
+    max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)
     events_src = None
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
