@@ -23,9 +23,9 @@ Memory is bounded, whatever the input size (the input is streamed, never held wh
 
 * ``sequences`` files are parsed in blocks of :data:`BLOCK_BYTES`; a line longer than
   :data:`MAX_LINE_BYTES` is refused with its line number.
-* ``events`` inputs estimated above ``events_per_bucket`` events are first split by a hash of the
-  user id into temporary Parquet buckets (Polars' streaming engine, ``sink_parquet`` with
-  ``PartitionBy``), each bucket is grouped into per-user sequences on its own, and the buckets
+* ``events`` inputs estimated above ``events_per_bucket`` events are read a block at a time
+  (PyArrow's streaming CSV reader, Parquet record batches) and split by a hash of the user id
+  into temporary Parquet buckets, each bucket is grouped into per-user sequences on its own, and the buckets
   are merged back in order of each user's first event, so the output is the one an in-memory
   grouping gives. Smaller inputs are grouped in memory. The temporaries (about the size of the
   decoded input, zstd-compressed) live in a hidden ``.OUTPUT.tmp-PID-spool`` folder beside the
@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -85,6 +86,12 @@ MAX_ITEMS_PER_PIECE = 1 << 24
 _MAX_BUCKETS = 256
 #: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
 _MERGE_EVENTS_PER_GROUP = 1 << 14
+#: Rows pending per bucket before they are written as one row group.
+_BUCKET_ROWS_PER_GROUP = 1 << 14
+#: Bytes of an events text file parsed at once (PyArrow's streaming CSV reader).
+_READ_BLOCK_BYTES = 8 << 20
+#: Rows of an events Parquet file read at once.
+_READ_ROWS = 1 << 18
 #: Bytes per event assumed when estimating the events of a text input (``"12 345\\n"``).
 _TEXT_BYTES_PER_EVENT = 8
 
@@ -243,6 +250,9 @@ class _EventsInput:
     header_lines: int
     text: bool
     num_events_estimate: int
+    names: list[str]
+    """The input's column names (as Polars names them: ``column_1`` ... without a header)."""
+    sep: str | None
 
     @property
     def has_time(self) -> bool:
@@ -293,7 +303,8 @@ def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | No
     text = suffix != ".parquet"
     return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
                         given={"user_id": u, "item_id": i, "ts": t},
-                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate)
+                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
+                        names=names, sep=sep)
 
 
 def _event_columns(src: _EventsInput) -> list[str]:
@@ -304,9 +315,9 @@ def _cast_events(src: _EventsInput) -> pl.LazyFrame:
     return src.raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in _event_columns(src)])
 
 
-def _parse_error(src: _EventsInput, e: BaseException) -> InputError:
+def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
     """The error for a failed read of the events input: the first value that is not an integer (by column, in
-    user, item, time order), else the reader's own message."""
+    user, item, time order), then (``check_nulls``) a null or negative id, else the reader's own message."""
     raise_if_environment(e, src.path, action="read")
     try:
         where = _locate_bad_value(src)
@@ -314,6 +325,8 @@ def _parse_error(src: _EventsInput, e: BaseException) -> InputError:
         raise_if_environment(e2, src.path, action="read")
         return InputError(f"input {src.path}: cannot parse ({str(e2).splitlines()[0]}); "
                           "check --format, --sep and header settings")
+    if not where and check_nulls:
+        _check_events(src, _cast_events(src))  # raises for a null (e.g. a blank line) or a negative id
     if not where:
         return InputError(f"input {src.path}: cannot parse ({str(e).splitlines()[0]}); "
                           "check --format, --sep and header settings")
@@ -422,28 +435,83 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         del ev
         yield users.drop("_first")
         return
-    buckets = spool / "buckets"
-    keyed = cast.with_columns(_bucket=pl.col("user_id").hash(seed=0) % num_buckets)
-    try:
-        keyed.sink_parquet(pl.PartitionBy(buckets, key="_bucket", include_key=False), mkdir=True, engine="streaming")
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, spool, action="write")
-        raise _parse_error(src, e) from None
-    parts = sorted(p for p in buckets.iterdir() if p.is_dir())
-    _check_events(src, pl.scan_parquet([f for d in parts for f in sorted(d.glob("*.parquet"))]))
+    parts = _write_buckets(src, spool / "buckets", num_buckets)
+    _check_events(src, pl.scan_parquet(parts))
     grouped, dups = [], 0
     for i, d in enumerate(parts):
-        users, dup = _group_users(pl.read_parquet(sorted(d.glob("*.parquet"))), src.has_time)
+        users, dup = _group_users(pl.read_parquet(d), src.has_time)
         dups += dup
         events = int(users["item_ids"].list.len().sum())
         rows = max(1, _MERGE_EVENTS_PER_GROUP * users.height // max(1, events))
         grouped.append(spool / f"grouped-{i:05d}.parquet")
         users.write_parquet(grouped[-1], row_group_size=rows, compression="lz4")
-        shutil.rmtree(d)
+        d.unlink()
         del users
     stats["num_duplicates"] = dups
     for users in _merge_by_first([pq.ParquetFile(p) for p in grouped]):
         yield users.drop("_first")
+
+
+def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
+    """The cast events (``_row``, ``user_id``, ``item_id`` [, ``ts``]) a block at a time: PyArrow's streaming
+    CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
+    its batches are consumed slowly, so it is not used here)."""
+    ours = _event_columns(src)
+    cols = list(dict.fromkeys(src.given[c] for c in ours))
+    if src.text:
+        reader = pacsv.open_csv(
+            src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
+                                                     skip_rows=src.header_lines),
+            parse_options=pacsv.ParseOptions(delimiter=src.sep, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(include_columns=cols))
+    else:
+        reader = pq.ParquetFile(src.path).iter_batches(batch_size=_READ_ROWS, columns=cols)
+    row = 0
+    for batch in reader:
+        df = pl.from_arrow(batch)
+        df = df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                       *[pl.col(src.given[c]).cast(pl.Int64, strict=True).alias(c) for c in ours])
+        row += df.height
+        yield df
+
+
+def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[Path]:
+    """Split the cast events by a hash of the user id into ``num_buckets`` Parquet files (in file order within
+    each), holding at most :data:`_BUCKET_ROWS_PER_GROUP` pending rows per bucket.
+
+    Raises:
+        InputError: a value that is not an integer, a null or a negative id (named by its line), or a
+            file the reader cannot parse.
+    """
+    folder.mkdir()
+    writers: dict[int, pq.ParquetWriter] = {}
+    pending: dict[int, list[pl.DataFrame]] = {}
+    rows: dict[int, int] = {}
+
+    def flush(b: int) -> None:
+        table = pl.concat(pending.pop(b)).to_arrow()
+        rows[b] = 0
+        if b not in writers:
+            writers[b] = pq.ParquetWriter(folder / f"bucket-{b:05d}.parquet", table.schema, compression="lz4")
+        writers[b].write_table(table)
+
+    try:
+        for df in _read_batches(src):
+            keyed = df.with_columns(_bucket=pl.col("user_id").hash(seed=0) % num_buckets)
+            for (b,), part in keyed.partition_by("_bucket", as_dict=True, include_key=False).items():
+                pending.setdefault(b, []).append(part)
+                rows[b] = rows.get(b, 0) + part.height
+                if rows[b] >= _BUCKET_ROWS_PER_GROUP:
+                    flush(b)
+        for b in list(pending):
+            flush(b)
+    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
+        raise_if_environment(e, folder, action="write")
+        raise _parse_error(src, e, check_nulls=True) from None
+    finally:
+        for w in writers.values():
+            w.close()
+    return [folder / f"bucket-{b:05d}.parquet" for b in sorted(writers)]
 
 
 def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
