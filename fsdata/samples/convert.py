@@ -18,28 +18,52 @@ Sample modes:
 The output also holds ``seq_len`` (int32, ``len(item_ids)``), so later passes (profile, balance)
 read lengths without decoding the lists. ``sample_id`` is the 0-based row number of the output, in user order then time order. Users with
 fewer than 2 items yield no sample; they are counted in the summary and in the file's metadata.
+
+Memory is bounded, whatever the input size (the input is streamed, never held whole):
+
+* ``sequences`` files are parsed in blocks of :data:`BLOCK_BYTES`; a line longer than
+  :data:`MAX_LINE_BYTES` is refused with its line number.
+* ``events`` inputs estimated above ``events_per_bucket`` events are read a block at a time
+  (PyArrow's streaming CSV reader, Parquet record batches) and split by a hash of the user id
+  into temporary Parquet buckets, each bucket is grouped into per-user sequences on its own, and the buckets
+  are merged back in order of each user's first event, so the output is the one an in-memory
+  grouping gives. Smaller inputs are grouped in memory. The temporaries (about the size of the
+  decoded input, zstd-compressed) live in a hidden ``.OUTPUT.tmp-PID-spool`` folder beside the
+  output and are removed when convert ends (or by the next run, if it was killed).
+* Users are turned into samples ``users_per_chunk`` at a time (fewer when their events pass
+  :data:`MAX_EVENTS_PER_CHUNK`), and one chunk's samples are written in pieces of at most
+  ``max_items_per_piece`` history items (each piece is one or more Parquet row groups).
+
+Limits: one ``events`` user's whole history, one temporary bucket (about ``events_per_bucket``
+events, more when one user dominates it) and one piece are held in memory at a time.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from fsdata import fsio
 from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
-from fsdata.samples.holdout import check_holdout_args, split_last, write_eval_file
+from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 
 log = logging.getLogger("fsdata.convert")
 
@@ -47,6 +71,29 @@ FORMATS = ("sequences", "events")
 SAMPLE_MODES = ("per-user", "per-event")
 #: Parquet key-value metadata key holding the JSON conversion summary.
 CONVERT_META_KEY = b"freescale.convert"
+#: Bytes of a ``sequences`` file parsed at once (plus the rest of the last line).
+BLOCK_BYTES = 16 << 20
+#: Longest ``sequences`` line accepted, in bytes (about 4 million ids); a longer one is refused.
+MAX_LINE_BYTES = 32 << 20
+#: Default events per temporary bucket of the ``events`` path; an input estimated at fewer events is
+#: grouped in memory.
+EVENTS_PER_BUCKET = 1_000_000
+#: A chunk of users is cut early once its events pass this count.
+MAX_EVENTS_PER_CHUNK = 1 << 23
+#: Default most history items (summed over samples) built and written at once.
+MAX_ITEMS_PER_PIECE = 1 << 24
+#: Most temporary buckets (open files of the partitioned sink).
+_MAX_BUCKETS = 256
+#: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
+_MERGE_EVENTS_PER_GROUP = 1 << 14
+#: Rows pending per bucket before they are written as one row group.
+_BUCKET_ROWS_PER_GROUP = 1 << 14
+#: Bytes of an events text file parsed at once (PyArrow's streaming CSV reader).
+_READ_BLOCK_BYTES = 8 << 20
+#: Rows of an events Parquet file read at once.
+_READ_ROWS = 1 << 18
+#: Bytes per event assumed when estimating the events of a text input (``"12 345\\n"``).
+_TEXT_BYTES_PER_EVENT = 8
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,30 +124,80 @@ def _check_input_file(path: Path) -> None:
         raise InputError(f"input {path} is empty; pass a file with interactions")
 
 
-def read_sequences(path: Path) -> pl.DataFrame:
-    """Read ``user item1 item2 ...`` lines.
+# ---------------------------------------------------------------------------------------------- sequences
 
-    Returns:
-        DataFrame ``user_id`` int64, ``item_ids`` list<int64> (chronological).
+def iter_sequences(path: Path, *, block_bytes: int | None = None,
+                   max_line_bytes: int | None = None) -> Iterator[pl.DataFrame]:
+    """Read ``user item1 item2 ...`` lines, a block of about ``block_bytes`` at a time.
+
+    Args:
+        path: the text file (UTF-8; a byte order mark is ignored; blank lines are skipped).
+        block_bytes: bytes parsed at once (the block is extended to the end of its last line);
+            default :data:`BLOCK_BYTES`.
+        max_line_bytes: longest line accepted; default :data:`MAX_LINE_BYTES`.
+
+    Yields:
+        DataFrames ``user_id`` int64, ``item_ids`` list<int64> (chronological), in file order.
 
     Raises:
-        InputError: empty file, a line without items, or a token that is not an integer.
+        InputError: empty file, a line without items, a token that is not an integer, a negative
+            id, or a line longer than ``max_line_bytes`` (each names the line).
     """
     _check_input_file(path)
-    tokens = (pl.scan_lines(str(path)).select(line=pl.col("line").str.strip_chars_start("\ufeff").str.strip_chars())
-              .filter(pl.col("line") != ""))  # a UTF-8 byte order mark before the first line is not a token
+    block_bytes = block_bytes or BLOCK_BYTES
+    max_line_bytes = max_line_bytes or MAX_LINE_BYTES
+    lines_before = nonblank_before = 0
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            data = f.read(block_bytes)
+            buf = carry + data if carry else data
+            if data:
+                cut = buf.rfind(b"\n") + 1
+                block, carry = buf[:cut], buf[cut:]
+                if len(carry) > max_line_bytes:
+                    _refuse_long_line(path, lines_before + block.count(b"\n") + 1, len(carry), max_line_bytes)
+                if not block:
+                    continue
+            else:
+                block, carry = buf, b""
+                if not block:
+                    break
+            df = _parse_sequences_block(path, block, lines_before, nonblank_before, max_line_bytes)
+            lines_before += block.count(b"\n")
+            nonblank_before += df.height
+            if df.height:
+                yield df
+    if nonblank_before == 0:
+        raise InputError(f"input {path} has no non-blank lines; expected 'user item1 item2 ...' per line")
+
+
+def _refuse_long_line(path: Path, line: int, num_bytes: int, max_line_bytes: int) -> None:
+    raise InputError(f"input {path} line {line} is longer than {max_line_bytes >> 20} MiB ({num_bytes:,}+ bytes); "
+                     f"a sequences line holds one user: split very long histories, or give the log as "
+                     f"--format events (one 'user item' per line)")
+
+
+def _parse_sequences_block(path: Path, block: bytes, lines_before: int, nonblank_before: int,
+                           max_line_bytes: int) -> pl.DataFrame:
+    """Parse whole lines of a ``sequences`` file (``lines_before`` physical, ``nonblank_before`` non-blank
+    lines precede ``block``; both only name lines in errors)."""
+    lines = pl.scan_lines(block).select(line=pl.col("line").str.strip_chars_start("\ufeff").str.strip_chars())
+    # a UTF-8 byte order mark before the first line is not a token
+    long = (pl.scan_lines(block).with_row_index("_line", offset=lines_before + 1)
+            .filter(pl.col("line").str.len_bytes() > max_line_bytes).head(1).collect())
+    if long.height:
+        _refuse_long_line(path, int(long["_line"][0]), len(long["line"][0].encode()), max_line_bytes)
     try:
-        df = (tokens.select(parts=pl.col("line").str.split(" ").list.eval(
+        df = (lines.filter(pl.col("line") != "").select(parts=pl.col("line").str.split(" ").list.eval(
             pl.element().filter(pl.element() != "").cast(pl.Int64, strict=True))).collect())
     except pl.exceptions.PolarsError as e:
         raise_if_environment(e, path, action="read")
-        where = _first_bad_token(path)
+        where = _first_bad_token(block, lines_before)
         raise InputError(f"input {path}{where} every token of a sequences line must be an integer "
                          f"('user item1 item2 ...'); check --format, or map ids to integers first") from None
-    if df.height == 0:
-        raise InputError(f"input {path} has no non-blank lines; expected 'user item1 item2 ...' per line")
     df = df.select(user_id=pl.col("parts").list.first(), item_ids=pl.col("parts").list.slice(1))
-    neg = df.with_row_index("_line", offset=1).filter(
+    neg = df.with_row_index("_line", offset=nonblank_before + 1).filter(
         (pl.col("user_id") < 0) | (pl.col("item_ids").list.min() < 0)).head(1)
     if neg.height:
         raise InputError(f"input {path}: non-blank line {neg['_line'][0]} has a negative id; user and item ids "
@@ -108,10 +205,10 @@ def read_sequences(path: Path) -> pl.DataFrame:
     return df
 
 
-def _first_bad_token(path: Path) -> str:
-    """`` line N: token 'x' is not an integer;`` for the first such token of a sequences file, else ``:``."""
+def _first_bad_token(block: bytes, lines_before: int) -> str:
+    """`` line N: token 'x' is not an integer;`` for the first such token of a block, else ``:``."""
     try:
-        rows = (pl.scan_lines(str(path)).with_row_index("_line", offset=1)
+        rows = (pl.scan_lines(block).with_row_index("_line", offset=lines_before + 1)
                 .select("_line", tok=pl.col("line").str.strip_chars_start("\ufeff").str.strip_chars().str.split(" "))
                 .explode("tok").filter(pl.col("tok") != "")
                 .filter(pl.col("tok").cast(pl.Int64, strict=False).is_null())
@@ -125,6 +222,7 @@ def _first_bad_token(path: Path) -> str:
     return f" line {rows['_line'][0]}: token '{tok}' is not an integer;"
 
 
+# ---------------------------------------------------------------------------------------------- events
 
 #: Column names that look like an event time (case-insensitive), for the missing --time-col warning.
 _TIME_LIKE = re.compile(r"^(time|ts|date|datetime|timestamp.*|.*_?timestamp|.*_time|.*_ts|.*_at|event_?time|"
@@ -140,70 +238,46 @@ def _warn_time_col(path: Path, names: list[str], used: list[str]) -> None:
                     cands[0])
 
 
-def _locate_bad_rows(ev: pl.DataFrame, names: dict[str, str], header_lines: int, text: bool) -> str:
-    """Name the first row whose value is null or not an integer: ``line N, column 'c': 'x'``."""
-    for c in [c for c in ev.columns if c != "_row"]:
-        col = ev[c]
-        bad = col.is_null()
-        bad = bad | (col.cast(pl.Int64, strict=False).is_null())  # text, floats, and ids >= 2^63
-        idx = bad.arg_true()
-        if len(idx):
-            i = int(idx[0])
-            row = int(ev["_row"][i])
-            where = f"line {row + 1 + header_lines}" if text else f"row {row}"
-            value = col[i]
-            shown = "empty (blank line or missing field)" if value is None else f"'{value}'"
-            if value is not None and col.dtype.is_integer():
-                shown += " (does not fit int64: ids must be below 2^63)"
-            return f"{where}, column '{names.get(c, c)}': {shown}"
-    return ""
+@dataclass(kw_only=True, slots=True)
+class _EventsInput:
+    """A resolved events input: the lazy scan of its renamed columns and how to name its rows."""
+
+    path: Path
+    raw: pl.LazyFrame
+    """``_row`` (u32, 0-based), ``user_id``, ``item_id`` [, ``ts``] as read (not yet cast)."""
+    given: dict[str, str | None]
+    """Our column name -> the input's."""
+    header_lines: int
+    text: bool
+    num_events_estimate: int
+    names: list[str]
+    """The input's column names (as Polars names them: ``column_1`` ... without a header)."""
+    sep: str | None
+
+    @property
+    def has_time(self) -> bool:
+        return self.given["ts"] is not None
+
+    def where(self, row: int) -> str:
+        return f"line {row + 1 + self.header_lines}" if self.text else f"row {row}"
 
 
-def _check_non_negative(ev: pl.DataFrame, path: Path, names: dict[str, str], header_lines: int, text: bool) -> None:
-    """User and item ids must be >= 0 (fstrain's embedding tables index them).
-
-    Raises:
-        InputError: the first negative id, with its line (text) or row (Parquet).
-    """
-    for c in ("user_id", "item_id"):
-        idx = (ev[c] < 0).arg_true()
-        if len(idx):
-            i = int(idx[0])
-            row = int(ev["_row"][i])
-            where = f"line {row + 1 + header_lines}" if text else f"row {row}"
-            raise InputError(f"input {path} {where}, column '{names.get(c, c)}': id {int(ev[c][i])} is negative; "
-                             "user and item ids must be >= 0: map them to non-negative integers first")
-
-
-def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | None,
-                sep: str | None, has_header: bool | None) -> pl.DataFrame:
-    """Read an events file and group it into per-user chronological sequences.
-
-    Args:
-        path: ``.parquet``, ``.csv``/``.tsv``, or whitespace-separated ``user item [time]`` text.
-        user_col, item_col, time_col: column names (for header-less text: ``column_1`` ... or
-            0-based positions given as ``0``, ``1``, ``2``).
-        sep: field separator for text input (default: ``,`` for .csv, tab for .tsv, else space).
-        has_header: whether the text has a header line (default: True for .csv/.tsv, else False).
-
-    Returns:
-        DataFrame ``user_id`` int64, ``item_ids`` list<int64> and, with ``time_col``,
-        ``timestamps`` list<int64>; users in order of first appearance.
-
-    Raises:
-        InputError: unreadable file, missing columns, non-integer values or nulls.
-    """
+def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | None, sep: str | None,
+                 has_header: bool | None) -> _EventsInput:
+    """Resolve the columns of an events input (nothing is read but the schema and a sample of rows)."""
     _check_input_file(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
             lf = pl.scan_parquet(str(path))
+            estimate = pq.read_metadata(str(path)).num_rows
         else:
             if sep is None:
                 sep = "," if suffix == ".csv" else "\t" if suffix == ".tsv" else " "
             if has_header is None:
                 has_header = suffix in (".csv", ".tsv")
             lf = pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000)
+            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT
         names = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
         raise_if_environment(e, path, action="read")
@@ -227,43 +301,297 @@ def read_events(path: Path, *, user_col: str, item_col: str, time_col: str | Non
     if t:
         cols.append(pl.col(t).alias("ts"))
     text = suffix != ".parquet"
-    given = {"user_id": u, "item_id": i, "ts": t}
-    header_lines = 1 if text and has_header else 0
+    return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
+                        given={"user_id": u, "item_id": i, "ts": t},
+                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
+                        names=names, sep=sep)
+
+
+def _event_columns(src: _EventsInput) -> list[str]:
+    return ["user_id", "item_id", "ts"] if src.has_time else ["user_id", "item_id"]
+
+
+def _cast_events(src: _EventsInput) -> pl.LazyFrame:
+    return src.raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in _event_columns(src)])
+
+
+def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
+    """The error for a failed read of the events input: the first value that is not an integer (by column, in
+    user, item, time order), then (``check_nulls``) a null or negative id, else the reader's own message."""
+    raise_if_environment(e, src.path, action="read")
     try:
-        raw = lf.select(cols).with_row_index("_row").collect()
+        where = _locate_bad_value(src)
+    except (pl.exceptions.PolarsError, OSError) as e2:
+        raise_if_environment(e2, src.path, action="read")
+        return InputError(f"input {src.path}: cannot parse ({str(e2).splitlines()[0]}); "
+                          "check --format, --sep and header settings")
+    if not where and check_nulls:
+        _check_events(src, _cast_events(src))  # raises for a null (e.g. a blank line) or a negative id
+    if not where:
+        return InputError(f"input {src.path}: cannot parse ({str(e).splitlines()[0]}); "
+                          "check --format, --sep and header settings")
+    return InputError(f"input {src.path} {where}: user, item and time columns must be integers; "
+                      "map ids to integers first")
+
+
+def _locate_bad_value(src: _EventsInput) -> str:
+    """``line N, column 'c': 'x'`` for the first row whose value is not an integer, one column at a time
+    (streamed, so a large input is not held whole)."""
+    schema = src.raw.collect_schema()
+    for c in _event_columns(src):
+        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null()
+                                               & pl.col(c).cast(pl.Int64, strict=False).is_null()).head(1).collect()
+        if bad.height:
+            value = bad[c][0]
+            shown = f"'{value}'"
+            if schema[c].is_integer():
+                shown += " (does not fit int64: ids must be below 2^63)"
+            return f"{src.where(int(bad['_row'][0]))}, column '{src.given[c]}': {shown}"
+    return ""
+
+
+def _check_events(src: _EventsInput, ev: pl.LazyFrame) -> int:
+    """Check the cast events (streamed): at least one, no nulls, no negative ids.
+
+    Returns:
+        The number of events.
+
+    Raises:
+        InputError: no events; a null (the first, by column); a negative user or item id.
+    """
+    cols = _event_columns(src)
+    aggs = [pl.len().alias("n")]
+    for c in cols:
+        aggs += [pl.col(c).null_count().alias(f"nulls_{c}"),
+                 pl.col("_row").filter(pl.col(c).is_null()).min().alias(f"null_row_{c}")]
+    for c in ("user_id", "item_id"):
+        aggs.append(pl.col("_row").filter(pl.col(c) < 0).min().alias(f"neg_row_{c}"))
+    try:
+        st = ev.select(aggs).collect(engine="streaming").row(0, named=True)
     except (pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, path, action="read")
-        raise InputError(f"input {path}: cannot parse ({str(e).splitlines()[0]}); "
-                         "check --format, --sep and header settings") from None
-    try:
-        ev = raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in raw.columns if c != "_row"])
-    except pl.exceptions.PolarsError:
-        where = _locate_bad_rows(raw, given, header_lines, text)
-        raise InputError(f"input {path} {where}: user, item and time columns must be integers; "
-                         "map ids to integers first") from None
-    if ev.height == 0:
-        raise InputError(f"input {path} has no events")
-    nulls = {c: n for c, n in zip(ev.columns, ev.null_count().row(0)) if n}
+        raise _parse_error(src, e) from None
+    if st["n"] == 0:
+        raise InputError(f"input {src.path} has no events")
+    nulls = {c: st[f"nulls_{c}"] for c in cols if st[f"nulls_{c}"]}
     if nulls:
-        where = _locate_bad_rows(raw, given, header_lines, text)
-        raise InputError(f"input {path}: null values in {nulls}, first at {where}; drop or fill those rows first")
-    _check_non_negative(ev, path, given, header_lines, text)
+        c = next(iter(nulls))
+        where = f"{src.where(st[f'null_row_{c}'])}, column '{src.given[c]}': empty (blank line or missing field)"
+        raise InputError(f"input {src.path}: null values in {nulls}, first at {where}; drop or fill those rows first")
+    for c in ("user_id", "item_id"):
+        row = st[f"neg_row_{c}"]
+        if row is not None:
+            value = ev.filter(pl.col("_row") == row).select(c).collect(engine="streaming")[c][0]
+            raise InputError(f"input {src.path} {src.where(row)}, column '{src.given[c]}': id {value} is negative; "
+                             "user and item ids must be >= 0: map them to non-negative integers first")
+    return int(st["n"])
+
+
+def _group_users(ev: pl.DataFrame, has_time: bool) -> tuple[pl.DataFrame, int]:
+    """Group events into per-user chronological sequences.
+
+    Returns:
+        ``(users, num_duplicates)``: ``users`` has ``_first`` (the user's first row, u32, ascending),
+        ``user_id``, ``item_ids`` and with a time column ``timestamps``; ``num_duplicates`` counts
+        events equal to an earlier one (same user, item and time).
+    """
     dup = ev.height - ev.select([c for c in ev.columns if c != "_row"]).n_unique()
-    if dup:
-        log.warning("input %s has %d exact duplicate events (same user, item%s); they are kept as separate "
-                    "interactions: deduplicate the log first if they are logging repeats", path, dup,
-                    " and time" if t else "")
-    order = ["user_id", "ts", "_row"] if t else ["user_id", "_row"]
+    order = ["user_id", "ts", "_row"] if has_time else ["user_id", "_row"]
     first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
     ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
     aggs = [pl.col("item_id").alias("item_ids")]
-    if t:
+    if has_time:
         aggs.append(pl.col("ts").alias("timestamps"))
-    return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs).drop("_first")
+    return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs), dup
 
 
-def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_sample_id: int) -> tuple[pa.Table, int]:
-    """Build samples for a chunk of users with vectorised offset arithmetic (no per-sample loop)."""
+def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
+                stats: dict | None = None) -> Iterator[pl.DataFrame]:
+    """Group an events input into per-user sequences with bounded memory (module docstring).
+
+    Args:
+        src: from :func:`_open_events`.
+        spool: an empty local folder for the temporary buckets (removed by the caller).
+        events_per_bucket: events per temporary bucket; an input estimated at no more is grouped
+            in memory.
+        stats: filled with ``num_duplicates`` once the input is read.
+
+    Yields:
+        DataFrames ``user_id`` int64, ``item_ids`` list<int64> and, with a time column,
+        ``timestamps`` list<int64>; users in order of first appearance, each user once.
+
+    Raises:
+        InputError: unreadable file, non-integer values, nulls, negative ids, no events.
+    """
+    stats = {} if stats is None else stats
+    num_buckets = min(_MAX_BUCKETS, math.ceil(src.num_events_estimate / max(1, events_per_bucket)))
+    cast = _cast_events(src)
+    if num_buckets <= 1:
+        try:
+            ev = cast.collect()
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise _parse_error(src, e) from None
+        _check_events(src, ev.lazy())
+        users, stats["num_duplicates"] = _group_users(ev, src.has_time)
+        del ev
+        yield users.drop("_first")
+        return
+    parts = _write_buckets(src, spool / "buckets", num_buckets)
+    _check_events(src, pl.scan_parquet(parts))
+    grouped, dups = [], 0
+    for i, d in enumerate(parts):
+        users, dup = _group_users(pl.read_parquet(d), src.has_time)
+        dups += dup
+        events = int(users["item_ids"].list.len().sum())
+        rows = max(1, _MERGE_EVENTS_PER_GROUP * users.height // max(1, events))
+        grouped.append(spool / f"grouped-{i:05d}.parquet")
+        users.write_parquet(grouped[-1], row_group_size=rows, compression="lz4")
+        d.unlink()
+        del users
+    stats["num_duplicates"] = dups
+    for users in _merge_by_first([pq.ParquetFile(p) for p in grouped]):
+        yield users.drop("_first")
+
+
+def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
+    """The cast events (``_row``, ``user_id``, ``item_id`` [, ``ts``]) a block at a time: PyArrow's streaming
+    CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
+    its batches are consumed slowly, so it is not used here)."""
+    ours = _event_columns(src)
+    cols = list(dict.fromkeys(src.given[c] for c in ours))
+    if src.text:
+        reader = pacsv.open_csv(
+            src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
+                                                     skip_rows=src.header_lines),
+            parse_options=pacsv.ParseOptions(delimiter=src.sep, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(include_columns=cols))
+    else:
+        reader = pq.ParquetFile(src.path).iter_batches(batch_size=_READ_ROWS, columns=cols)
+    row = 0
+    for batch in reader:
+        df = pl.from_arrow(batch)
+        df = df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                       *[pl.col(src.given[c]).cast(pl.Int64, strict=True).alias(c) for c in ours])
+        row += df.height
+        yield df
+
+
+def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[Path]:
+    """Split the cast events by a hash of the user id into ``num_buckets`` Parquet files (in file order within
+    each), holding at most :data:`_BUCKET_ROWS_PER_GROUP` pending rows per bucket.
+
+    Raises:
+        InputError: a value that is not an integer, a null or a negative id (named by its line), or a
+            file the reader cannot parse.
+    """
+    folder.mkdir()
+    writers: dict[int, pq.ParquetWriter] = {}
+    pending: dict[int, list[pl.DataFrame]] = {}
+    rows: dict[int, int] = {}
+
+    def flush(b: int) -> None:
+        table = pl.concat(pending.pop(b)).to_arrow()
+        rows[b] = 0
+        if b not in writers:
+            writers[b] = pq.ParquetWriter(folder / f"bucket-{b:05d}.parquet", table.schema, compression="lz4")
+        writers[b].write_table(table)
+
+    try:
+        for df in _read_batches(src):
+            keyed = df.with_columns(_bucket=pl.col("user_id").hash(seed=0) % num_buckets)
+            for (b,), part in keyed.partition_by("_bucket", as_dict=True, include_key=False).items():
+                pending.setdefault(b, []).append(part)
+                rows[b] = rows.get(b, 0) + part.height
+                if rows[b] >= _BUCKET_ROWS_PER_GROUP:
+                    flush(b)
+        for b in list(pending):
+            flush(b)
+    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
+        raise_if_environment(e, folder, action="write")
+        raise _parse_error(src, e, check_nulls=True) from None
+    finally:
+        for w in writers.values():
+            w.close()
+    return [folder / f"bucket-{b:05d}.parquet" for b in sorted(writers)]
+
+
+def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
+    """K-way merge of grouped bucket files (each sorted by ``_first``), one row group per file in memory."""
+    next_group = [0] * len(files)
+    bufs: list[pl.DataFrame | None] = [None] * len(files)
+
+    def refill(i: int) -> None:
+        bufs[i] = None
+        while next_group[i] < files[i].num_row_groups:
+            df = pl.from_arrow(files[i].read_row_group(next_group[i]))
+            next_group[i] += 1
+            if df.height:
+                bufs[i] = df
+                return
+
+    for i in range(len(files)):
+        refill(i)
+    while any(b is not None for b in bufs):
+        # every user at or below the threshold is loaded: unread groups of a file start after its buffer
+        more = [bufs[i]["_first"][-1] for i in range(len(files))
+                if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
+        threshold = min(more) if more else None
+        out = []
+        for i, b in enumerate(bufs):
+            if b is None:
+                continue
+            n = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
+            out.append(b.slice(0, n))
+            if n == b.height:
+                refill(i)
+            else:
+                bufs[i] = b.slice(n)
+        yield pl.concat(out).sort("_first")
+
+
+# ---------------------------------------------------------------------------------------------- samples
+
+def _chunks(frames: Iterator[pl.DataFrame], users_per_chunk: int,
+            max_events: int = MAX_EVENTS_PER_CHUNK) -> Iterator[pl.DataFrame]:
+    """Re-cut user frames into chunks of ``users_per_chunk`` users (fewer once their events pass
+    ``max_events``; at least one user), so the chunks do not depend on how the input was read."""
+    pending: pl.DataFrame | None = None
+    for df in frames:
+        pending = df if pending is None else pl.concat([pending, df], how="vertical_relaxed")
+        while pending.height:
+            n, full = _cut(pending, users_per_chunk, max_events)
+            if not full:
+                break
+            yield pending.slice(0, n)
+            pending = pending.slice(n)
+    while pending is not None and pending.height:
+        n, _ = _cut(pending, users_per_chunk, max_events)
+        yield pending.slice(0, n)
+        pending = pending.slice(n)
+
+
+def _events(users: pl.DataFrame) -> int:
+    return int(users["item_ids"].list.len().cast(pl.Int64).sum())
+
+
+def _cut(users: pl.DataFrame, users_per_chunk: int, max_events: int) -> tuple[int, bool]:
+    """``(n, full)``: the next chunk is the first ``n`` users; ``full`` when it is complete (more users
+    could not join it)."""
+    head = users.slice(0, users_per_chunk)
+    cum = head["item_ids"].list.len().cast(pl.Int64).cum_sum()
+    fits = int(cum.search_sorted(max_events, side="right"))
+    if fits < head.height:
+        return max(1, fits), True
+    return head.height, head.height == users_per_chunk
+
+
+def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_sample_id: int,
+                    max_items: int = MAX_ITEMS_PER_PIECE) -> Iterator[tuple[pa.Table, int]]:
+    """Build samples for a chunk of users with vectorised offset arithmetic (no per-sample loop).
+
+    Yields:
+        ``(table, truncated)`` pieces of consecutive samples, each with at most ``max_items``
+        history items (or one sample), in order; one piece when the chunk fits.
+    """
     items = users["item_ids"]
     n = items.list.len().cast(pl.Int64).to_numpy()
     flat = items.explode().to_numpy().astype(np.int64, copy=False)
@@ -282,30 +610,54 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
         t = np.arange(len(sample_user)) - np.repeat(starts, per_user) + 1
     hist_start = np.maximum(t - max_seq_len, 0)
     hist_len = t - hist_start
-    truncated = int((t - hist_len).sum())
-    abs_start = base[sample_user] + hist_start
-    offsets = np.concatenate([[0], np.cumsum(hist_len)]).astype(np.int64)
-    gather = np.repeat(abs_start - offsets[:-1], hist_len) + np.arange(offsets[-1])
-    target_pos = base[sample_user] + t
     uid = users["user_id"].to_numpy().astype(np.int64, copy=False)
-    cols = {
-        S.SAMPLE_ID: pa.array(np.arange(first_sample_id, first_sample_id + len(t), dtype=np.int64)),
-        S.USER_ID: pa.array(uid[sample_user]),
-        S.ITEM_IDS: pa.LargeListArray.from_arrays(offsets, flat[gather]).cast(pa.list_(pa.int64())),
-        S.TARGET_ITEM_ID: pa.array(flat[target_pos]),
-    }
-    if has_ts:
-        cols[S.TIMESTAMPS] = pa.LargeListArray.from_arrays(offsets, flat_ts[gather]).cast(pa.list_(pa.int64()))
-    cols[S.SEQ_LEN] = pa.array(hist_len.astype(np.int32))
-    return pa.table(cols, schema=S.sample_schema(has_ts, with_seq_len=True)), truncated
+    schema = S.sample_schema(has_ts, with_seq_len=True)
+    cum = np.cumsum(hist_len)
+    a = 0
+    while True:
+        done = int(cum[a - 1]) if a else 0
+        b = len(t) if not len(t) or cum[-1] - done <= max_items else max(
+            a + 1, int(np.searchsorted(cum, done + max_items, side="right")))
+        su, tt, hs, hl = sample_user[a:b], t[a:b], hist_start[a:b], hist_len[a:b]
+        abs_start = base[su] + hs
+        offsets = np.concatenate([[0], np.cumsum(hl)]).astype(np.int64)
+        gather = np.repeat(abs_start - offsets[:-1], hl) + np.arange(offsets[-1])
+        cols = {
+            S.SAMPLE_ID: pa.array(np.arange(first_sample_id + a, first_sample_id + b, dtype=np.int64)),
+            S.USER_ID: pa.array(uid[su]),
+            S.ITEM_IDS: pa.LargeListArray.from_arrays(offsets, flat[gather]).cast(pa.list_(pa.int64())),
+            S.TARGET_ITEM_ID: pa.array(flat[base[su] + tt]),
+        }
+        if has_ts:
+            cols[S.TIMESTAMPS] = pa.LargeListArray.from_arrays(offsets, flat_ts[gather]).cast(pa.list_(pa.int64()))
+        cols[S.SEQ_LEN] = pa.array(hl.astype(np.int32))
+        yield pa.table(cols, schema=schema), int((tt - hl).sum())
+        a = b
+        if a >= len(t):
+            return
+
+
+# ---------------------------------------------------------------------------------------------- convert
+
+def _spool_dir(output_path: str | os.PathLike) -> Path:
+    """A fresh local folder for temporaries: a hidden sibling of a local output (removed by the next run if
+    this one is killed, :func:`fsdata.atomic.clean_stale_tmp`), else one under the system temp folder."""
+    if fsio.is_remote(output_path):
+        return Path(tempfile.mkdtemp(prefix="fsdata-convert-"))
+    final = Path(output_path).absolute()
+    spool = final.parent / f".{final.name}.tmp-{os.getpid()}-spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    spool.mkdir(parents=True)
+    return spool
 
 
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
             max_seq_len: int = 512, user_col: str = "0", item_col: str = "1", time_col: str | None = None,
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
-            holdout_output: str | os.PathLike | None = None) -> ConvertSummary:
-    """Convert an interaction log into one Parquet file of samples (atomically).
+            holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
+            max_items_per_piece: int | None = None) -> ConvertSummary:
+    """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
         input_path: the log (see module docstring for formats).
@@ -313,13 +665,22 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         fmt: ``sequences`` or ``events``.
         samples: ``per-user`` or ``per-event``.
         max_seq_len: keep at most this many most recent history items (>= 1).
-        user_col, item_col, time_col, sep, has_header: events input layout (see :func:`read_events`).
+        user_col, item_col, time_col, sep, has_header: events input layout (see :func:`_open_events`:
+            ``.parquet``, ``.csv``/``.tsv`` or whitespace-separated text; header-less text columns
+            are ``column_1`` ... or 0-based positions ``0``, ``1``, ``2``; ``sep`` defaults to
+            ``,`` for .csv, tab for .tsv, else space; ``has_header`` to True for .csv/.tsv).
         overwrite: replace an existing output.
-        users_per_chunk: users per written row group batch (bounds memory for per-event).
+        users_per_chunk: users turned into samples at once (one write, so one or more row groups,
+            per chunk; fewer users once their events pass :data:`MAX_EVENTS_PER_CHUNK`).
         progress: show a progress bar.
         holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.samples.holdout`).
         holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after
             the samples).
+        events_per_bucket: events input: events per temporary bucket (module docstring; default
+            :data:`EVENTS_PER_BUCKET`); inputs estimated at no more (file bytes / 8 for text, rows
+            for Parquet) are grouped in memory.
+        max_items_per_piece: most history items of one chunk built and written at once (a chunk
+            over it is written as several pieces; default :data:`MAX_ITEMS_PER_PIECE`).
 
     Returns:
         :class:`ConvertSummary`.
@@ -346,42 +707,66 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if holdout_output and Path(holdout_output).exists() and not overwrite:
         raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
+    events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
+    max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)
-    users = read_sequences(src) if fmt == "sequences" else read_events(
-        src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header)
-    held = None
-    if holdout == "last":
-        num_events_all = int(users["item_ids"].list.len().cast(pl.Int64).sum())
-        users, eval_table, held = split_last(users, max_seq_len)
-    n = users["item_ids"].list.len()
-    num_events = int(n.cast(pl.Int64).sum())
-    skipped = int((n < 2).sum())
-    if skipped == users.height:
-        raise InputError(f"input {src}: no user has 2 or more items, so no (history, target) sample exists")
-    has_ts = "timestamps" in users.columns
-    written = truncated = 0
+    events_src = None
+    if fmt == "events":  # columns are resolved (and refused) before any output is touched
+        events_src = _open_events(src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep,
+                                  has_header=has_header)
+    else:
+        _check_input_file(src)
+    has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
-        with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
-                              write_page_index=False) as writer:
-            bar = tqdm(total=users.height, unit="user", desc="convert", disable=not progress)
-            for start in range(0, users.height, users_per_chunk):
-                chunk = users.slice(start, users_per_chunk)
-                table, cut = _window_samples(chunk, samples, max_seq_len, written)
-                if table.num_rows:
-                    writer.write_table(table, row_group_size=1 << 20)
-                written += table.num_rows
-                truncated += cut
-                bar.update(chunk.height)
-            bar.close()
-            summary = ConvertSummary(input=str(src), format=fmt, samples=samples, max_seq_len=max_seq_len,
-                                     num_users=users.height, num_events=num_events, num_samples=written,
-                                     num_users_skipped=skipped, num_items_truncated=truncated)
-            if held is not None:
-                summary.num_events = num_events_all
-                summary.holdout = asdict(held)
-            # the file name only: the same log under another path gives the same bytes (and input digest)
-            writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
-                                                                          "input": src.name}).encode()})
-        if held is not None:
-            write_eval_file(eval_table, holdout_output, held, overwrite=overwrite)
+        spool = _spool_dir(output_path)
+        try:
+            stats: dict = {}
+            frames = iter_sequences(src) if events_src is None else iter_events(
+                events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
+            eval_spool = EvalSpool(spool / "eval.parquet") if holdout == "last" else None
+            held = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=0,
+                                  num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
+            num_users = num_events = num_events_all = skipped = written = truncated = 0
+            with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
+                                  write_page_index=False) as writer:
+                bar = tqdm(unit="user", desc="convert", disable=not progress)
+                for chunk in _chunks(frames, users_per_chunk):
+                    if eval_spool is not None:
+                        num_events_all += _events(chunk)
+                        chunk, eval_table, part = split_last(chunk, max_seq_len)
+                        eval_spool.add(eval_table)
+                        held.num_users_evaluated += part.num_users_evaluated
+                        held.num_users_kept_whole += part.num_users_kept_whole
+                        held.num_items_truncated += part.num_items_truncated
+                    n = chunk["item_ids"].list.len()
+                    num_users += chunk.height
+                    num_events += int(n.cast(pl.Int64).sum())
+                    skipped += int((n < 2).sum())
+                    for table, cut in _window_samples(chunk, samples, max_seq_len, written, max_items_per_piece):
+                        if table.num_rows:
+                            writer.write_table(table, row_group_size=1 << 20)
+                        written += table.num_rows
+                        truncated += cut
+                    bar.update(chunk.height)
+                bar.close()
+                if stats.get("num_duplicates"):
+                    log.warning("input %s has %d exact duplicate events (same user, item%s); they are kept as "
+                                "separate interactions: deduplicate the log first if they are logging repeats",
+                                src, stats["num_duplicates"], " and time" if has_ts else "")
+                if skipped == num_users:
+                    raise InputError(f"input {src}: no user has 2 or more items, so no (history, target) sample "
+                                     "exists")
+                summary = ConvertSummary(input=str(src), format=fmt, samples=samples, max_seq_len=max_seq_len,
+                                         num_users=num_users, num_events=num_events, num_samples=written,
+                                         num_users_skipped=skipped, num_items_truncated=truncated)
+                if held is not None:
+                    summary.num_events = num_events_all
+                    summary.holdout = asdict(held)
+                # the file name only: the same log under another path gives the same bytes (and input digest)
+                writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
+                                                                              "input": src.name}).encode()})
+            if eval_spool is not None:
+                eval_spool.write(holdout_output, held, overwrite=overwrite, max_items=max_items_per_piece)
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
     return summary

@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -114,3 +115,55 @@ def write_eval_file(table: pa.Table, path: str | os.PathLike, summary: HoldoutSu
     meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
     with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
         pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression="zstd")
+
+
+class EvalSpool:
+    """Evaluation rows gathered chunk by chunk in a temporary Parquet file, then written as the evaluation
+    file in bounded pieces (the evaluation file of a large log does not fit in memory).
+
+    Args:
+        spool_path: a local temporary file (the caller removes its folder).
+    """
+
+    #: Rows per row group of the evaluation file (``pq.write_table``'s default, so small files are the bytes
+    #: :func:`write_eval_file` writes).
+    ROWS_PER_GROUP = 1 << 20
+
+    def __init__(self, spool_path: str | os.PathLike) -> None:
+        self._path = str(spool_path)
+        self._writer = pq.ParquetWriter(self._path, eval_schema(), compression="lz4")
+        self.num_rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        """Append rows (:func:`eval_schema`)."""
+        if table.num_rows:
+            self._writer.write_table(table)
+            self.num_rows += table.num_rows
+
+    def write(self, path: str | os.PathLike, summary: HoldoutSummary, *, overwrite: bool,
+              max_items: int = 1 << 24) -> None:
+        """Write the gathered rows to ``path`` atomically, ``summary`` in the metadata; row groups of
+        :attr:`ROWS_PER_GROUP` rows, fewer where they would hold more than ``max_items`` history items.
+
+        Raises:
+            ConfigError: ``path`` exists and ``overwrite`` is False.
+        """
+        self._writer.close()
+        meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
+        schema = eval_schema().with_metadata(meta)
+        lf = pl.scan_parquet(self._path)
+        lengths = lf.select(pl.col(S.SEQ_LEN).cast(pl.Int64)).collect()[S.SEQ_LEN].to_numpy() \
+            if self.num_rows else np.zeros(0, np.int64)
+        cum = np.cumsum(lengths)
+        with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+            with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+                a = 0
+                while True:
+                    done = int(cum[a - 1]) if a else 0
+                    b = min(len(lengths), a + self.ROWS_PER_GROUP,
+                            max(a + 1, int(np.searchsorted(cum, done + max_items, side="right"))))
+                    piece = lf.slice(a, b - a).collect().to_arrow() if b > a else eval_schema().empty_table()
+                    writer.write_table(piece.cast(schema))
+                    a = b
+                    if a >= len(lengths):
+                        break
