@@ -31,7 +31,7 @@ Memory is bounded, whatever the input size (the input is streamed, never held wh
   decoded input, zstd-compressed) live in a hidden ``.OUTPUT.tmp-PID-spool`` folder beside the
   output and are removed when convert ends (or by the next run, if it was killed).
 * Users are turned into samples ``users_per_chunk`` at a time (fewer when their events pass
-  :data:`MAX_EVENTS_PER_CHUNK`), and one chunk's samples are written in pieces of at most
+  :data:`fsdata.samples.events.MAX_EVENTS_PER_CHUNK`), and one chunk's samples are written in pieces of at most
   ``max_items_per_piece`` history items (each piece is one or more Parquet row groups).
 
 Limits: one ``events`` user's whole history, one temporary bucket (about ``events_per_bucket``
@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -54,7 +52,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -63,6 +60,7 @@ from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
+from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 
 log = logging.getLogger("fsdata.convert")
@@ -78,22 +76,7 @@ MAX_LINE_BYTES = 32 << 20
 #: Default events per temporary bucket of the ``events`` path; an input estimated at fewer events is
 #: grouped in memory.
 EVENTS_PER_BUCKET = 1_000_000
-#: A chunk of users is cut early once its events pass this count.
-MAX_EVENTS_PER_CHUNK = 1 << 23
-#: Default most history items (summed over samples) built and written at once.
 MAX_ITEMS_PER_PIECE = 1 << 24
-#: Most temporary buckets (open files of the partitioned sink).
-_MAX_BUCKETS = 256
-#: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
-_MERGE_EVENTS_PER_GROUP = 1 << 14
-#: Rows pending per bucket before they are written as one row group.
-_BUCKET_ROWS_PER_GROUP = 1 << 14
-#: Bytes of an events text file parsed at once (PyArrow's streaming CSV reader).
-_READ_BLOCK_BYTES = 8 << 20
-#: Rows of an events Parquet file read at once.
-_READ_ROWS = 1 << 18
-#: Bytes per event assumed when estimating the events of a text input (``"12 345\\n"``).
-_TEXT_BYTES_PER_EVENT = 8
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,17 +97,6 @@ class ConvertSummary:
     holdout: dict | None = None
     """With ``--holdout last``: :class:`fsdata.samples.holdout.HoldoutSummary` as a dict."""
 
-
-def _check_input_file(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"input {path} does not exist; pass an existing file")
-    if path.is_dir():
-        raise InputError(f"input {path} is a directory; convert takes one file")
-    if path.stat().st_size == 0:
-        raise InputError(f"input {path} is empty; pass a file with interactions")
-
-
-# ---------------------------------------------------------------------------------------------- sequences
 
 def iter_sequences(path: Path, *, block_bytes: int | None = None,
                    max_line_bytes: int | None = None) -> Iterator[pl.DataFrame]:
@@ -225,364 +197,6 @@ def _first_bad_token(block: bytes, lines_before: int) -> str:
 # ---------------------------------------------------------------------------------------------- events
 
 #: Column names that look like an event time (case-insensitive), for the missing --time-col warning.
-_TIME_LIKE = re.compile(r"^(time|ts|date|datetime|timestamp.*|.*_?timestamp|.*_time|.*_ts|.*_at|event_?time|"
-                        r"unix_?time|epoch)$", re.IGNORECASE)
-
-
-def _warn_time_col(path: Path, names: list[str], used: list[str]) -> None:
-    """Warn (one line) when the input has a time-like column but ``--time-col`` was not given."""
-    cands = [n for n in names if n not in used and _TIME_LIKE.match(n)]
-    if cands:
-        log.warning("input %s has a column '%s' that looks like event time, but --time-col was not given: each "
-                    "user's events keep file order; pass --time-col %s to sort them by time", path, cands[0],
-                    cands[0])
-
-
-@dataclass(kw_only=True, slots=True)
-class _EventsInput:
-    """A resolved events input: the lazy scan of its renamed columns and how to name its rows."""
-
-    path: Path
-    raw: pl.LazyFrame
-    """``_row`` (u32, 0-based), ``user_id``, ``item_id`` [, ``ts``] as read (not yet cast)."""
-    given: dict[str, str | None]
-    """Our column name -> the input's."""
-    header_lines: int
-    text: bool
-    num_events_estimate: int
-    names: list[str]
-    """The input's column names (as Polars names them: ``column_1`` ... without a header)."""
-    sep: str | None
-
-    @property
-    def has_time(self) -> bool:
-        return self.given["ts"] is not None
-
-    def where(self, row: int) -> str:
-        return f"line {row + 1 + self.header_lines}" if self.text else f"row {row}"
-
-
-def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | None, sep: str | None,
-                 has_header: bool | None) -> _EventsInput:
-    """Resolve the columns of an events input (nothing is read but the schema and a sample of rows)."""
-    _check_input_file(path)
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            lf = pl.scan_parquet(str(path))
-            estimate = pq.read_metadata(str(path)).num_rows
-        else:
-            if sep is None:
-                sep = "," if suffix == ".csv" else "\t" if suffix == ".tsv" else " "
-            if has_header is None:
-                has_header = suffix in (".csv", ".tsv")
-            lf = pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000)
-            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT
-        names = lf.collect_schema().names()
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, path, action="read")
-        raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
-                         "check --format, --sep and header settings") from None
-
-    def resolve(col: str | None, flag: str) -> str | None:
-        if col is None:
-            return None
-        if col in names:
-            return col
-        if col.isdigit() and int(col) < len(names):
-            return names[int(col)]
-        raise InputError(f"input {path}: no column '{col}' for {flag}; columns are {names}; "
-                         f"pass {flag} NAME (or a 0-based position)")
-
-    u, i, t = resolve(user_col, "--user-col"), resolve(item_col, "--item-col"), resolve(time_col, "--time-col")
-    if t is None:
-        _warn_time_col(path, names, [u, i])
-    cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
-    if t:
-        cols.append(pl.col(t).alias("ts"))
-    text = suffix != ".parquet"
-    return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
-                        given={"user_id": u, "item_id": i, "ts": t},
-                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
-                        names=names, sep=sep)
-
-
-def _event_columns(src: _EventsInput) -> list[str]:
-    return ["user_id", "item_id", "ts"] if src.has_time else ["user_id", "item_id"]
-
-
-def _cast_events(src: _EventsInput) -> pl.LazyFrame:
-    return src.raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in _event_columns(src)])
-
-
-def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
-    """The error for a failed read of the events input: the first value that is not an integer (by column, in
-    user, item, time order), then (``check_nulls``) a null or negative id, else the reader's own message."""
-    raise_if_environment(e, src.path, action="read")
-    try:
-        where = _locate_bad_value(src)
-    except (pl.exceptions.PolarsError, OSError) as e2:
-        raise_if_environment(e2, src.path, action="read")
-        return InputError(f"input {src.path}: cannot parse ({str(e2).splitlines()[0]}); "
-                          "check --format, --sep and header settings")
-    if not where and check_nulls:
-        _check_events(src, _cast_events(src))  # raises for a null (e.g. a blank line) or a negative id
-    if not where:
-        return InputError(f"input {src.path}: cannot parse ({str(e).splitlines()[0]}); "
-                          "check --format, --sep and header settings")
-    return InputError(f"input {src.path} {where}: user, item and time columns must be integers; "
-                      "map ids to integers first")
-
-
-def _locate_bad_value(src: _EventsInput) -> str:
-    """``line N, column 'c': 'x'`` for the first row whose value is not an integer, one column at a time
-    (streamed, so a large input is not held whole)."""
-    schema = src.raw.collect_schema()
-    for c in _event_columns(src):
-        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null()
-                                               & pl.col(c).cast(pl.Int64, strict=False).is_null()).head(1).collect()
-        if bad.height:
-            value = bad[c][0]
-            shown = f"'{value}'"
-            if schema[c].is_integer():
-                shown += " (does not fit int64: ids must be below 2^63)"
-            return f"{src.where(int(bad['_row'][0]))}, column '{src.given[c]}': {shown}"
-    return ""
-
-
-def _check_events(src: _EventsInput, ev: pl.LazyFrame) -> int:
-    """Check the cast events (streamed): at least one, no nulls, no negative ids.
-
-    Returns:
-        The number of events.
-
-    Raises:
-        InputError: no events; a null (the first, by column); a negative user or item id.
-    """
-    cols = _event_columns(src)
-    aggs = [pl.len().alias("n")]
-    for c in cols:
-        aggs += [pl.col(c).null_count().alias(f"nulls_{c}"),
-                 pl.col("_row").filter(pl.col(c).is_null()).min().alias(f"null_row_{c}")]
-    for c in ("user_id", "item_id"):
-        aggs.append(pl.col("_row").filter(pl.col(c) < 0).min().alias(f"neg_row_{c}"))
-    try:
-        st = ev.select(aggs).collect(engine="streaming").row(0, named=True)
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise _parse_error(src, e) from None
-    if st["n"] == 0:
-        raise InputError(f"input {src.path} has no events")
-    nulls = {c: st[f"nulls_{c}"] for c in cols if st[f"nulls_{c}"]}
-    if nulls:
-        c = next(iter(nulls))
-        where = f"{src.where(st[f'null_row_{c}'])}, column '{src.given[c]}': empty (blank line or missing field)"
-        raise InputError(f"input {src.path}: null values in {nulls}, first at {where}; drop or fill those rows first")
-    for c in ("user_id", "item_id"):
-        row = st[f"neg_row_{c}"]
-        if row is not None:
-            value = ev.filter(pl.col("_row") == row).select(c).collect(engine="streaming")[c][0]
-            raise InputError(f"input {src.path} {src.where(row)}, column '{src.given[c]}': id {value} is negative; "
-                             "user and item ids must be >= 0: map them to non-negative integers first")
-    return int(st["n"])
-
-
-def _group_users(ev: pl.DataFrame, has_time: bool) -> tuple[pl.DataFrame, int]:
-    """Group events into per-user chronological sequences.
-
-    Returns:
-        ``(users, num_duplicates)``: ``users`` has ``_first`` (the user's first row, u32, ascending),
-        ``user_id``, ``item_ids`` and with a time column ``timestamps``; ``num_duplicates`` counts
-        events equal to an earlier one (same user, item and time).
-    """
-    dup = ev.height - ev.select([c for c in ev.columns if c != "_row"]).n_unique()
-    order = ["user_id", "ts", "_row"] if has_time else ["user_id", "_row"]
-    first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
-    ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
-    aggs = [pl.col("item_id").alias("item_ids")]
-    if has_time:
-        aggs.append(pl.col("ts").alias("timestamps"))
-    return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs), dup
-
-
-def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
-                stats: dict | None = None) -> Iterator[pl.DataFrame]:
-    """Group an events input into per-user sequences with bounded memory (module docstring).
-
-    Args:
-        src: from :func:`_open_events`.
-        spool: an empty local folder for the temporary buckets (removed by the caller).
-        events_per_bucket: events per temporary bucket; an input estimated at no more is grouped
-            in memory.
-        stats: filled with ``num_duplicates`` once the input is read.
-
-    Yields:
-        DataFrames ``user_id`` int64, ``item_ids`` list<int64> and, with a time column,
-        ``timestamps`` list<int64>; users in order of first appearance, each user once.
-
-    Raises:
-        InputError: unreadable file, non-integer values, nulls, negative ids, no events.
-    """
-    stats = {} if stats is None else stats
-    num_buckets = min(_MAX_BUCKETS, math.ceil(src.num_events_estimate / max(1, events_per_bucket)))
-    cast = _cast_events(src)
-    if num_buckets <= 1:
-        try:
-            ev = cast.collect()
-        except (pl.exceptions.PolarsError, OSError) as e:
-            raise _parse_error(src, e) from None
-        _check_events(src, ev.lazy())
-        users, stats["num_duplicates"] = _group_users(ev, src.has_time)
-        del ev
-        yield users.drop("_first")
-        return
-    parts = _write_buckets(src, spool / "buckets", num_buckets)
-    _check_events(src, pl.scan_parquet(parts))
-    grouped, dups = [], 0
-    for i, d in enumerate(parts):
-        users, dup = _group_users(pl.read_parquet(d), src.has_time)
-        dups += dup
-        events = int(users["item_ids"].list.len().sum())
-        rows = max(1, _MERGE_EVENTS_PER_GROUP * users.height // max(1, events))
-        grouped.append(spool / f"grouped-{i:05d}.parquet")
-        users.write_parquet(grouped[-1], row_group_size=rows, compression="lz4")
-        d.unlink()
-        del users
-    stats["num_duplicates"] = dups
-    for users in _merge_by_first([pq.ParquetFile(p) for p in grouped]):
-        yield users.drop("_first")
-
-
-def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
-    """The cast events (``_row``, ``user_id``, ``item_id`` [, ``ts``]) a block at a time: PyArrow's streaming
-    CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
-    its batches are consumed slowly, so it is not used here)."""
-    ours = _event_columns(src)
-    cols = list(dict.fromkeys(src.given[c] for c in ours))
-    if src.text:
-        reader = pacsv.open_csv(
-            src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
-                                                     skip_rows=src.header_lines),
-            parse_options=pacsv.ParseOptions(delimiter=src.sep, ignore_empty_lines=False),
-            convert_options=pacsv.ConvertOptions(include_columns=cols))
-    else:
-        reader = pq.ParquetFile(src.path).iter_batches(batch_size=_READ_ROWS, columns=cols)
-    row = 0
-    for batch in reader:
-        df = pl.from_arrow(batch)
-        df = df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
-                       *[pl.col(src.given[c]).cast(pl.Int64, strict=True).alias(c) for c in ours])
-        row += df.height
-        yield df
-
-
-def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[Path]:
-    """Split the cast events by a hash of the user id into ``num_buckets`` Parquet files (in file order within
-    each), holding at most :data:`_BUCKET_ROWS_PER_GROUP` pending rows per bucket.
-
-    Raises:
-        InputError: a value that is not an integer, a null or a negative id (named by its line), or a
-            file the reader cannot parse.
-    """
-    folder.mkdir()
-    writers: dict[int, pq.ParquetWriter] = {}
-    pending: dict[int, list[pl.DataFrame]] = {}
-    rows: dict[int, int] = {}
-
-    def flush(b: int) -> None:
-        table = pl.concat(pending.pop(b)).to_arrow()
-        rows[b] = 0
-        if b not in writers:
-            writers[b] = pq.ParquetWriter(folder / f"bucket-{b:05d}.parquet", table.schema, compression="lz4")
-        writers[b].write_table(table)
-
-    try:
-        for df in _read_batches(src):
-            keyed = df.with_columns(_bucket=pl.col("user_id").hash(seed=0) % num_buckets)
-            for (b,), part in keyed.partition_by("_bucket", as_dict=True, include_key=False).items():
-                pending.setdefault(b, []).append(part)
-                rows[b] = rows.get(b, 0) + part.height
-                if rows[b] >= _BUCKET_ROWS_PER_GROUP:
-                    flush(b)
-        for b in list(pending):
-            flush(b)
-    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, folder, action="write")
-        raise _parse_error(src, e, check_nulls=True) from None
-    finally:
-        for w in writers.values():
-            w.close()
-    return [folder / f"bucket-{b:05d}.parquet" for b in sorted(writers)]
-
-
-def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
-    """K-way merge of grouped bucket files (each sorted by ``_first``), one row group per file in memory."""
-    next_group = [0] * len(files)
-    bufs: list[pl.DataFrame | None] = [None] * len(files)
-
-    def refill(i: int) -> None:
-        bufs[i] = None
-        while next_group[i] < files[i].num_row_groups:
-            df = pl.from_arrow(files[i].read_row_group(next_group[i]))
-            next_group[i] += 1
-            if df.height:
-                bufs[i] = df
-                return
-
-    for i in range(len(files)):
-        refill(i)
-    while any(b is not None for b in bufs):
-        # every user at or below the threshold is loaded: unread groups of a file start after its buffer
-        more = [bufs[i]["_first"][-1] for i in range(len(files))
-                if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
-        threshold = min(more) if more else None
-        out = []
-        for i, b in enumerate(bufs):
-            if b is None:
-                continue
-            n = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
-            out.append(b.slice(0, n))
-            if n == b.height:
-                refill(i)
-            else:
-                bufs[i] = b.slice(n)
-        yield pl.concat(out).sort("_first")
-
-
-# ---------------------------------------------------------------------------------------------- samples
-
-def _chunks(frames: Iterator[pl.DataFrame], users_per_chunk: int,
-            max_events: int = MAX_EVENTS_PER_CHUNK) -> Iterator[pl.DataFrame]:
-    """Re-cut user frames into chunks of ``users_per_chunk`` users (fewer once their events pass
-    ``max_events``; at least one user), so the chunks do not depend on how the input was read."""
-    pending: pl.DataFrame | None = None
-    for df in frames:
-        pending = df if pending is None else pl.concat([pending, df], how="vertical_relaxed")
-        while pending.height:
-            n, full = _cut(pending, users_per_chunk, max_events)
-            if not full:
-                break
-            yield pending.slice(0, n)
-            pending = pending.slice(n)
-    while pending is not None and pending.height:
-        n, _ = _cut(pending, users_per_chunk, max_events)
-        yield pending.slice(0, n)
-        pending = pending.slice(n)
-
-
-def _events(users: pl.DataFrame) -> int:
-    return int(users["item_ids"].list.len().cast(pl.Int64).sum())
-
-
-def _cut(users: pl.DataFrame, users_per_chunk: int, max_events: int) -> tuple[int, bool]:
-    """``(n, full)``: the next chunk is the first ``n`` users; ``full`` when it is complete (more users
-    could not join it)."""
-    head = users.slice(0, users_per_chunk)
-    cum = head["item_ids"].list.len().cast(pl.Int64).cum_sum()
-    fits = int(cum.search_sorted(max_events, side="right"))
-    if fits < head.height:
-        return max(1, fits), True
-    return head.height, head.height == users_per_chunk
-
 
 def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_sample_id: int,
                     max_items: int = MAX_ITEMS_PER_PIECE) -> Iterator[tuple[pa.Table, int]]:
@@ -671,7 +285,7 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             ``,`` for .csv, tab for .tsv, else space; ``has_header`` to True for .csv/.tsv).
         overwrite: replace an existing output.
         users_per_chunk: users turned into samples at once (one write, so one or more row groups,
-            per chunk; fewer users once their events pass :data:`MAX_EVENTS_PER_CHUNK`).
+            per chunk; fewer users once their events pass :data:`fsdata.samples.events.MAX_EVENTS_PER_CHUNK`).
         progress: show a progress bar.
         holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.samples.holdout`).
         holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import fsdata.samples.convert as C
+import fsdata.samples.events as E
 from fsdata.cli import main
 from fsdata.samples import schema as S
 from tests.conftest import dataset_path
@@ -26,13 +27,13 @@ def _sha(p: Path) -> str:
 
 def _count_merges(monkeypatch) -> list:
     calls = []
-    real = C._merge_by_first
+    real = E._merge_by_first
 
     def spy(files):
         calls.append(len(files))
         yield from real(files)
 
-    monkeypatch.setattr(C, "_merge_by_first", spy)
+    monkeypatch.setattr(E, "_merge_by_first", spy)
     return calls
 
 
