@@ -1047,9 +1047,9 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
         group_of_rank[a:b] = k
     group_of_row = group_of_rank[np.maximum(plan.rank, 0)]
     spill_dir: Path | None = None
+    _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills
     if len(groups) > 1:
         if remote:  # object stores have no place for scratch files: the spill goes to local TMPDIR
-            _clean_stale_bucket_dirs()
             spill_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
         else:
             spill_dir = out / ".buckets"

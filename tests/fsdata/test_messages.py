@@ -198,11 +198,11 @@ def test_progress_only_on_a_terminal_unless_forced(tmp_path, capsys, monkeypatch
         assert main([*a, *extra]) == 0
         return capsys.readouterr().err
 
-    assert "bucket by rank" not in stderr_of(0) and "\r" not in stderr_of(1)  # captured stderr is no TTY
-    assert "bucket by rank" in stderr_of(2, "--progress")
+    assert "gather rows by rank" not in stderr_of(0) and "\r" not in stderr_of(1)  # captured stderr is no TTY
+    assert "gather rows by rank" in stderr_of(2, "--progress")
     monkeypatch.setenv(cliutil.PROGRESS_ENV, "1")
-    assert "bucket by rank" in stderr_of(3)
-    assert "bucket by rank" not in stderr_of(4, "--no-progress")
+    assert "gather rows by rank" in stderr_of(3)
+    assert "gather rows by rank" not in stderr_of(4, "--no-progress")
 
 
 def test_resolve_progress(monkeypatch):

@@ -272,5 +272,7 @@ def test_fstrain_reads_an_s3_output_and_refuses_one_without_manifest(s3, s3_inpu
     reader = data.ShardReader(f"s3://{b}/out", 1, 4)
     assert [batch.step for batch in reader] == list(range(15))
     s3.fs.delete_file(f"{b}/out/_manifest.json")
-    with pytest.raises(data.ShardError, match="holds rank files but no manifest, so it is an incomplete OUTPUT"):
+    from fstrain.errors import ShardError
+
+    with pytest.raises(ShardError, match="holds rank files but no manifest, so it is an incomplete OUTPUT"):
         data.ShardReader(f"s3://{b}/out", 1, 4)
