@@ -38,7 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from fsdata.cliutil import add_common_flags, add_json_flag, add_output_flag, configure_logging, resolve_progress
+from fsdata.samples.settings import ConvertSettings
+from fsdata.shards.writer import BalanceSettings
 from pipelines.nightly import NightlyConfig, run_nightly
+from pipelines.nightly.config import JobSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("FREESCALE_DATASETS", REPO_ROOT.parent / "shared" / "datasets"))
@@ -79,19 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     say = _say(a.json)
     out = Path(a.output)
     out.mkdir(parents=True, exist_ok=True)
+    balance = BalanceSettings(num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model,
+                              progress=progress)
+    job = JobSettings(output=str(out / "nightly"))
     if ML1M.exists():
         say(f"demo: MovieLens-1M from {ML1M} (per-event samples, history <= 512)")
-        cfg = NightlyConfig(input=str(ML1M), format="sequences", samples="per-event", max_seq_len=512,
-                            num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model)
+        convert = ConvertSettings(input=str(ML1M), format="sequences", samples="per-event", max_seq_len=512)
     else:
         say(f"demo: {DATASETS} is absent; using generated heavy-tailed samples")
-        cfg = NightlyConfig(input=str(synthetic_input(out)), format="samples", num_ranks=a.ranks,
-                            batch_size_per_rank=a.batch_size_per_rank, cost_model=a.cost_model)
-    r = run_nightly(cfg, out / "nightly", progress=progress)
+        convert = ConvertSettings(input=str(synthetic_input(out)), format="samples")
+    cfg = NightlyConfig(convert=convert, balance=balance, job=job)
+    r = run_nightly(cfg)
     v = r["verify"]
     shards = Path(r["run_dir"]) / "shards"
     converted = Path(r["run_dir"]) / "samples.parquet"
-    samples = converted if converted.exists() else Path(cfg.input)
+    samples = converted if converted.exists() else Path(cfg.convert.input)
     report_html = out / "nightly" / "latest" / "report.html"  # written by the nightly job with each run
     say()
     say(f"output:            {out / 'nightly' / 'latest' / 'shards'}  (-> {shards})")
