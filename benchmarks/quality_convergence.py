@@ -16,6 +16,16 @@ items excluded: :mod:`fstrain.components.evaluator`). Runs are subprocesses; the
 * ``--per-user-vs-per-event``: the same model and epochs on both sample kinds: NDCG@10, tokens
   trained and wall time.
 
+Identical global batches train identical models: the loss is normalised by the step's global
+count, negatives are drawn from ``(seed, step)`` and dropout masks are keyed by ``(seed, step,
+sample_id, position)``, so a run depends on which samples each step holds, not on their rank
+(tested in tests/fstrain). Every run records :func:`global_batches_digest` of its shards; with
+``--reuse FILE`` (a JSON this benchmark wrote, repeatable) a run whose recipe, seed and digest
+equal an earlier trained run's takes that run's figures instead of training again, marked
+``reused_from`` (e.g. the default balance where composition regrouped no window, or a
+reproduction row at R=1 and the shuffle at R=16 B=8, which share their global batches).
+``--no-train`` balances only and reports what those runs give, leaving the rest "not run".
+
 Examples::
 
     python -m benchmarks.bench_quality --reproduce --recipes ml-1m-sasrec --out docs/results
@@ -27,6 +37,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import shlex
@@ -91,6 +102,55 @@ def train(shards: Path, ev: Path, run: Path, log: Path, recipe: Recipe, seed: in
     return summary
 
 
+def global_batches_digest(shards: Path) -> str:
+    """sha256 of which samples each step of a balance output holds, independent of ranks and file order.
+
+    Args:
+        shards: a ``fsdata balance`` output (rank folders with ``step`` int32 and ``sample_id`` int64).
+
+    Returns:
+        64 hex digits over the ``(step, sorted sample_ids)`` pairs in step order: equal for two
+        outputs whose every global batch holds the same samples (e.g. R=16 B=8 and R=1 B=128 of the
+        same shuffle), whatever ranks and rows within a step they sit in.
+    """
+    import polars as pl  # noqa: PLC0415
+
+    t = (pl.scan_parquet(str(shards / "rank-*" / "*.parquet")).select("step", "sample_id")
+         .sort(["step", "sample_id"]).collect())
+    h = hashlib.sha256()
+    h.update(t["step"].cast(pl.Int64).to_numpy().tobytes())
+    h.update(t["sample_id"].cast(pl.Int64).to_numpy().tobytes())
+    return h.hexdigest()
+
+
+def load_reusable(paths: list[str]) -> list[dict]:
+    """Trained runs (with a ``global_batches_sha256``) of earlier JSONs of this benchmark."""
+    runs = []
+    for path in paths:
+        for r in json.loads(Path(path).read_text()).get("runs", []):
+            if r.get("global_batches_sha256") and not r.get("reused_from") and "ndcg@10" in r:
+                runs.append(r | {"source_json": str(path)})
+    return runs
+
+
+def find_identical(pool: list[dict], recipe: str, seed: int, epochs: int, digest: str) -> dict | None:
+    """A trained run of ``pool`` with the same recipe, seed, epochs and global batches, or None."""
+    return next((r for r in pool if (r["recipe"], r["seed"], r["epochs"], r.get("global_batches_sha256"))
+                 == (recipe, seed, epochs, digest) and not r.get("reused_from") and "ndcg@10" in r), None)
+
+
+_RESULT_FIELDS = ("ndcg@10", "hr@10", "ndcg@50", "hr@50", "mrr", "best_ndcg@10", "best_epoch", "curve",
+                  "tokens_trained", "tokens_per_second", "train_seconds", "wall_seconds")
+
+
+def _reuse(rec: dict, twin: dict) -> dict:
+    label = (f"{twin.get('strategy') or 'reproduce'} R={twin.get('ranks', 1)} B={twin.get('batch_size_per_rank', '')}"
+             f" seed {twin['seed']}").replace(" B= ", " ")
+    rec.update({k: twin[k] for k in _RESULT_FIELDS if k in twin})
+    rec["reused_from"] = label + (f" ({Path(twin['source_json']).name})" if twin.get("source_json") else "")
+    return rec
+
+
 def _eval_fields(summary: dict) -> dict:
     fin, best = summary["eval_final"], summary["eval_best"]
     return {"ndcg@10": fin["ndcg@10"], "hr@10": fin["hr@10"], "ndcg@50": fin["ndcg@50"], "hr@50": fin["hr@50"],
@@ -106,6 +166,7 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 def reproduce(a: argparse.Namespace, work: Path, log: Path) -> dict:
     runs = []
+    pool = load_reusable(a.reuse)
     for name in a.recipes.split(","):
         recipe = RECIPES[name]
         epochs = a.epochs or recipe.epochs
@@ -116,13 +177,22 @@ def reproduce(a: argparse.Namespace, work: Path, log: Path) -> dict:
             bal = balance(samples, shards, log, ranks=1, batch_size_per_rank=recipe.batch_size, epochs=epochs,
                           seed=seed)
             balance_seconds = time.perf_counter() - t0
-            summary = train(shards, ev, work / f"{shards.name}-run", log, recipe, seed)
+            digest = global_batches_digest(shards)
             rec = {"recipe": name, "seed": seed, "epochs": epochs, "balance_seconds": balance_seconds,
-                   "num_steps": bal.get("num_steps"), **_eval_fields(summary)}
+                   "num_steps": bal.get("num_steps"), "global_batches_sha256": digest}
+            twin = find_identical(pool, name, seed, epochs, digest)
+            if twin is not None:
+                _reuse(rec, twin)
+            elif a.no_train:
+                print(f"{name} seed {seed}: not run (--no-train)", flush=True)
+                continue
+            else:
+                rec.update(_eval_fields(train(shards, ev, work / f"{shards.name}-run", log, recipe, seed)))
             runs.append(rec)
             print(f"{name} seed {seed}: NDCG@10 {rec['ndcg@10']:.4f} HR@10 {rec['hr@10']:.4f} (best "
                   f"{rec['best_ndcg@10']:.4f} at epoch {rec['best_epoch']:g}), {rec['wall_seconds']:.0f} s, "
-                  f"{rec['tokens_per_second']:,.0f} tokens/s", flush=True)
+                  f"{rec['tokens_per_second']:,.0f} tokens/s" + (f" [= {rec['reused_from']}]" if rec.get("reused_from")
+                                                                 else ""), flush=True)
     rows = []
     print("\n| data | model | published NDCG@10 / HR@10 | target NDCG@10 | ours NDCG@10 (mean ± std) | ours HR@10 "
           "| best NDCG@10 (epoch) | epochs | seeds | wall s / run | tokens/s |")
@@ -130,6 +200,8 @@ def reproduce(a: argparse.Namespace, work: Path, log: Path) -> dict:
     for name in a.recipes.split(","):
         rs = [r for r in runs if r["recipe"] == name]
         recipe = RECIPES[name]
+        if not rs:
+            continue
         n_m, n_s = _ms([r["ndcg@10"] for r in rs])
         h_m, h_s = _ms([r["hr@10"] for r in rs])
         row = {"recipe": name, "dataset": recipe.dataset, "published_ndcg@10": recipe.published_ndcg10,
@@ -156,6 +228,7 @@ PARITY_STRATEGIES = {"shuffle": ["--strategy", "shuffle"], "default": [],
 
 def parity(a: argparse.Namespace, work: Path, log: Path) -> dict:
     runs, rows = [], []
+    pool = load_reusable(a.reuse)
     seeds = [int(s) for s in a.seeds.split(",")]
     settings = [tuple(int(x) for x in rb.split("x")) for rb in a.rank_batches.split(",")]
     for name in a.recipes.split(","):
@@ -169,34 +242,62 @@ def parity(a: argparse.Namespace, work: Path, log: Path) -> dict:
                     shards = work / f"parity-{name}-R{R}B{B}-{strategy}-e{epochs}-s{seed}"
                     bal = balance(samples, shards, log, ranks=R, batch_size_per_rank=B, epochs=epochs, seed=seed,
                                   flags=list(flags))
-                    summary = train(shards, ev, work / f"{shards.name}-run", log, recipe, seed, simulate=True)
+                    digest = global_batches_digest(shards)
+                    manifest = json.loads((shards / "_manifest.json").read_text())
+                    compose = (manifest.get("settings") or {}).get("compose") or {}
                     rec = {"recipe": name, "ranks": R, "batch_size_per_rank": B, "strategy": strategy,
                            "seed": seed, "epochs": epochs, "predicted_bubble": bal["predicted_bubble"],
-                           "num_steps": bal.get("num_steps"), **_eval_fields(summary)}
+                           "num_steps": bal.get("num_steps"), "windows_composed": compose.get("windows_composed"),
+                           "global_batches_sha256": digest}
+                    twin = find_identical(pool + runs, name, seed, epochs, digest)
+                    if twin is not None:
+                        _reuse(rec, twin)
+                    elif a.no_train:
+                        print(f"{name} R={R} B={B} {strategy} seed {seed}: not run (--no-train), predicted bubble "
+                              f"{rec['predicted_bubble']:.2%}", flush=True)
+                        runs.append(rec)
+                        continue
+                    else:
+                        rec.update(_eval_fields(train(shards, ev, work / f"{shards.name}-run", log, recipe, seed,
+                                                      simulate=True)))
                     runs.append(rec)
                     print(f"{name} R={R} B={B} {strategy} seed {seed}: NDCG@10 {rec['ndcg@10']:.4f}, predicted "
-                          f"bubble {rec['predicted_bubble']:.2%}, {rec['wall_seconds']:.0f} s", flush=True)
-                rs = [r for r in runs if (r["recipe"], r["ranks"], r["batch_size_per_rank"], r["strategy"])
-                      == (name, R, B, strategy)]
+                          f"bubble {rec['predicted_bubble']:.2%}, {rec['wall_seconds']:.0f} s"
+                          + (f" [= {rec['reused_from']}]" if rec.get("reused_from") else ""), flush=True)
+                every = [r for r in runs if (r["recipe"], r["ranks"], r["batch_size_per_rank"], r["strategy"])
+                         == (name, R, B, strategy)]
+                rs = [r for r in every if "ndcg@10" in r]
+                if not rs:
+                    rows.append({"recipe": name, "ranks": R, "batch_size_per_rank": B, "strategy": strategy,
+                                 "seeds": 0, "epochs": epochs, "ndcg@10_mean": None, "ndcg@10_std": None,
+                                 "predicted_bubble": statistics.fmean(r["predicted_bubble"] for r in every)})
+                    continue
                 m, sd = _ms([r["ndcg@10"] for r in rs])
                 rows.append({"recipe": name, "ranks": R, "batch_size_per_rank": B, "strategy": strategy,
                              "ndcg@10_mean": m, "ndcg@10_std": sd, "seeds": len(rs), "epochs": epochs,
-                             "predicted_bubble": statistics.fmean(r["predicted_bubble"] for r in rs)})
-    print("\n| data | R x B | strategy | predicted bubble | NDCG@10 (mean ± std) | vs shuffle | within 1 std |")
-    print("|---|---|---|---:|---:|---:|---|")
+                             "seeds_list": [r["seed"] for r in rs],
+                             "reused": sum(bool(r.get("reused_from")) for r in rs),
+                             "predicted_bubble": statistics.fmean(r["predicted_bubble"] for r in every)})
+    print("\n| data | R x B | strategy | predicted bubble | NDCG@10 (mean ± std) | seeds (same batches as an "
+          "earlier run) | vs shuffle | within 1 std |")
+    print("|---|---|---|---:|---:|---|---:|---|")
     for row in rows:
+        head = (f"| {row['recipe']} | {row['ranks']} x {row['batch_size_per_rank']} | {row['strategy']} | "
+                f"{row['predicted_bubble']:.2%} | ")
+        if row["ndcg@10_mean"] is None:
+            print(head + "not run | 0 | - | - |")
+            continue
+        seeds_cell = f"{row['seeds']} ({row['reused']})"
         base = next((r for r in rows if (r["recipe"], r["ranks"], r["batch_size_per_rank"], r["strategy"]) ==
                      (row["recipe"], row["ranks"], row["batch_size_per_rank"], "shuffle")), None)
-        if base is None:  # shuffle not run in this invocation
-            print(f"| {row['recipe']} | {row['ranks']} x {row['batch_size_per_rank']} | {row['strategy']} | "
-                  f"{row['predicted_bubble']:.2%} | {row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | - | - |")
+        if base is None or base["ndcg@10_mean"] is None:  # shuffle not run
+            print(head + f"{row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | {seeds_cell} | - | - |")
             continue
         diff = row["ndcg@10_mean"] - base["ndcg@10_mean"]
         row["diff_vs_shuffle"] = diff
         row["within_one_std"] = abs(diff) <= max(base["ndcg@10_std"], 1e-12) if row["strategy"] != "shuffle" else None
-        print(f"| {row['recipe']} | {row['ranks']} x {row['batch_size_per_rank']} | {row['strategy']} | "
-              f"{row['predicted_bubble']:.2%} | {row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | "
-              f"{diff:+.4f} | {'' if row['within_one_std'] is None else ('yes' if row['within_one_std'] else 'NO')} |")
+        print(head + f"{row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | {seeds_cell} | {diff:+.4f} | "
+              f"{'' if row['within_one_std'] is None else ('yes' if row['within_one_std'] else 'NO')} |")
     return {"mode": "parity", "table": rows, "runs": runs}
 
 
@@ -268,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-batches", default="16x8,8x32", help="--parity: RxB settings (default 16x8,8x32)")
     p.add_argument("--strategies", default=",".join(PARITY_STRATEGIES),
                    help=f"--parity: comma-separated, of {', '.join(PARITY_STRATEGIES)} (default: all)")
+    p.add_argument("--reuse", action="append", default=[], metavar="FILE",
+                   help="--reproduce/--parity: a JSON of this benchmark; runs with the same recipe, seed, epochs and "
+                        "global batches take its figures instead of training (repeatable)")
+    p.add_argument("--no-train", action="store_true",
+                   help="--reproduce/--parity: balance only; report the runs --reuse gives, the rest as not run")
     p.add_argument("--out", default=str(REPO_ROOT / "bench-output"), help="JSON goes here")
     p.add_argument("--work", default="/tmp/bench_quality_convergence", help="scratch: samples, shards, runs")
     a = p.parse_args(argv)
