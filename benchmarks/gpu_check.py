@@ -1,4 +1,5 @@
-"""One GPU check: ``make gpu-check`` (``python -m benchmarks.gpu_check``), under 10 minutes on one H100.
+"""One GPU check: ``make gpu-check`` (``python -m benchmarks.gpu_check``): under 10 minutes on one H100
+for sections 1-5 and 7; section 6 trains ml-1m for 100 epochs (``--skip quality`` leaves it out).
 
 Writes ``gpu_check.json`` and prints a table. Sections (each timed, each failure recorded, not fatal):
 
@@ -16,7 +17,10 @@ Writes ``gpu_check.json`` and prints a table. Sections (each timed, each failure
 5. ``multi_gpu`` (2+ GPUs only): ``benchmarks.bench_alltoall`` GPU section (cuda-ce vs NCCL
    all-to-all-v, GEMM contention) and 2-rank training with ``--backend cuda-ce`` vs ``nccl``
    (exposed communication per step from ``summary.json``).
-6. ``shared_gpu``: whether two processes can form an ``fs_cuda_ce`` group on ONE GPU (for a
+6. ``quality``: the ml-1m SASRec row of the reproduction table (:mod:`benchmarks.quality_recipes`)
+   trained at world size 1 on this GPU (``benchmarks.bench_quality --reproduce --recipes
+   ml-1m-sasrec``; ``--quick``: 10 epochs): NDCG@10 / HR@10, wall time and tokens/s.
+7. ``shared_gpu``: whether two processes can form an ``fs_cuda_ce`` group on ONE GPU (for a
    functional test of the copy-engine path on one-GPU machines); the outcome is recorded either
    way (NCCL refuses two ranks on one device in most versions).
 
@@ -41,7 +45,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "contention", "replay", "train", "multi_gpu", "shared_gpu")
+SECTIONS = ("tests", "contention", "replay", "train", "multi_gpu", "quality", "shared_gpu")
 NO_CUDA = "gpu_check: no CUDA device (torch.cuda.is_available() is False); run it on a machine with a GPU"
 
 
@@ -259,7 +263,29 @@ def check_multi_gpu(work: Path, quick: bool) -> dict:
     return res
 
 
-# ----------------------------------------------------------------------- 6. shared GPU
+# -------------------------------------------------------------------------- 6. quality
+def quality_command(out: Path, work: Path, quick: bool) -> list[str]:
+    """The ml-1m SASRec reproduction at world size 1 (fstrain picks the GPU when there is one)."""
+    cmd = [sys.executable, "-m", "benchmarks.bench_quality", "--reproduce", "--recipes", "ml-1m-sasrec",
+           "--seeds", "0", "--out", str(out / "quality"), "--work", str(work / "quality")]
+    return cmd + (["--epochs", "10"] if quick else [])
+
+
+def check_quality(out: Path, work: Path, quick: bool) -> dict:
+    cmd = quality_command(out, work, quick)
+    t0 = time.perf_counter()
+    proc = _run(cmd, timeout=3600)
+    res = {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "wall_seconds": time.perf_counter() - t0}
+    if proc.returncode:
+        res["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no stderr)"
+        return res
+    run = json.loads((out / "quality" / "bench_quality_reproduce.json").read_text())["runs"][0]
+    res.update({k: run[k] for k in ("epochs", "ndcg@10", "hr@10", "best_ndcg@10", "best_epoch", "train_seconds",
+                                    "tokens_per_second", "tokens_trained")})
+    return res
+
+
+# ----------------------------------------------------------------------- 7. shared GPU
 _SHARED_GPU_SCRIPT = r"""
 import os, sys, torch, torch.distributed as dist
 from fstrain.distributed.comm import CommConfig, register_torch_backends
@@ -326,6 +352,11 @@ def _table(res: dict) -> str:
                          f"{v.get('steps_per_second') or 0:.1f} steps/s")
     if "skipped" in m:
         lines.append(f"  multi-GPU: {m['skipped']}")
+    q = res["sections"].get("quality", {})
+    if "ndcg@10" in q:
+        lines.append(f"  ml-1m SASRec, world 1, {q['epochs']} epochs: NDCG@10 {q['ndcg@10']:.4f} HR@10 {q['hr@10']:.4f} "
+                     f"(best {q['best_ndcg@10']:.4f} at epoch {q['best_epoch']:g}), train {q['train_seconds']:.0f} s, "
+                     f"{q['tokens_per_second']:,.0f} tokens/s")
     s = res["sections"].get("shared_gpu", {})
     if "works" in s:
         lines.append(f"  two processes on one GPU (fs_cuda_ce): {'works' if s['works'] else 'does not work'}"
@@ -356,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         jobs = {"tests": lambda: check_tests(out, a.quick), "contention": lambda: check_contention(a.quick),
                 "replay": lambda: check_replay(work, a.quick), "train": lambda: check_train(work, a.quick),
-                "multi_gpu": lambda: check_multi_gpu(work, a.quick), "shared_gpu": lambda: check_shared_gpu(work)}
+                "multi_gpu": lambda: check_multi_gpu(work, a.quick), "quality": lambda: check_quality(out, work, a.quick),
+                "shared_gpu": lambda: check_shared_gpu(work)}
         for name, job in jobs.items():
             if name in a.skip:
                 continue

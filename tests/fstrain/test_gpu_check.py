@@ -23,7 +23,20 @@ def test_gpu_check_without_cuda_says_so_in_one_line():
 def test_gpu_check_sections_and_help():
     from benchmarks import gpu_check
 
-    assert gpu_check.SECTIONS == ("tests", "contention", "replay", "train", "multi_gpu", "shared_gpu")
+    assert gpu_check.SECTIONS == ("tests", "contention", "replay", "train", "multi_gpu", "quality", "shared_gpu")
     with pytest.raises(SystemExit) as e:
         gpu_check.main(["--skip", "nope"])
     assert e.value.code == 2
+
+
+def test_gpu_check_quality_trains_the_ml1m_sasrec_row(tmp_path):
+    from benchmarks import gpu_check
+    from benchmarks.quality_convergence import main as bench_main
+
+    cmd = gpu_check.quality_command(tmp_path / "out", tmp_path / "work", quick=False)
+    assert cmd[1:5] == ["-m", "benchmarks.bench_quality", "--reproduce", "--recipes"]
+    assert cmd[5] == "ml-1m-sasrec" and "--epochs" not in cmd  # the recipe's 100 epochs
+    assert gpu_check.quality_command(tmp_path, tmp_path, quick=True)[-2:] == ["--epochs", "10"]
+    with pytest.raises(SystemExit) as e:  # the flags exist: --help parses them all
+        bench_main([*cmd[3:], "--help"])
+    assert e.value.code == 0
