@@ -25,7 +25,8 @@ class BalanceSettings:
     Attributes:
         num_ranks: R (``--ranks``).
         batch_size_per_rank: B (``--batch-size-per-rank``).
-        cost_model: ``--cost-model`` spec (used by :func:`balance` / :func:`make_plan_table`).
+        cost_model: ``--cost-model`` spec (used by :func:`fsdata.balance` /
+            :func:`fsdata.engines.planning.make_plan_table`).
         columns: ``--columns`` mapping text, or None.
         seed: seed of the global-batch shuffle.
         strategy: ``balanced`` or ``shuffle`` (today's equal-count practice).
@@ -36,7 +37,8 @@ class BalanceSettings:
         num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).
         bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
-            groups to when the input's decoded rows exceed :data:`GATHER_BYTES`: None (fastest;
+            groups to when the input's decoded rows exceed :data:`fsdata.engines.local.GATHER_BYTES`:
+            None (fastest;
             temporary disk about the decoded size of the spilled rows), ``lz4`` or ``zstd`` (about
             the input's Parquet size; keeps the bytes written under twice the output's).
         overwrite: replace an existing OUTPUT atomically.

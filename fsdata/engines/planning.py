@@ -49,7 +49,7 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *, cost_model:
 
 def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_model: CostModel,
                  settings: BalanceSettings) -> PlanTable:
-    """Plan ``settings.epochs`` epochs, one :func:`plan_costs` call per epoch with
+    """Plan ``settings.epochs`` epochs, one :func:`~fsdata.balancer.settings.plan_costs` call per epoch with
     :func:`fsdata.balancer.order.epoch_seed`, and join them as one :class:`PlanTable` of ``E*N``
     entries (epoch e's steps shifted by the steps of the epochs before it: ``e*S`` under the fixed
     policy, where every epoch has ``S = N // (R*B)`` steps; under cost-budget each epoch has its own

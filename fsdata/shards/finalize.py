@@ -114,7 +114,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
         output: the folder holding the rank files (OUTPUT or its temporary stand-in), a local path
             or a URI (on an object store the manifest written last is the OUTPUT's commit marker).
         plan: the plan the rank files were written from.
-        records: the :func:`write_rank` results, one per rank; None: recomputed from the files.
+        records: the :func:`fsdata.shards.writer.write_rank` results, one per rank; None: recomputed from the files.
 
     Returns:
         The written :class:`~fsdata.shards.manifest.Manifest`.

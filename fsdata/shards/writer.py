@@ -94,7 +94,7 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
     * ``output`` may be a :mod:`pyarrow.fs` URI (``s3://...``): the file is then encoded in memory
       (its compressed size; the decoded rows are held anyway), hashed, and stored with one write
       through the URI's ``FileSystem``: the same bytes as a local file.
-    * Nothing else is written; the caller collects the returned records for :func:`finalize`.
+    * Nothing else is written; the caller collects the returned records for :func:`fsdata.shards.finalize.finalize`.
 
     Args:
         rank: the rank, ``0 <= rank < R``.
@@ -102,7 +102,7 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
         output: the OUTPUT folder (or its temporary stand-in), a local path or a URI.
         schema: the rank-file schema.
         num_steps: S; every step ``0..S-1`` must hold at least one row.
-        plan_digest: the :func:`plan_digest` of the plan the rows come from, recorded in the
+        plan_digest: the :func:`~fsdata.shards.plan_file.plan_digest` of the plan the rows come from, recorded in the
             file's key-value metadata (``fsdata.plan_digest``) so finalize can refuse files of
             another plan; None records nothing.
         sorted_rows: the rows are already in (``step``, ``position``) order and ``table`` has no
