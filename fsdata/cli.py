@@ -269,10 +269,9 @@ def _settings_from_args(a: argparse.Namespace) -> BalanceSettings:
     """The ``BalanceSettings`` of a command's flags; a field the command has no flag for keeps the
     field's default (``fsdata plan`` has no write flags)."""
     from fsdata.balancer.compose import check_window
-    from fsdata.balancer.plan import check_settings
+    from fsdata.balancer.settings import check_ranks_and_batch
 
-    if a.ranks < 1 or a.batch_size_per_rank < 1:
-        check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
+    check_ranks_and_batch(a.ranks, a.batch_size_per_rank)
     check_window(a.compose_window)
     given = {f.name: getattr(a, _BALANCE_DEST.get(f.name, f.name)) for f in dataclasses.fields(BalanceSettings)
              if f.name not in ("progress", "num_workers") and hasattr(a, _BALANCE_DEST.get(f.name, f.name))}

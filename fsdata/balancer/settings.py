@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 
 from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
-from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, make_plan
+from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, check_settings, make_plan
 from fsdata.errors import ConfigError
 
 
@@ -109,3 +109,14 @@ def check_epochs(settings: BalanceSettings) -> None:
     E = settings.epochs
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
         raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
+
+
+def check_ranks_and_batch(num_ranks: int, batch_size_per_rank: int) -> None:
+    """Refuse ``R < 1`` or ``B < 1`` before the input is read (the rest of
+    :func:`fsdata.balancer.plan.check_settings` needs the input's row count).
+
+    Raises:
+        ConfigError: one line naming the setting.
+    """
+    if num_ranks < 1 or batch_size_per_rank < 1:
+        check_settings(num_ranks * max(batch_size_per_rank, 1), num_ranks, batch_size_per_rank)

@@ -28,8 +28,7 @@ from typing import ClassVar
 from fsdata import fsio
 from fsdata.atomic import atomic_output, output_taken
 from fsdata.balancer.cost import CostModel, load_cost_model
-from fsdata.balancer.plan import check_settings
-from fsdata.balancer.settings import BalanceSettings, check_epochs
+from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
 from fsdata.samples.io import SampleSource, open_samples
@@ -77,8 +76,7 @@ class Engine(ABC):
                                   "--engine local (the default)")
             raise ConfigError(f"--epochs {E} is not supported by --engine {self.name} yet; use --engine local (the "
                               "default) for several epochs")
-        if s.num_ranks < 1 or s.batch_size_per_rank < 1:
-            check_settings(s.num_ranks * max(s.batch_size_per_rank, 1), s.num_ranks, s.batch_size_per_rank)
+        check_ranks_and_batch(s.num_ranks, s.batch_size_per_rank)
 
     @staticmethod
     def check_paths(output: str | os.PathLike, inputs: list, *, input_name: str = "INPUT") -> tuple[str, list[str]]:

@@ -1,6 +1,6 @@
 """The ``local`` engine: every stage of ``fsdata balance`` in this process (the default).
 
-1. **plan** (:func:`fsdata.engines.planning.make_plan_table`): read ``item_ids`` lengths and
+1. **plan** (:func:`fsdata.engines.planning.plan_table`): read ``item_ids`` lengths and
    ``sample_id`` (validating the input), cost per sample, global batches and the per-step
    assignment; held as a :class:`~fsdata.shards.plan_file.PlanTable`.
 2. **write** (:func:`write_ranks`): read the input once, in record batches, and gather every row
@@ -35,7 +35,7 @@ from fsdata import fsio
 from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
-from fsdata.engines.planning import make_plan_table
+from fsdata.engines.planning import plan_table
 from fsdata.engines.routing import input_columns, split_by_group
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
@@ -299,7 +299,7 @@ class LocalEngine(Engine):
     """Every stage in this process, threads for the rank files (``--num-threads``); the default."""
 
     def plan(self, src: SampleSource, cost_model: CostModel, *, timings: dict[str, float]) -> PlanTable:
-        return make_plan_table(src, self.settings, cost_model=cost_model, timings=timings)
+        return plan_table(src, self.settings, cost_model, timings=timings)
 
     def write_ranks(self, src: SampleSource, plan: PlanTable, output: str | os.PathLike, *,
                     timings: dict[str, float] | None = None) -> list[FileEntry]:

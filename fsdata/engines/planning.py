@@ -18,12 +18,11 @@ from fsdata.shards.plan_file import PlanTable, plan_positions, plan_table_from_p
 from fsdata.shards.writer import check_reserved_columns
 
 
-def make_plan_table(src: SampleSource, settings: BalanceSettings, *, cost_model: CostModel | None = None,
+def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
                     timings: dict[str, float] | None = None) -> PlanTable:
     """Stage 1: read lengths, cost them, plan (:func:`fsdata.balancer.plan.make_plan`).
 
-    ``cost_model``: the loaded ``settings.cost_model`` (None: loaded here). ``timings``, if given,
-    receives seconds for ``read_lengths`` and ``plan``.
+    ``timings``, if given, receives seconds for ``read_lengths`` and ``plan``.
 
     Raises:
         InputError: bad input (including a reserved column name).
@@ -31,7 +30,13 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *, cost_model:
     """
     check_reserved_columns(src)
     check_epochs(settings)
-    cost_model = cost_model or load_cost_model(settings.cost_model)
+    return plan_table(src, settings, load_cost_model(settings.cost_model), timings=timings)
+
+
+def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostModel, *,
+               timings: dict[str, float] | None = None) -> PlanTable:
+    """:func:`make_plan_table` after the pre-flight (:meth:`fsdata.engines.base.Engine.run` checked
+    the columns and settings and loaded ``cost_model``)."""
     t0 = time.perf_counter()
     lengths, ids = src.lengths_and_ids()
     t1 = time.perf_counter()
