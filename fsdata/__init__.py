@@ -5,9 +5,10 @@ its own, ``tests/test_architecture.py`` checks it):
 
 * base: :mod:`fsdata._version`, :mod:`fsdata.errors`, :mod:`fsdata.atomic`, :mod:`fsdata.fsio`, :mod:`fsdata.guards`;
 * :mod:`fsdata.samples`: the sample schema, reading, conversion, hold-out, synthetic data;
-* :mod:`fsdata.balancer`: cost models, bounds, composition, partitioners, planning, profiling;
-* :mod:`fsdata.shards`: the shard format (manifest, step stats), its writer and verify;
-* :mod:`fsdata.engines`: local and Ray execution of the writer, and :func:`balance`;
+* :mod:`fsdata.balancer`: cost models, bounds, composition, partitioners, planning, profiling,
+  ``BalanceSettings``;
+* :mod:`fsdata.shards`: the shard format (plan file, rank-file writer, finalize, manifest, verify);
+* :mod:`fsdata.engines`: the engines (``local``, ``ray``) that run the stages, and :func:`balance`;
 * the CLI: :mod:`fsdata.cli`, :mod:`fsdata.cliutil`, :mod:`fsdata.report`.
 
 Python API (docs/fsdata.md, "Python API")::
@@ -22,7 +23,7 @@ from fsdata._version import __version__
 from fsdata.engines import balance
 from fsdata.errors import FsdataError
 from fsdata.shards.manifest import Manifest
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 
 __all__ = ["BalanceSettings", "FsdataError", "Manifest", "__version__", "balance"]
 

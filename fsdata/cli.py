@@ -19,7 +19,7 @@ from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_argume
 from fsdata.errors import FsdataError, cli_terms
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 
 log = logging.getLogger("fsdata")
 
@@ -269,10 +269,9 @@ def _settings_from_args(a: argparse.Namespace) -> BalanceSettings:
     """The ``BalanceSettings`` of a command's flags; a field the command has no flag for keeps the
     field's default (``fsdata plan`` has no write flags)."""
     from fsdata.balancer.compose import check_window
-    from fsdata.balancer.plan import check_settings
+    from fsdata.balancer.settings import check_ranks_and_batch
 
-    if a.ranks < 1 or a.batch_size_per_rank < 1:
-        check_settings(a.ranks * max(a.batch_size_per_rank, 1), a.ranks, a.batch_size_per_rank)
+    check_ranks_and_batch(a.ranks, a.batch_size_per_rank)
     check_window(a.compose_window)
     given = {f.name: getattr(a, _BALANCE_DEST.get(f.name, f.name)) for f in dataclasses.fields(BalanceSettings)
              if f.name not in ("progress", "num_workers") and hasattr(a, _BALANCE_DEST.get(f.name, f.name))}
@@ -337,7 +336,8 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
-    from fsdata.shards.writer import make_plan_table, write_plan
+    from fsdata.engines.planning import make_plan_table
+    from fsdata.shards.plan_file import write_plan
     from fsdata.samples.io import open_samples
 
     settings = _settings_from_args(a)
@@ -367,31 +367,12 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
 
 def _cmd_write(a: argparse.Namespace) -> int:
-    from fsdata.atomic import atomic_output
-    from fsdata.shards.writer import BalanceSettings, read_plan, write_ranks
-    from fsdata.samples.io import open_samples
+    from fsdata.engines import write_from_plan
 
     a.input, a.plan, a.output = fsio.normalize(a.input), fsio.normalize(a.plan), fsio.normalize(a.output)
-    check_output_apart(a.output, [a.input, a.plan], output_name="OUTPUT", input_name="INPUT or PLAN")
-    plan = read_plan(a.plan)
-    s = plan.meta.get("settings", {})
-    src = open_samples(a.input, s.get("input_columns_renamed") or None)
-    from fsdata.shards.writer import input_digest
-
-    if input_digest(src) != plan.meta.get("input_digest"):
-        raise FsdataError(f"input {a.input} is not the input plan {a.plan} was made from (input digests differ); "
-                          "rerun 'fsdata plan' on this input")
-    settings = BalanceSettings(num_ranks=plan.num_ranks, batch_size_per_rank=int(plan.meta["batch_size_per_rank"]),
-                               num_threads=a.num_threads, progress=not a.no_progress,
-                               bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression,
-                               engine=a.engine, ray_address=a.ray_address)
-    if settings.engine == "ray":
-        if plan.epochs > 1:
-            raise FsdataError(f"plan {a.plan} holds {plan.epochs} epochs; --engine ray writes one epoch only: "
-                              "use --engine local (the default)")
-        from fsdata.engines.ray import write_ranks
-    with atomic_output(a.output, overwrite=a.overwrite) as tmp:
-        files = write_ranks(src, plan, tmp, settings)
+    files = write_from_plan(a.input, a.plan, a.output, overwrite=a.overwrite, engine=a.engine,
+                            ray_address=a.ray_address, num_threads=a.num_threads, progress=not a.no_progress,
+                            bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
     if a.json:
         print(json.dumps({"output": str(a.output), "plan": str(a.plan), "num_rank_files": len(files)}, indent=2))
     else:
@@ -401,7 +382,8 @@ def _cmd_write(a: argparse.Namespace) -> int:
 
 def _cmd_finalize(a: argparse.Namespace) -> int:
     from fsdata.guards import check_not_bucket_root
-    from fsdata.shards.writer import finalize, read_plan
+    from fsdata.shards.finalize import finalize
+    from fsdata.shards.plan_file import read_plan
 
     a.output, a.plan = fsio.normalize(a.output), fsio.normalize(a.plan)
     check_not_bucket_root(a.output, output_name="OUTPUT")

@@ -39,7 +39,7 @@ import numpy as np
 
 from fsdata.cliutil import add_common_flags, add_json_flag, add_output_flag, configure_logging, resolve_progress
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 from pipelines.nightly import NightlyConfig, run_nightly
 from pipelines.nightly.config import JobSettings
 

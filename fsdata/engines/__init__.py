@@ -1,54 +1,31 @@
-"""Execution engines of ``fsdata balance`` (docs/cluster.md).
+"""Execution engines of ``fsdata balance`` (docs/cluster.md), registered by name like partitioners
+(:mod:`fsdata.engines.base`: the :class:`~fsdata.engines.base.Engine` role, its pre-flight and the
+registry).
 
 * ``local`` (:mod:`fsdata.engines.local`): one process, threads for the rank files (the default).
 * ``ray`` (:mod:`fsdata.engines.ray`): the same stages as Ray tasks on a Ray cluster (or a local
   Ray instance); the output is byte-identical to ``local`` for the same input, settings and seed.
 
-Both are reached through one call, :func:`fsdata.balance` with ``BalanceSettings(engine=...)``.
+Every command reaches an engine through the registry: :func:`balance` (``fsdata balance``, the
+nightly job, :func:`fsdata.balance`) with ``BalanceSettings(engine=...)``, and
+:func:`~fsdata.engines.base.write_from_plan` (``fsdata write --engine ...``).
 """
 
 from __future__ import annotations
 
 import os
 
-from fsdata import fsio
-from fsdata.errors import ConfigError, setting
-from fsdata.guards import check_output_apart
+from fsdata.balancer.settings import BalanceSettings
+from fsdata.engines import local as _local  # noqa: F401 (registers "local")
+from fsdata.engines import ray as _ray  # noqa: F401 (registers "ray"; Ray is imported when a run starts)
+from fsdata.engines.base import Engine, get_engine, names, register, write_from_plan
+from fsdata.shards.manifest import Manifest
 
-ENGINES = ("local", "ray")
-
-
-def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timings: dict | None = None):
-    """Run ``fsdata balance`` with ``settings.engine``.
-
-    Args:
-        input: the sample input (Parquet file, folder, or glob).
-        output: the OUTPUT folder.
-        settings: :class:`fsdata.shards.writer.BalanceSettings`.
-        timings: if given, filled with seconds per stage.
-
-    Returns:
-        The written :class:`fsdata.shards.manifest.Manifest`.
-
-    Raises:
-        ConfigError: unknown engine, ``ray`` without Ray installed, or ``ray`` with ``epochs > 1``.
-    """
-    from fsdata.shards.writer import check_epochs  # noqa: PLC0415
-
-    check_epochs(settings)
-    if settings.engine == "local":
-        from fsdata.engines.local import run as run_local
-
-        return run_local(input, output, settings, timings=timings)
-    if settings.engine == "ray":
-        from fsdata.engines.ray import run as run_ray
-
-        return run_ray(input, output, settings, timings=timings)
-    raise ConfigError(f"unknown {setting('engine')} '{settings.engine}'; use one of {', '.join(ENGINES)}")
+__all__ = ["Engine", "balance", "get_engine", "names", "register", "write_from_plan"]
 
 
-def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
-            timings: dict[str, float] | None = None):
+def balance(input: str | os.PathLike, output: str | os.PathLike, settings: BalanceSettings, *,
+            timings: dict[str, float] | None = None) -> Manifest:
     """``fsdata balance``: plan, write and finalize, atomically, with ``settings.engine`` (``local``:
     one process; ``ray``: the same stages as Ray tasks, :mod:`fsdata.engines.ray`, docs/cluster.md);
     byte-identical output for either engine. Also reachable as :func:`fsdata.balance`.
@@ -58,17 +35,15 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings, *,
             a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md).
         output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
             accepted) unless ``settings.overwrite``.
-        settings: every setting (:class:`fsdata.shards.writer.BalanceSettings`).
+        settings: every setting (:class:`fsdata.balancer.settings.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
-            ``finalize``).
+            ``finalize``; the Ray engine adds ``ray_connect`` and ``verify``).
 
     Returns:
         The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
 
     Raises:
-        InputError: bad input. ConfigError: impossible settings, unknown engine, or OUTPUT exists
-            without overwrite.
+        InputError: bad input. ConfigError: impossible settings, unknown engine, Ray missing or
+            unreachable, or OUTPUT exists without overwrite.
     """
-    input, output = fsio.normalize(input), fsio.normalize(output)
-    check_output_apart(output, [input], output_name="OUTPUT", input_name="INPUT")
-    return run(input, output, settings, timings=timings)
+    return get_engine(settings).run(input, output, timings=timings)

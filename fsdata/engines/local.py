@@ -1,12 +1,306 @@
-"""The local engine: plan, write and finalize in this process (:func:`fsdata.shards.writer.balance_local`)."""
+"""The ``local`` engine: every stage of ``fsdata balance`` in this process (the default).
+
+1. **plan** (:func:`fsdata.engines.planning.plan_table`): read ``item_ids`` lengths and
+   ``sample_id`` (validating the input), cost per sample, global batches and the per-step
+   assignment; held as a :class:`~fsdata.shards.plan_file.PlanTable`.
+2. **write** (:func:`write_ranks`): read the input once, in record batches, and gather every row
+   (once per epoch) to its rank group: ranks are cut into contiguous groups whose rows take at most
+   :data:`GATHER_BYTES` decoded; the first group stays in memory, the others are spilled to one
+   temporary Arrow IPC file each (``--bucket-compression`` is their codec; nothing is spilled when
+   the whole input fits). Then per group: one permutation into (rank, step, position) order from
+   the plan (no sort), one gather per rank, and each rank file written (threads) by
+   :func:`fsdata.shards.writer.write_rank`.
+3. **finalize** (:func:`fsdata.shards.finalize.finalize`), run by :meth:`fsdata.engines.base.Engine.run`.
+
+INPUT and OUTPUT may be :mod:`pyarrow.fs` URIs (``s3://bucket/prefix``; :mod:`fsdata.fsio`): the
+spilled rank groups then go to a local temporary folder (``TMPDIR``).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from fsdata.shards.writer import balance_local
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from fsdata import fsio
+from fsdata.balancer.cost import CostModel
+from fsdata.balancer.settings import BalanceSettings
+from fsdata.engines.base import Engine, register
+from fsdata.engines.planning import plan_table
+from fsdata.engines.routing import input_columns, split_by_group
+from fsdata.errors import InputError
+from fsdata.guards import raise_if_environment
+from fsdata.samples.io import SampleSource
+from fsdata.shards import writer
+from fsdata.shards.manifest import FileEntry
+from fsdata.shards.plan_file import PlanTable, plan_digest
+from fsdata.shards.writer import output_schema
+
+log = logging.getLogger(__name__)
+
+#: Decoded bytes of input rows (Arrow, in memory) gathered at a time by the local engine's write
+#: stage (:func:`write_ranks`): ranks are written in groups whose rows fit it; the first group
+#: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
+#: read of the input. Peak memory is about this plus the plan (28 bytes per input row per epoch).
+GATHER_BYTES = 1024**3
+_DEST = "__fsdata_destination"
 
 
-def run(input: str | os.PathLike, output: str | os.PathLike, settings, *, timings: dict | None = None):
-    """``fsdata balance`` in one process; see :func:`fsdata.shards.writer.balance_local`."""
-    return balance_local(input, output, settings, timings=timings)
+def _decoded_row_bytes(src: SampleSource, schema: pa.Schema) -> float:
+    """Mean decoded (Arrow) bytes per input row, from the Parquet footers only: values x width per
+    fixed-width leaf column plus 4-byte list offsets, else the column's uncompressed size."""
+    total = 0
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        md = pq.ParquetFile(where, filesystem=fs).metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for j in range(rg.num_columns):
+                c = rg.column(j)
+                top = src.rename.get(c.path_in_schema.split(".")[0], c.path_in_schema.split(".")[0])
+                t = schema.field(top).type if top in schema.names else None
+                leaf = t.value_type if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) else t
+                width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
+                total += c.num_values * width if width else c.total_uncompressed_size
+                if leaf is not t:
+                    total += 4 * rg.num_rows
+    return (total + 16 * src.num_rows) / max(src.num_rows, 1)  # + the step, rank and destination columns
+
+
+def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
+    """Each plan entry's row index in the concatenation of the rank files (rank 0's rows, then rank
+    1's, ...; inside a rank ordered by step, then position) and the first index of every rank.
+
+    Returns:
+        ``(dest [E*N] int64, -1 for a dropped entry; rank_start [R + 1] int64)``.
+    """
+    S_, R = plan.num_steps, plan.num_ranks
+    counts, _ = plan.counts_and_loads()
+    by_rank = np.ascontiguousarray(counts.T, dtype=np.int64).ravel()  # (rank, step) order
+    starts = np.zeros(S_ * R + 1, dtype=np.int64)
+    np.cumsum(by_rank, out=starts[1:])
+    dest = np.full(len(plan.step), -1, dtype=np.int64)
+    kept = plan.step >= 0
+    dest[kept] = starts[plan.rank[kept].astype(np.int64) * S_ + plan.step[kept]] + plan.position[kept]
+    return dest, starts[::S_] if S_ else np.zeros(R + 1, dtype=np.int64)
+
+
+def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
+    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least)."""
+    groups, a = [], 0
+    R = len(rank_start) - 1
+    while a < R:
+        b = a + 1
+        while b < R and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
+            b += 1
+        groups.append((a, b))
+        a = b
+    return groups
+
+
+def _input_batches(path: str, rows: int = 65536):
+    """Record batches of one input file in row order, ``rows`` rows each (PyArrow's batch reader,
+    a local file memory-mapped: measured at less CPU than ``pq.read_table`` and than Polars' batches
+    for list columns)."""
+    fs, where = fsio.filesystem_and_path(path)
+    pf = pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
+    yield from pf.iter_batches(batch_size=rows)
+
+
+def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
+            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None) -> list[pa.Table]:
+    """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
+    destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
+    ``spill_dir/group-XXXXX.arrow``.
+
+    Raises:
+        InputError: a file fails to read, or its rows are not the plan's.
+    """
+    E = plan.epochs
+    N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
+    ipc_schema = schema.append(pa.field(_DEST, pa.int64()))
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    resident: list[pa.Table] = []
+    offset = 0
+    bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
+    try:
+        for path in src.files:
+            try:
+                for batch in _input_batches(path):
+                    n = batch.num_rows
+                    idx = np.arange(offset, min(offset + n, N))
+                    offset += n
+                    cols = input_columns(batch, schema, path, expected_ids=plan.sample_id[idx],
+                                         has_seq_len=src.has_seq_len)
+                    for e in range(E):  # each input row once per epoch, with that epoch's place
+                        eidx = idx + e * N
+                        # a dropped row (dest -1) rides along in its group, unused
+                        pieces = split_by_group([*cols, pa.array(plan.step[eidx], type=pa.int32()),
+                                                 pa.array(plan.rank[eidx], type=pa.int32()),
+                                                 pa.array(dest[eidx], type=pa.int64())],
+                                                ipc_schema, group_of_row[eidx], num_groups)
+                        for k, piece in enumerate(pieces):
+                            if piece is None:
+                                continue
+                            if k == 0:
+                                resident.append(piece)
+                                continue
+                            w = writers.get(k)
+                            if w is None:
+                                w = writers[k] = pa.ipc.new_file(str(spill_dir / f"group-{k:05d}.arrow"), ipc_schema,
+                                                                 options=options)
+                            w.write_table(piece)
+                    bar.update(n)
+            except (pa.ArrowException, OSError) as e:
+                # a full disk or read-only spill folder is the machine's fault, not the input's
+                raise_if_environment(e, spill_dir if spill_dir is not None else path)
+                raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
+                                 "the file is corrupt or truncated: regenerate it") from None
+    except BaseException:
+        for w in writers.values():
+            try:
+                w.close()  # may fail again (disk full); the first error is the one to report
+            except (pa.ArrowException, OSError):
+                pass
+        raise
+    else:
+        for w in writers.values():
+            w.close()
+    finally:
+        bar.close()
+    if offset != N:
+        raise InputError(f"input {src.path} has {offset} rows but the plan has {N}; the plan was "
+                         "made from another input: rerun 'fsdata plan' on this input")
+    return resident
+
+
+def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
+                 out: Path | str, schema: pa.Schema, digest: str, num_threads: int, bar) -> list[FileEntry]:
+    """Write the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
+    permutation into (rank, step, position) order, then one ``take`` per rank."""
+    a, b = ranks
+    base = int(rank_start[a])
+    table = pa.concat_tables(batches).combine_chunks()
+    batches.clear()
+    d = table.column(_DEST).to_numpy()
+    kept = np.flatnonzero(d >= 0)
+    if len(kept) != rank_start[b] - base:
+        raise AssertionError(f"ranks {a}..{b - 1} received {len(kept)} rows, the plan gives {rank_start[b] - base}")
+    perm = np.empty(len(kept), dtype=np.int64)  # perm[i]: the table row of output row base + i
+    perm[d[kept] - base] = kept
+    table = table.drop_columns([_DEST])
+
+    # Polars' gather takes about half the CPU of Arrow's take on list columns (measured); used for
+    # integer and integer-list columns, which it hands back with the same values
+    simple = all(pa.types.is_integer(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t))
+                                            and pa.types.is_integer(t.value_type)) for t in table.schema.types)
+    source = pl.from_arrow(table) if simple else table
+    del table
+
+    def one(r: int) -> FileEntry:
+        idx = perm[rank_start[r] - base:rank_start[r + 1] - base]
+        rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
+        return writer.write_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
+
+    files = []
+    with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
+        for info in ex.map(one, range(a, b)):
+            files.append(info)
+            bar.update(1)
+    return files
+
+
+_BUCKETS_PREFIX = "fsdata-buckets-"
+
+
+def _clean_stale_bucket_dirs() -> list[str]:
+    """Remove ``TMPDIR/fsdata-buckets-<pid>-*`` left by runs that were killed (their pid is gone)."""
+    from fsdata.atomic import _pid_alive  # noqa: PLC0415
+
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{_BUCKETS_PREFIX}*-*"):
+        try:
+            pid = int(p.name[len(_BUCKETS_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+            log.warning("removed %s left by a killed run (process %d)", p, pid)
+            removed.append(str(p))
+    return removed
+
+
+def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
+    """Stage 2 in this process: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
+    under that prefix; spilled rank groups then go to a local temporary folder). One read of the
+    input; memory about :data:`GATHER_BYTES` plus the plan (module docstring).
+
+    Returns:
+        One :class:`~fsdata.shards.manifest.FileEntry` per rank, sorted by rank.
+
+    Raises:
+        InputError: an input file fails to read midway, or the input does not match the plan.
+    """
+    schema = output_schema(src)
+    output = fsio.normalize(output)
+    remote = fsio.is_remote(output)
+    out = output if remote else Path(output)
+    dest, rank_start = _destinations(plan)
+    groups = _rank_groups(rank_start, _decoded_row_bytes(src, schema), GATHER_BYTES)
+    group_of_rank = np.zeros(plan.num_ranks, dtype=np.int32)
+    for k, (a, b) in enumerate(groups):
+        group_of_rank[a:b] = k
+    group_of_row = group_of_rank[np.maximum(plan.rank, 0)]
+    spill_dir: Path | None = None
+    _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills
+    if len(groups) > 1:
+        if remote:  # object stores have no place for scratch files: the spill goes to local TMPDIR
+            spill_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
+        else:
+            spill_dir = out / ".buckets"
+            spill_dir.mkdir()
+    try:
+        resident = _gather(src, plan, schema, dest, group_of_row, len(groups), spill_dir, settings.progress,
+                           settings.bucket_compression)
+        del dest, group_of_row
+        digest = plan_digest(plan)
+        files: list[FileEntry] = []
+        bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
+        for k, ranks in enumerate(groups):
+            if k == 0:
+                batches = resident
+            else:
+                path = spill_dir / f"group-{k:05d}.arrow"
+                with pa.OSFile(str(path), "rb") as f:
+                    batches = [pa.ipc.open_file(f).read_all()]
+                path.unlink()
+            files += _write_group(batches, ranks, rank_start, plan, out, schema, digest, settings.num_threads, bar)
+            del batches
+        bar.close()
+    finally:
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+    return files
+
+
+
+@register("local")
+class LocalEngine(Engine):
+    """Every stage in this process, threads for the rank files (``--num-threads``); the default."""
+
+    def plan(self, src: SampleSource, cost_model: CostModel, *, timings: dict[str, float]) -> PlanTable:
+        return plan_table(src, self.settings, cost_model, timings=timings)
+
+    def write_ranks(self, src: SampleSource, plan: PlanTable, output: str | os.PathLike, *,
+                    timings: dict[str, float] | None = None) -> list[FileEntry]:
+        return write_ranks(src, plan, output, self.settings)

@@ -123,6 +123,28 @@ def _list_remote(p: str) -> list[str]:
     return files
 
 
+def unknown_null_columns(meta: pq.FileMetaData, row_groups, rename: dict[str, str]) -> set[str]:
+    """Contract-named columns whose null count the footer ``meta`` does not prove to be 0 in
+    ``row_groups`` (statistics missing, or a non-zero null count: an empty list may count as a leaf
+    null); only these need a scan. Every engine validates nulls by this rule.
+
+    Args:
+        meta: a Parquet file's footer.
+        row_groups: the row-group indices to look at.
+        rename: ``{their_name: contract_name}``.
+    """
+    unknown: set[str] = set()
+    for rg in row_groups:
+        group = meta.row_group(rg)
+        for j in range(group.num_columns):
+            col = group.column(j)
+            top = col.path_in_schema.split(".")[0]
+            st = col.statistics
+            if st is None or not st.has_null_count or st.null_count:
+                unknown.add(rename.get(top, top))
+    return unknown
+
+
 @dataclass(kw_only=True, slots=True)
 class SampleSource:
     """A validated sample input.
@@ -158,17 +180,7 @@ class SampleSource:
         unknown: set[str] = set()
         for f in self.files:
             meta = fsio.read_parquet_metadata(f)
-            for rg in range(meta.num_row_groups):
-                group = meta.row_group(rg)
-                for j in range(group.num_columns):
-                    col = group.column(j)
-                    top = col.path_in_schema.split(".")[0]
-                    name = self.rename.get(top, top)
-                    st = col.statistics
-                    if st is None or not st.has_null_count:
-                        unknown.add(name)
-                    elif st.null_count:
-                        unknown.add(name)
+            unknown |= unknown_null_columns(meta, range(meta.num_row_groups), self.rename)
         if unknown:
             lf = self.scan()
             exprs = []

@@ -223,7 +223,7 @@ class Manifest:
         step_stats_sha256, dropped_sha256: SHA-256 of the step-stats and dropped files (v2; the
             latter None without a dropped file).
         fsdata_version: the fsdata that wrote it (v2).
-        input_digest: digest of the input (v2; see :func:`fsdata.shards.writer.input_digest`).
+        input_digest: digest of the input (v2; see :func:`fsdata.shards.plan_file.input_digest`).
         settings: every creation setting.
         extra: keys this fsdata does not know, kept as read (written back after the known keys);
             ``epochs``, ``steps_per_epoch`` and ``epoch_num_steps`` live here (written only when

@@ -650,7 +650,7 @@ def _check_against_input(m: Manifest, input_path, column_map, cost_model: CostMo
                     raise VerifyError(f"rank {f.rank}: strategy is 'shuffle' but its per-rank batches are not the "
                                       f"seeded contiguous slices (seed {m.seed}); rerun 'fsdata balance'")
     if m.input_digest is not None:  # after the row checks, which name a lost or changed sample
-        from fsdata.shards.writer import input_digest  # noqa: PLC0415
+        from fsdata.shards.plan_file import input_digest  # noqa: PLC0415
 
         got = input_digest(src)
         if got != m.input_digest:
@@ -686,7 +686,8 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
 
     from fsdata._version import __version__  # noqa: PLC0415
     from fsdata.balancer.order import SHUFFLE  # noqa: PLC0415
-    from fsdata.shards.writer import BalanceSettings, plan_costs, plan_table_from_plan  # noqa: PLC0415
+    from fsdata.balancer.settings import BalanceSettings, plan_costs  # noqa: PLC0415
+    from fsdata.shards.plan_file import plan_table_from_plan  # noqa: PLC0415
 
     st = m.settings or {}
     if m.fsdata_version != __version__ or st.get("shuffle") != SHUFFLE:

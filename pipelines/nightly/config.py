@@ -3,7 +3,7 @@
 
 Each setting is declared once, as a dataclass field with its docstring: ``convert`` is
 :class:`fsdata.samples.settings.ConvertSettings`, ``balance`` is ``fsdata balance``'s
-:class:`~fsdata.shards.writer.BalanceSettings`, ``job`` is :class:`JobSettings`. The command line
+:class:`~fsdata.balancer.settings.BalanceSettings`, ``job`` is :class:`JobSettings`. The command line
 (:mod:`pipelines.nightly.cli`) is generated from the fields (:func:`fsdata.cliutil.add_settings_flags`),
 a YAML file given with ``--config`` holds the same three sections, and ``--print-config`` prints
 the resolved settings in that form. :func:`key_settings` names the settings that enter the run key:
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 
 
 @dataclass(kw_only=True, slots=True)

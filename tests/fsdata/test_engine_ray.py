@@ -62,8 +62,8 @@ def local_ray():
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of 1 row group and rank groups of ~300 rows, so several tasks run per stage."""
-    monkeypatch.setattr(ray_engine, "CHUNK_ROWS", 1)
-    monkeypatch.setattr(ray_engine, "GROUP_ROWS", 300)
+    monkeypatch.setattr(ray_engine.chunks, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(ray_engine.write, "GROUP_ROWS", 300)
 
 
 def _both(inp, tmp_path: Path, **kw) -> tuple[Path, Path, dict]:
@@ -295,7 +295,7 @@ def test_windowed_plan_holds_no_rows_on_the_driver(local_ray, small_chunks, tmp_
     """The Ray plan stage returns only window summaries to the driver (no per-row arrays), runs
     one plan task per window, and its figures equal the local engine's plan, bit for bit."""
     from fsdata.samples.io import open_samples
-    from fsdata.shards.writer import make_plan_table
+    from fsdata.engines.planning import make_plan_table
 
     inp = write_samples(tmp_path / "in", n=1500, num_files=2, seed=4)
     settings = fsdata.BalanceSettings(num_ranks=4, batch_size_per_rank=16, compose_window=2, plan_window=4,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import fsdata
 from fsdata.samples import schema as S
-from fsdata.shards.writer import sha256_file
+from fsdata.shards.manifest import sha256_file
 from fsdata.cli import main
 from fsdata.errors import InputError, VerifyError
 from fsdata.shards.manifest import Manifest, ManifestError
@@ -227,7 +227,8 @@ def test_write_refuses_another_input(good, tmp_path, capsys):
 
 def test_write_rank_is_order_independent(good, tmp_path):
     """The per-rank writer gives the same bytes whatever the order and chunking of its rows."""
-    from fsdata.shards.writer import output_schema, read_plan, write_rank
+    from fsdata.shards.plan_file import read_plan
+    from fsdata.shards.writer import output_schema, write_rank
     from fsdata.samples.io import open_samples
 
     inp, out = good
@@ -243,7 +244,7 @@ def test_write_rank_is_order_independent(good, tmp_path):
     shuffled = mine.take(pa.array(np.random.default_rng(3).permutation(mine.num_rows)))
     chunked = pa.concat_tables([shuffled.slice(0, 7), shuffled.slice(7)])
     (tmp_path / "w").mkdir()
-    from fsdata.shards.writer import plan_digest
+    from fsdata.shards.plan_file import plan_digest
 
     rec = write_rank(1, chunked, tmp_path / "w", schema, plan.num_steps, plan_digest=plan_digest(plan))
     assert (tmp_path / "w" / rec.path).read_bytes() == (out / rec.path).read_bytes()

@@ -249,8 +249,8 @@ def test_ray_engine_s3_to_s3_is_byte_identical(s3, s3_input, local_out, monkeypa
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'freescale[ray]'")
     from fsdata.engines import ray as ray_engine
 
-    monkeypatch.setattr(ray_engine, "CHUNK_ROWS", 1)  # a chunk per row group, several write groups
-    monkeypatch.setattr(ray_engine, "GROUP_ROWS", 300)
+    monkeypatch.setattr(ray_engine.chunks, "CHUNK_ROWS", 1)  # a chunk per row group, several write groups
+    monkeypatch.setattr(ray_engine.write, "GROUP_ROWS", 300)
     b, inp = s3_input
     if ray.is_initialized():
         ray.shutdown()

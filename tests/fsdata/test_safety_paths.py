@@ -120,10 +120,10 @@ _KILL_LOCAL = r"""
 import os, shutil, sys
 from fsdata import atomic
 from fsdata.cli import main
-from fsdata.shards import writer
+from fsdata.shards import finalize, writer
 point = sys.argv[1]
 die = lambda: os._exit(9)
-real_rank, real_exchange, real_stats = writer.write_rank, atomic.exchange, writer.write_step_stats
+real_rank, real_exchange, real_stats = writer.write_rank, atomic.exchange, finalize.write_step_stats
 def write_rank(rank, *a, **k):
     if point == "rank" and rank == 2:
         die()
@@ -139,7 +139,7 @@ def exchange(a, b):
     if point == "after-exchange":
         die()
     return done
-writer.write_rank, writer.write_step_stats, atomic.exchange = write_rank, write_step_stats, exchange
+writer.write_rank, finalize.write_step_stats, atomic.exchange = write_rank, write_step_stats, exchange
 sys.exit(main(["balance", *sys.argv[2:], "--num-threads", "1", "--overwrite"]))
 """
 

@@ -15,7 +15,11 @@ import pytest
 import fsdata
 from fsdata.samples import schema as S
 from fsdata.samples.io import open_samples
+from fsdata.balancer.settings import BalanceSettings
+from fsdata.engines import local as L
+from fsdata.engines.planning import make_plan_table
 from fsdata.shards import writer as W
+from fsdata.shards.plan_file import plan_digest
 from tests.fsdata.helpers import write_samples
 
 
@@ -29,8 +33,8 @@ def samples(tmp_path_factory) -> Path:
     return write_samples(tmp_path_factory.mktemp("in") / "in", n=1500, num_files=3, with_timestamps=True)
 
 
-def _settings(**kw) -> W.BalanceSettings:
-    return W.BalanceSettings(**{"num_ranks": 8, "batch_size_per_rank": 16, "seed": 3, "compose_window": 4,
+def _settings(**kw) -> BalanceSettings:
+    return BalanceSettings(**{"num_ranks": 8, "batch_size_per_rank": 16, "seed": 3, "compose_window": 4,
                                 "partitioner": "lpt-swap",
                                 "progress": False, **kw})
 
@@ -48,13 +52,13 @@ def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, epochs,
     out = tmp_path / "out"
     fsdata.balance(samples, out, settings)
     src = open_samples(samples)
-    plan = W.make_plan_table(src, settings)
+    plan = make_plan_table(src, settings)
     table = pq.read_table(sorted(str(p) for p in samples.glob("*.parquet")))
     schema = W.output_schema(src)
     N = table.num_rows
     ref = tmp_path / "ref"
     ref.mkdir()
-    digest = W.plan_digest(plan)
+    digest = plan_digest(plan)
     for r in range(settings.num_ranks):
         sel = np.flatnonzero(plan.rank == r)  # entries e*N + i over the epochs
         rows = table.take(pa.array(sel % N)).cast(pa.schema([schema.field(i) for i in range(table.num_columns)]))
@@ -74,15 +78,15 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
     whole = tmp_path / "whole"
     fsdata.balance(samples, whole, _settings(epochs=epochs))
     seen: list[int] = []
-    groups = W._rank_groups
+    groups = L._rank_groups
 
     def spy(*a):
         g = groups(*a)
         seen.append(len(g))
         return g
 
-    monkeypatch.setattr(W, "_rank_groups", spy)
-    monkeypatch.setattr(W, "GATHER_BYTES", 20_000)  # about 2 ranks of this input per group
+    monkeypatch.setattr(L, "_rank_groups", spy)
+    monkeypatch.setattr(L, "GATHER_BYTES", 20_000)  # about 2 ranks of this input per group
     split = tmp_path / "split"
     fsdata.balance(samples, split, _settings(epochs=epochs, bucket_compression=compression, num_threads=1))
     assert seen and 1 < seen[0] <= 8
@@ -91,7 +95,7 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
 
 
 def test_counts_and_loads_sum_costs_in_position_order(samples):
-    plan = W.make_plan_table(open_samples(samples), _settings(batch_policy="cost-budget"))
+    plan = make_plan_table(open_samples(samples), _settings(batch_policy="cost-budget"))
     counts, loads = plan.counts_and_loads()
     S_, R = plan.num_steps, plan.num_ranks
     kept = np.flatnonzero(plan.step >= 0)

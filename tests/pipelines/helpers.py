@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 from pipelines.nightly import NightlyConfig
 from pipelines.nightly.config import JobSettings
 

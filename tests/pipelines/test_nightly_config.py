@@ -12,7 +12,7 @@ import typing
 import pytest
 
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 from pipelines import nightly
 from pipelines.nightly.config import NO_FLAG, NOT_IN_KEY, SECTIONS, JobSettings, NightlyConfig
 from tests.pipelines.helpers import nightly_config

@@ -1,0 +1,122 @@
+"""``BalanceSettings``: every setting of ``fsdata balance`` (its flags), declared once.
+
+The entry point's config (:func:`fsdata.balance`, ``fsdata balance / plan / write``, the nightly
+job); the engines (:mod:`fsdata.engines`), the plan file and verify read it. :func:`plan_costs` is
+the one call every engine plans with.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
+from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, check_settings, make_plan
+from fsdata.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class BalanceSettings:
+    """Every setting of ``fsdata balance`` (the CLI flags; recorded in the manifest's ``settings``).
+
+    Attributes:
+        num_ranks: R (``--ranks``).
+        batch_size_per_rank: B (``--batch-size-per-rank``).
+        cost_model: ``--cost-model`` spec (used by :func:`fsdata.balance` /
+            :func:`fsdata.engines.planning.make_plan_table`).
+        columns: ``--columns`` mapping text, or None.
+        seed: seed of the global-batch shuffle.
+        strategy: ``balanced`` or ``shuffle`` (today's equal-count practice).
+        batch_policy: ``fixed`` or ``cost-budget``.
+        remainder: ``drop`` (recorded in ``_dropped.parquet``) or ``error``.
+        partitioner: per-step method (:data:`fsdata.balancer.plan.PARTITIONERS`).
+        budget: cost-budget per-rank per-step budget (None: chosen by the policy).
+        num_threads: threads writing rank files (``--num-threads``; does not change the output).
+        progress: show progress bars (does not change the output).
+        bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
+            groups to when the input's decoded rows exceed :data:`fsdata.engines.local.GATHER_BYTES`:
+            None (fastest;
+            temporary disk about the decoded size of the spilled rows), ``lz4`` or ``zstd`` (about
+            the input's Parquet size; keeps the bytes written under twice the output's).
+        overwrite: replace an existing OUTPUT atomically.
+        num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
+            ``DeprecationWarning``) and is reset to None.
+        engine: ``local`` (this process) or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
+            the output is byte-identical either way (not recorded in the manifest).
+        ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
+            ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
+        epochs: E (``--epochs``), epochs written one after the other, each with its own seeded
+            shuffle and composition (epoch e from :func:`fsdata.balancer.order.epoch_seed`);
+            steps are numbered on across epochs. 1: the single-epoch output of fsdata 0.2.
+    """
+
+    num_ranks: int
+    batch_size_per_rank: int
+    cost_model: str = "hstu"
+    columns: str | None = None
+    seed: int = 0
+    strategy: Literal["balanced", "shuffle"] = "balanced"
+    batch_policy: Literal["fixed", "cost-budget"] = "fixed"
+    remainder: Literal["drop", "error"] = "drop"
+    partitioner: str = DEFAULT_PARTITIONER
+    budget: float | None = None
+    compose_window: int = DEFAULT_COMPOSE_WINDOW
+    """W of :mod:`fsdata.balancer.compose` as requested (the plan records the window actually used; 1 = off)."""
+    plan_window: int = DEFAULT_PLAN_WINDOW
+    """K, steps planned together (``--plan-window``; :class:`fsdata.balancer.plan.PlanLayout`): bounds the
+    planning memory per window (the Ray engine plans one window per task)."""
+    num_threads: int = 2
+    progress: bool = True
+    bucket_compression: Literal["lz4", "zstd"] | None = None
+    overwrite: bool = False
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
+    num_workers: int | None = None
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None:  # the old name (threads, not processes): still accepted
+            warnings.warn("BalanceSettings(num_workers=) is deprecated; use num_threads=", DeprecationWarning,
+                          stacklevel=3)
+            self.num_threads, self.num_workers = self.num_workers, None
+
+
+
+def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None = None) -> Plan:
+    """:func:`fsdata.balancer.plan.make_plan` under ``settings`` (the one call every engine plans with).
+
+    Args:
+        costs: shape ``[N]`` float64, per-sample cost in input order.
+        settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
+        seed: the seed to plan with instead of ``settings.seed`` (an epoch's seed).
+    """
+    return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
+                     seed=settings.seed if seed is None else seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
+                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
+                     compose_window=settings.compose_window, plan_window=settings.plan_window)
+
+
+
+def check_epochs(settings: BalanceSettings) -> None:
+    """Validate ``settings.epochs`` (an engine may support fewer: :meth:`fsdata.engines.base.Engine.check`).
+
+    Raises:
+        ConfigError: not an integer >= 1.
+    """
+    E = settings.epochs
+    if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
+        raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
+
+
+def check_ranks_and_batch(num_ranks: int, batch_size_per_rank: int) -> None:
+    """Refuse ``R < 1`` or ``B < 1`` before the input is read (the rest of
+    :func:`fsdata.balancer.plan.check_settings` needs the input's row count).
+
+    Raises:
+        ConfigError: one line naming the setting.
+    """
+    if num_ranks < 1 or batch_size_per_rank < 1:
+        check_settings(num_ranks * max(batch_size_per_rank, 1), num_ranks, batch_size_per_rank)

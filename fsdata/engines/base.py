@@ -1,0 +1,235 @@
+"""The Engine role: one base class whose :meth:`Engine.run` does the pre-flight once and runs the
+stages of ``fsdata balance``, implementations registered by name (like datatrove's executors and
+:mod:`fsdata.balancer.partitioners`).
+
+:meth:`Engine.run` (``fsdata balance``, :func:`fsdata.balance`):
+
+1. **pre-flight**, once for every engine (:meth:`Engine.check`, :meth:`Engine.open_input`):
+   settings (epochs, R and B), paths (OUTPUT apart from INPUT, OUTPUT not taken unless
+   ``overwrite``), the input opened and validated (:func:`fsdata.samples.io.open_samples`), no
+   reserved column name (:func:`fsdata.shards.writer.output_schema`), the cost model loaded;
+2. inside the engine's :meth:`~Engine.session`: the **plan** stage (:meth:`Engine.plan`), the
+   **write** stage (:meth:`Engine.write_ranks`) into a temporary OUTPUT, **finalize**
+   (:func:`fsdata.shards.finalize.finalize`) and the atomic move into place (:mod:`fsdata.atomic`).
+
+:func:`write_from_plan` (``fsdata write``) runs the write stage of any engine from a plan file,
+with the same pre-flight. Registered names (:func:`names`): ``local`` (:mod:`fsdata.engines.local`)
+and ``ray`` (:mod:`fsdata.engines.ray`); both give byte-identical output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from fsdata import fsio
+from fsdata.atomic import atomic_output, output_taken
+from fsdata.balancer.cost import CostModel, load_cost_model
+from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
+from fsdata.errors import ConfigError, InputError, setting
+from fsdata.guards import check_output_apart
+from fsdata.samples.io import SampleSource, open_samples
+from fsdata.shards.finalize import finalize
+from fsdata.shards.manifest import FileEntry, Manifest
+from fsdata.shards.plan_file import PlanTable, input_digest, read_plan
+from fsdata.shards.writer import output_schema
+
+
+class Engine(ABC):
+    """Runs the stages of ``fsdata balance``; subclasses implement :meth:`plan` and :meth:`write_ranks`.
+
+    Args:
+        settings: every setting (:class:`~fsdata.balancer.settings.BalanceSettings`);
+            ``settings.engine`` is not read (the registry picked this class by it).
+
+    Attributes:
+        name: the registered name (``--engine``).
+        max_epochs: the most epochs the engine plans and writes (None: any).
+        stages: the keys :meth:`run` fills ``timings`` with, in order (seconds per stage).
+    """
+
+    name: ClassVar[str] = ""
+    max_epochs: ClassVar[int | None] = None
+    stages: ClassVar[tuple[str, ...]] = ("read_lengths", "plan", "write_ranks", "finalize")
+
+    def __init__(self, settings: BalanceSettings):
+        self.settings = settings
+
+    # ---- pre-flight, once for every engine -------------------------------------------------------
+
+    def check(self, epochs: int | None = None, *, what: str | None = None) -> None:
+        """Check the settings before anything is read: epochs (``epochs``: a plan's, else the
+        settings'), ``R >= 1`` and ``B >= 1``.
+
+        Raises:
+            ConfigError: an impossible setting, or more epochs than the engine writes.
+        """
+        s = self.settings
+        check_epochs(s)
+        E = s.epochs if epochs is None else epochs
+        if self.max_epochs is not None and E > self.max_epochs:
+            if what is not None:
+                raise ConfigError(f"{what} holds {E} epochs; --engine {self.name} writes one epoch only: use "
+                                  "--engine local (the default)")
+            raise ConfigError(f"--epochs {E} is not supported by --engine {self.name} yet; use --engine local (the "
+                              "default) for several epochs")
+        check_ranks_and_batch(s.num_ranks, s.batch_size_per_rank)
+
+    @staticmethod
+    def check_paths(output: str | os.PathLike, inputs: list, *, input_name: str = "INPUT") -> tuple[str, list[str]]:
+        """Normalise OUTPUT and the inputs (:func:`fsdata.fsio.normalize`) and refuse an OUTPUT that
+        is, holds or lies inside one of them.
+
+        Returns:
+            ``(output, inputs)``, normalised.
+
+        Raises:
+            ConfigError: OUTPUT overlaps an input.
+        """
+        output, inputs = fsio.normalize(output), [fsio.normalize(p) for p in inputs]
+        check_output_apart(output, inputs, output_name="OUTPUT", input_name=input_name)
+        return output, inputs
+
+    def open_input(self, input: str, columns: str | dict | None) -> SampleSource:
+        """Open and validate the input (schema, types; :func:`fsdata.samples.io.open_samples`) and
+        refuse a column named like one fsdata adds (:func:`fsdata.shards.writer.output_schema`).
+
+        Raises:
+            InputError: bad input.
+        """
+        src = open_samples(input, columns)
+        output_schema(src)
+        return src
+
+    # ---- the stages --------------------------------------------------------------------------------
+
+    def session(self, timings: dict[str, float]) -> contextlib.AbstractContextManager:
+        """Context every stage runs in (a cluster joined once per run); none by default."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def plan(self, src: SampleSource, cost_model: CostModel, *, timings: dict[str, float]) -> PlanTable:
+        """Stage 1: the plan of ``src``; fills ``timings`` with ``read_lengths`` and ``plan`` seconds."""
+
+    @abstractmethod
+    def write_ranks(self, src: SampleSource, plan: PlanTable, output: str | os.PathLike, *,
+                    timings: dict[str, float] | None = None) -> list[FileEntry]:
+        """Stage 2: every rank file of ``plan`` into the existing empty folder (or URI prefix) ``output``.
+
+        Returns:
+            One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.
+
+        Raises:
+            InputError: the input does not match the plan, or a file fails to read midway.
+        """
+
+    def run(self, input: str | os.PathLike, output: str | os.PathLike, *,
+            timings: dict[str, float] | None = None) -> Manifest:
+        """``fsdata balance``: pre-flight, plan, write and finalize, atomically (module docstring).
+
+        Args:
+            input: a Parquet file, a folder of Parquet files, or a glob (the sample schema,
+                docs/format.md); a local path or a :mod:`pyarrow.fs` URI.
+            output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
+                accepted) unless ``settings.overwrite``.
+            timings: if given, filled with seconds per stage (:attr:`stages`).
+
+        Returns:
+            The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
+
+        Raises:
+            InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
+        """
+        s = self.settings
+        self.check()
+        output, (input,) = self.check_paths(output, [input])
+        if output_taken(output) and not s.overwrite:
+            raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
+                              f"{setting('overwrite', True)} to replace it")
+        src = self.open_input(input, s.columns)
+        cost_model = load_cost_model(s.cost_model)
+        t: dict[str, float] = {}
+        with self.session(t):
+            plan = self.plan(src, cost_model, timings=t)
+            t1 = time.perf_counter()
+            with atomic_output(output, overwrite=s.overwrite) as tmp:
+                files = self.write_ranks(src, plan, tmp, timings=t)
+                t2 = time.perf_counter()
+                t.setdefault("write_ranks", t2 - t1)
+                m = finalize(tmp, plan, files)
+            t["finalize"] = time.perf_counter() - t2
+        m.path = str(output)
+        if timings is not None:
+            timings.update({k: t[k] for k in self.stages})
+        return m
+
+
+_REGISTRY: dict[str, type[Engine]] = {}
+
+
+def register(name: str):
+    """Class decorator: register an :class:`Engine` under ``name`` (``--engine NAME``)."""
+
+    def deco(cls: type[Engine]) -> type[Engine]:
+        if name in _REGISTRY:
+            raise ValueError(f"engine '{name}' is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def names() -> tuple[str, ...]:
+    """The registered engine names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def get_engine(settings: BalanceSettings) -> Engine:
+    """The engine ``settings.engine`` names, built with ``settings``.
+
+    Raises:
+        ConfigError: an unknown name (``ray`` without Ray installed fails when it first runs).
+    """
+    cls = _REGISTRY.get(settings.engine)
+    if cls is None:
+        raise ConfigError(f"unknown {setting('engine')} '{settings.engine}'; use one of {', '.join(_REGISTRY)}")
+    return cls(settings)
+
+
+def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: str | os.PathLike, *,
+                    overwrite: bool = False, **settings) -> list[FileEntry]:
+    """``fsdata write``: the rank files of a plan file, with the engine ``settings["engine"]``
+    (default ``local``), atomically.
+
+    Args:
+        input: the input the plan was made from.
+        plan: the plan file (:func:`fsdata.shards.plan_file.write_plan`).
+        output: the OUTPUT folder; must not exist unless ``overwrite``.
+        overwrite: replace an existing OUTPUT.
+        settings: the :class:`~fsdata.balancer.settings.BalanceSettings` fields that do not change
+            the output (``engine``, ``ray_address``, ``num_threads``, ``progress``,
+            ``bucket_compression``); R and B are the plan's.
+
+    Returns:
+        One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.
+
+    Raises:
+        InputError: bad input or plan, or an input other than the plan's. ConfigError: OUTPUT
+            overlaps INPUT or PLAN, exists without overwrite, or the engine cannot write the plan.
+    """
+    output, (input, plan) = Engine.check_paths(output, [input, plan], input_name="INPUT or PLAN")
+    table = read_plan(plan)
+    engine = get_engine(BalanceSettings(num_ranks=table.num_ranks,
+                                        batch_size_per_rank=int(table.meta["batch_size_per_rank"]), **settings))
+    engine.check(table.epochs, what=f"plan {plan}")
+    src = engine.open_input(input, table.meta.get("settings", {}).get("input_columns_renamed") or None)
+    if input_digest(src) != table.meta.get("input_digest"):
+        raise InputError(f"input {input} is not the input plan {plan} was made from (input digests differ); "
+                         "rerun 'fsdata plan' on this input")
+    with engine.session({}), atomic_output(output, overwrite=overwrite) as tmp:
+        return engine.write_ranks(src, table, tmp)
+

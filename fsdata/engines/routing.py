@@ -1,0 +1,71 @@
+"""The per-batch routing every engine's write stage does, once: check a record batch of input rows
+against the plan, cast it to the rank-file schema, attach the plan's columns, and split the rows
+into rank groups (the local engine's in-memory / spilled groups, the Ray engine's object-store
+pieces).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from fsdata.errors import InputError
+from fsdata.samples import schema as S
+from fsdata.shards.writer import check_seq_len
+
+
+def rows_differ(path: str) -> InputError:
+    """The error of input rows that are not the plan's (another input, or the file changed)."""
+    return InputError(f"input file {path}: rows differ from the plan's sample_id order; the plan "
+                      "was made from another input: rerun 'fsdata plan' on this input")
+
+
+def input_columns(batch: pa.RecordBatch, schema: pa.Schema, path: str, *, expected_ids: np.ndarray | None,
+                  has_seq_len: bool) -> list[pa.Array]:
+    """Check one record batch of input rows and cast its columns to the rank-file schema.
+
+    Args:
+        batch: input rows, contract-named or not (columns in file order).
+        schema: the rank-file schema (:func:`fsdata.shards.writer.output_schema`; it ends with
+            ``step`` and ``rank``).
+        path: the input file, for the error.
+        expected_ids: shape ``[n]`` int64, the plan's ``sample_id`` of these rows (shorter when the
+            plan ends before them); None: not checked (the plan was made from this very read).
+        has_seq_len: check ``seq_len`` against ``len(item_ids)``.
+
+    Returns:
+        The batch's input columns, cast to the schema's types (``len(schema) - 2`` arrays).
+
+    Raises:
+        InputError: the rows are not the plan's, or ``seq_len`` differs from ``len(item_ids)``.
+    """
+    if expected_ids is not None:
+        sid = batch.column(schema.get_field_index(S.SAMPLE_ID)).to_numpy(zero_copy_only=False)
+        if len(expected_ids) != batch.num_rows or not np.array_equal(sid.astype(np.int64), expected_ids):
+            raise rows_differ(path)
+    if has_seq_len:
+        check_seq_len(batch, schema, path)
+    return [batch.column(i).cast(schema.field(i).type) for i in range(len(schema) - 2)]
+
+
+def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_groups: int) -> list[pa.Table | None]:
+    """The rows of one batch, split by rank group.
+
+    Args:
+        columns: the batch's columns in ``out_schema`` order (input columns, then the plan's).
+        out_schema: their schema.
+        group: shape ``[n]``, the rank group of each row, ``0 .. num_groups-1``; -1 drops the row.
+        num_groups: G.
+
+    Returns:
+        ``G`` entries: the rows of group ``g`` in input order, or None when it has none.
+    """
+    table = pa.Table.from_arrays(columns, schema=out_schema)
+    if num_groups == 1 and not (group < 0).any():
+        return [table]
+    order = np.argsort(group, kind="stable")
+    order = order[np.searchsorted(group[order], 0, side="left"):]  # without the dropped rows
+    cuts = np.searchsorted(group[order], np.arange(num_groups + 1), side="left")
+    table = table.take(pa.array(order))
+    return [table.slice(int(cuts[g]), int(cuts[g + 1] - cuts[g])) if cuts[g + 1] > cuts[g] else None
+            for g in range(num_groups)]
