@@ -61,9 +61,10 @@ def registered_reversed(monkeypatch):
     return Reversed
 
 
-def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_reversed, capsys):
+def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_reversed, tmp_path, capsys):
     """The registry is the one list of names: a partitioner registered from outside is listed, and
-    partition_steps, make_plan, verify's settings check and the --partitioner choices accept it."""
+    partition_steps, make_plan, fsdata.balance, verify (plan recomputed from the input) and the
+    --partitioner choices accept it."""
     assert names()[-1] == "reversed"
     R, B = 2, 3
     costs = np.arange(4 * R * B, dtype=np.float64)
@@ -72,10 +73,17 @@ def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_revers
     plan = make_plan(costs, num_ranks=R, batch_size_per_rank=B, seed=0, compose_window=1, partitioner="reversed")
     assert plan.partition_info == {"method": "reversed"}
 
-    from fsdata.balancer.policies import check_partitioner
+    import fsdata
     from fsdata.cli import build_parser
+    from fsdata.shards.verify import verify
+    from tests.fsdata.helpers import write_samples
 
-    check_partitioner("reversed")
+    inp = write_samples(tmp_path / "in.parquet", n=200)
+    m = fsdata.balance(inp, tmp_path / "out", fsdata.BalanceSettings(
+        num_ranks=R, batch_size_per_rank=B, partitioner="reversed", compose_window=1, progress=False))
+    assert m.settings["partitioner"] == "reversed" and m.settings["partition_info"] == {"method": "reversed"}
+    assert verify(tmp_path / "out", inp)["checked_input"]
+
     args = build_parser().parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
                                       "3", "--partitioner", "reversed"])
     assert args.partitioner == "reversed"
