@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fsdata import fsio
 from fsdata.errors import ConfigError, FsdataError, setting
-from fsdata.guards import EnvironmentFailure, environment_errno, environment_error
+from fsdata.guards import EnvironmentFailure, environment_errno, environment_error, process_alive
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +43,6 @@ def tmp_prefix(final: Path) -> str:
     """Name prefix of ``final``'s temporaries (siblings): ``.NAME.tmp-PID-...``; :func:`clean_stale_tmp` removes
     those of processes that no longer run."""
     return f".{final.name}.tmp-"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_tmp(final: Path) -> None:
@@ -68,7 +58,7 @@ def clean_stale_tmp(final: Path) -> None:
             pid = int(p.name[len(prefix):].split("-")[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
+        if not process_alive(pid):
             if "-old-" in p.name and not os.path.lexists(final):
                 # killed between the two renames of a replace: this is the previous output; put it back
                 os.replace(p, final)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from fsdata import fsio
+from fsdata.balancer.partitioners import names as partitioner_names  # the registry: the one list
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_argument, add_version_flag, configure_logging,
                             resolve_progress, run_main)
 from fsdata.errors import FsdataError, cli_terms
@@ -84,9 +85,8 @@ def _add_plan_opts(p: argparse.ArgumentParser) -> None:
     _balance(p, "plan_window", metavar="K",
              help="steps planned together (rounded up to a multiple of --compose-window; default %(default)s): "
                   "bounds the planning memory per window, the unit of a Ray plan task (docs/cluster.md)")
-    _balance(p, "partitioner",
-             help="per-step assignment: auto (default: lpt-swap, plus time-bounded CP-SAT only on steps whose "
-                  "gap to the proven bound is worth it), lpt-swap, lpt-swap-cpsat, lpt, kk, roundrobin, shuffle")
+    _balance(p, "partitioner", choices=partitioner_names(), help="per-step assignment: %(choices)s (default "
+             "%(default)s: lpt-swap, plus time-bounded CP-SAT on the steps whose gap to the proven bound is worth it)")
     _balance(p, "remainder",
              help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
     _balance(p, "epochs", metavar="E",

@@ -9,6 +9,8 @@ Two questions every writer asks before and while it writes:
 * :func:`environment_error` -- is an ``OSError`` (raised by Python, PyArrow or Polars) a failure of
   the machine rather than of the data: a full disk, a read-only file system, a denied permission?
   Then the user gets one line naming the real cause and the location, not "the input is corrupt".
+
+* :func:`process_alive` -- does the process that left a temporary (or shares a segment) still run?
 """
 
 from __future__ import annotations
@@ -305,3 +307,37 @@ def raise_if_environment(exc: BaseException, location: str | os.PathLike | None 
     env = environment_error(exc, location, action=action)
     if env is not None:
         raise env from None
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this machine.
+
+    Read from ``/proc/PID/stat``: a zombie (``Z``) or dead (``X``) process counts as exited, since
+    it holds nothing any more and no one waits for it to finish its work. Without ``/proc`` a
+    signal-0 probe (``os.kill(pid, 0)``) answers: no such process is exited, one of another user
+    (``PermissionError``) runs.
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        False when the process has exited (or is a zombie), else True.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to a signal-0 probe
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

@@ -20,7 +20,7 @@ FSDATA_SURFACE = {
     "fsdata.errors": {"FsdataError", "cli_terms", "command", "in_cli", "setting"},
     "fsdata.cliutil": {"add_common_flags", "add_num_threads_flag", "add_output_flag", "add_version_flag",
                        "configure_logging", "resolve_progress", "run_main"},
-    "fsdata.guards": {"check_output_apart"},
+    "fsdata.guards": {"check_output_apart", "process_alive"},
     "fsdata.report": {"Figure", "pyplot", "figure_png", "load_output", "output_figures", "output_rows", "write_page"},
 }
 

@@ -6,7 +6,9 @@
 * partitioners: :mod:`~fsdata.balancer.partition` (LPT reference, round-robin, shuffle), :mod:`~fsdata.balancer.partition_fast` (LPT + swap), :mod:`~fsdata.balancer.kk`
   (Karmarkar-Karp) and :mod:`~fsdata.balancer.cpsat` (CP-SAT refinement);
 * :mod:`~fsdata.balancer.cost_budget`: the cost-budget batch policy;
-* :mod:`~fsdata.balancer.plan`: planning (:func:`~fsdata.balancer.plan.make_plan`);
+* :mod:`~fsdata.balancer.plan`: planning (:func:`~fsdata.balancer.plan.make_plan`), with the plan
+  windows in :mod:`~fsdata.balancer.windows`, the setting names and checks in
+  :mod:`~fsdata.balancer.policies` and the seeded global batches in :mod:`~fsdata.balancer.order`;
 * :mod:`~fsdata.balancer.profile`: the ``fsdata profile`` report.
 
 Imports the base and samples layers only; never reads or writes shards.

@@ -1,4 +1,5 @@
-"""The seeded shuffle of the input rows, computable for any row on its own (windowed planning).
+"""The seeded shuffle of the input rows, computable for any row on its own (windowed planning), and
+the global batches cut from it (:func:`shuffled_steps`).
 
 Global batches are consecutive runs of ``R*B`` positions of a seeded pseudo-random permutation
 ``P`` of the input rows ``[0, N)``: row ``i`` goes to position ``P(i)``. ``P`` is a keyed
@@ -24,8 +25,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from fsdata.errors import ConfigError
+
 #: Name of this shuffle, recorded in the manifest's ``settings.shuffle``.
 SHUFFLE = "feistel-v1"
+#: The shuffle of fsdata 0.1 (``numpy.random.default_rng(seed).permutation(N)``): outputs whose
+#: manifest records no ``settings.shuffle`` were made with it (verify and the report still read them).
+LEGACY_SHUFFLE = "numpy-permutation"
 #: Feistel rounds (4 already give a pseudo-random permutation, Luby-Rackoff; 6 for margin).
 ROUNDS = 6
 
@@ -121,3 +127,32 @@ def epoch_seed(seed: int, epoch: int) -> int:
         return int(seed)
     state = np.random.SeedSequence([int(seed), 0x65706F63, int(epoch)]).generate_state(1, dtype=np.uint64)
     return int(state[0] >> np.uint64(1))
+
+
+def shuffled_steps(num_samples: int, num_ranks: int, batch_size_per_rank: int, seed: int,
+                   shuffle: str = SHUFFLE) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded global batches.
+
+    Args:
+        num_samples: N.
+        num_ranks: R.
+        batch_size_per_rank: B.
+        seed: the shuffle's seed.
+        shuffle: :data:`fsdata.balancer.order.SHUFFLE` (today) or :data:`LEGACY_SHUFFLE` (to re-read
+            outputs of fsdata 0.1).
+
+    Returns:
+        ``(steps [S x R*B] int64 row indices, remainder [D] int64 row indices)``.
+
+    Raises:
+        ConfigError: unknown ``shuffle``.
+    """
+    if shuffle == SHUFFLE:
+        perm = shuffled_order(num_samples, seed)
+    elif shuffle == LEGACY_SHUFFLE:
+        perm = np.random.default_rng(seed).permutation(num_samples)
+    else:
+        raise ConfigError(f"unknown shuffle {shuffle!r}; this fsdata knows {SHUFFLE!r} and {LEGACY_SHUFFLE!r}")
+    per_step = num_ranks * batch_size_per_rank
+    num_steps = num_samples // per_step
+    return perm[: num_steps * per_step].reshape(num_steps, per_step), perm[num_steps * per_step:]

@@ -1,7 +1,9 @@
-"""Per-step assignment of samples to ranks: the method names and the plain reference algorithms.
+"""Per-step assignment of samples to ranks: the plain reference algorithms.
 
-The role itself (one ``Partitioner`` base, implementations registered by these names, and
-:func:`~fsdata.balancer.partitioners.partition_steps`) is :mod:`fsdata.balancer.partitioners`.
+The role itself (one ``Partitioner`` base, implementations registered by name,
+:func:`~fsdata.balancer.partitioners.names` the one list of them, and
+:func:`~fsdata.balancer.partitioners.partition_steps`) is :mod:`fsdata.balancer.partitioners`;
+the registered names below are those of the algorithms here and beside this module.
 
 Input of one step: the costs of its ``R*B`` samples (a global batch). Output: the rank of each
 sample, exactly ``B`` per rank, chosen to minimise the most loaded rank (the straggler).
@@ -27,8 +29,6 @@ import heapq
 
 import numpy as np
 
-
-METHODS = ("shuffle", "roundrobin", "kk", "lpt", "lpt-swap", "lpt-swap-cpsat")
 
 #: Default method of :func:`fsdata.balancer.partitioners.partition_steps`.
 DEFAULT_METHOD = "lpt-swap"

@@ -225,7 +225,7 @@ _BUCKETS_PREFIX = "fsdata-buckets-"
 
 def _clean_stale_bucket_dirs() -> list[str]:
     """Remove ``TMPDIR/fsdata-buckets-<pid>-*`` left by runs that were killed (their pid is gone)."""
-    from fsdata.atomic import _pid_alive  # noqa: PLC0415
+    from fsdata.guards import process_alive as _pid_alive  # noqa: PLC0415
 
     removed = []
     for p in Path(tempfile.gettempdir()).glob(f"{_BUCKETS_PREFIX}*-*"):

@@ -68,7 +68,8 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
     """
     from fsdata.balancer import bubble  # noqa: PLC0415
     from fsdata.balancer.order import epoch_seed  # noqa: PLC0415
-    from fsdata.balancer.plan import _bound_ratio, _merge_info, shuffled_steps  # noqa: PLC0415
+    from fsdata.balancer.plan import shuffled_steps  # noqa: PLC0415
+    from fsdata.balancer.windows import bound_ratio as _bound_ratio, merge_infos as _merge_info  # noqa: PLC0415
 
     E, N = int(settings.epochs), len(costs)
     R, B = settings.num_ranks, settings.batch_size_per_rank

@@ -1,52 +1,41 @@
-"""The shard format: one reader and one writer for ``_manifest.json``, the step stats and the file
-digests (docs/format.md).
+"""The shard format: one reader and one writer for ``_manifest.json`` (docs/format.md).
 
 Everything that reads or writes an ``fsdata balance`` OUTPUT's manifest goes through
 :class:`Manifest`: ``fsdata balance`` / ``fsdata finalize`` write it (:meth:`Manifest.write`),
 ``fsdata verify`` and ``fstrain`` read it (:meth:`Manifest.read`). This module imports neither
-torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer. The step stats
-(:func:`write_step_stats`, :meth:`Manifest.step_stats_path`) and the SHA-256 of the files
-(:func:`sha256_file`) are defined here too, so the writer, verify and the engines share one definition.
+torch nor anything heavy, so ``fstrain`` uses it without pulling in the balancer. The names and
+paths of the OUTPUT's files, the step stats (:func:`write_step_stats`) and the SHA-256 of the
+files (:func:`sha256_file`) are defined in :mod:`fsdata.shards.layout` and exported here too, so
+this module is the format's one import for the writer, verify, the engines and ``fstrain``.
 
 OUTPUT may be a local folder or a :mod:`pyarrow.fs` URI (``s3://bucket/prefix``; :mod:`fsdata.fsio`):
 every path here is joined and opened through :mod:`fsdata.fsio`. On an object store the manifest
 is the commit marker (written last, one PUT): a prefix without it is an incomplete OUTPUT.
 
-Versions: format_version 2 (written today) names the root metadata ``_manifest.json``,
-``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
-(still read) named them ``manifest.json``, ``step_stats.parquet``, ``dropped.parquet`` and
-``rank=00000``. Readers take every path from the manifest, never from a glob.
+Versions: format_version 2 (written today) and 1 (still read); their file names are in
+:mod:`fsdata.shards.layout`. Readers take every path from the manifest, never from a glob.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fsdata import fsio
 from fsdata.errors import FsdataError
+from fsdata.shards.layout import (DROPPED_NAME, DROPPED_NAMES, FORMAT_VERSION, MANIFEST_NAME, MANIFEST_NAMES,
+                                  READ_VERSIONS, STEP_STATS_COLUMNS, STEP_STATS_NAME, STEP_STATS_NAMES,
+                                  STEP_STATS_OPTIONAL, STEP_STATS_TYPES, is_sha256, rank_dir_name, rank_file_path,
+                                  sha256_file, write_step_stats)
 
-#: Version written by this fsdata; :data:`READ_VERSIONS` are the versions it reads.
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
-MANIFEST_NAMES = {2: "_manifest.json", 1: "manifest.json"}
-STEP_STATS_NAMES = {2: "_step_stats.parquet", 1: "step_stats.parquet"}
-DROPPED_NAMES = {2: "_dropped.parquet", 1: "dropped.parquet"}
-#: The root file names that this version writes.
-MANIFEST_NAME = MANIFEST_NAMES[FORMAT_VERSION]
-STEP_STATS_NAME = STEP_STATS_NAMES[FORMAT_VERSION]
-#: Columns of the step stats, in order, with their Arrow types (docs/format.md); ``num_tokens`` is
-#: written since fsdata 0.3 (:data:`STEP_STATS_OPTIONAL`: older outputs lack it and still read).
-STEP_STATS_TYPES = {"step": "int32", "rank": "int32", "num_samples": "int32", "predicted_cost": "double",
-                    "num_tokens": "int64"}
-#: Step-stats columns an older output may lack.
-STEP_STATS_OPTIONAL = ("num_tokens",)
-DROPPED_NAME = DROPPED_NAMES[FORMAT_VERSION]
+__all__ = ["DROPPED_NAME", "DROPPED_NAMES", "FORMAT_VERSION", "KEYS", "MANIFEST_NAME", "MANIFEST_NAMES",
+           "READ_VERSIONS", "STEP_STATS_COLUMNS", "STEP_STATS_NAME", "STEP_STATS_NAMES", "STEP_STATS_OPTIONAL",
+           "STEP_STATS_TYPES", "FileEntry", "Manifest", "ManifestError", "find_manifest", "is_sha256", "rank_dir_name",
+           "rank_file_path", "sha256_file", "write_step_stats"]
+
 #: Key order of a written manifest (docs/format.md); unknown keys read from a file are kept after these.
 KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy",
         "strategy", "num_samples_input", "num_samples_written", "num_samples_dropped", "remainder_policy",
@@ -55,49 +44,6 @@ KEYS = ("format_version", "fsdata_version", "num_ranks", "num_steps", "batch_siz
         "files", "settings")
 _REQUIRED = ("format_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "files")
 _V2_KEYS = ("fsdata_version", "input_digest", "step_stats_sha256", "dropped_sha256")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-#: Columns of the step stats, one row per (step, rank), sorted by step then rank.
-STEP_STATS_COLUMNS = ("step", "rank", "num_samples", "predicted_cost", "num_tokens")
-
-
-def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> str:
-    """Hex SHA-256 of a file (local path or URI), read in ``chunk_bytes`` chunks (the digests the
-    manifest records)."""
-    if fsio.is_remote(fsio.normalize(path)):
-        return fsio.sha256(path, chunk_bytes)
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_step_stats(path: str | os.PathLike, counts, loads, num_tokens=None) -> None:
-    """Write the step stats (``_step_stats.parquet``): one row per (step, rank), sorted by step then
-    rank: ``step`` int32, ``rank`` int32, ``num_samples`` int32, ``predicted_cost`` float64 and
-    ``num_tokens`` int64 (when given).
-
-    Args:
-        path: the file to write (local path or URI).
-        counts: shape ``[S x R]``, int; samples per (step, rank).
-        loads: shape ``[S x R]``, float64; predicted cost per (step, rank), seconds.
-        num_tokens: shape ``[S x R]``, int; the sum of the samples' history lengths (``seq_len`` =
-            ``len(item_ids)``) per (step, rank); None: the column is not written (fsdata < 0.3 layout).
-    """
-    import numpy as np  # noqa: PLC0415 (kept out of the import of the manifest reader)
-    import pyarrow as pa  # noqa: PLC0415
-    import pyarrow.parquet as pq  # noqa: PLC0415
-
-    S_, R = loads.shape
-    table = pa.table({
-        "step": pa.array(np.repeat(np.arange(S_, dtype=np.int32), R)),
-        "rank": pa.array(np.tile(np.arange(R, dtype=np.int32), S_)),
-        "num_samples": pa.array(counts.ravel().astype(np.int32)),
-        "predicted_cost": pa.array(loads.ravel()),
-        **({} if num_tokens is None else {"num_tokens": pa.array(np.asarray(num_tokens).ravel().astype(np.int64))}),
-    })
-    fs, where = fsio.filesystem_and_path(path)
-    pq.write_table(table, where, compression="zstd", filesystem=fs)
 
 
 class ManifestError(FsdataError):
@@ -110,17 +56,6 @@ class ManifestError(FsdataError):
     def __init__(self, message: str, kind: str = "invalid") -> None:
         super().__init__(message)
         self.kind = kind
-
-
-def rank_dir_name(rank: int, version: int = FORMAT_VERSION) -> str:
-    """Folder of one rank's shard: ``rank-00000`` (v2; no ``=``, so no reader infers a hive
-    partition) or ``rank=00000`` (v1)."""
-    return f"rank={rank:05d}" if version == 1 else f"rank-{rank:05d}"
-
-
-def rank_file_path(rank: int, version: int = FORMAT_VERSION) -> str:
-    """Path of a rank file relative to OUTPUT: ``rank-00000/part-00000.parquet``."""
-    return f"{rank_dir_name(rank, version)}/part-00000.parquet"
 
 
 def find_manifest(output: str | os.PathLike) -> Path | str:
@@ -513,7 +448,3 @@ class Manifest:
         os.replace(tmp, final)
         return final
 
-
-def is_sha256(value: Any) -> bool:
-    """Whether ``value`` is a lower-case hex SHA-256 digest."""
-    return isinstance(value, str) and bool(_SHA256.match(value))

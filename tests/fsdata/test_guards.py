@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from fsdata.cli import main
-from fsdata.guards import environment_errno, environment_error, overlap, public_path
+from fsdata.guards import environment_errno, environment_error, overlap, process_alive, public_path
 from tests.conftest import REPO_ROOT
 from tests.fsdata.helpers import write_samples
 
@@ -262,3 +263,20 @@ def test_permission_denied_named(tmp_path):
         assert list(closed.iterdir()) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_process_alive_running_zombie_and_reaped():
+    """The one liveness check (fsdata.guards.process_alive; atomic outputs, bucket folders and
+    fstrain's shared-memory transport use it): a zombie counts as exited, as a reaped process does."""
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc: a zombie is told apart only through /proc/PID/stat")
+    assert process_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    pid = child.pid
+    deadline = time.monotonic() + 30
+    while process_alive(pid) and time.monotonic() < deadline:  # exited, not yet waited for: a zombie
+        time.sleep(0.01)
+    assert not process_alive(pid)
+    assert os.path.exists(f"/proc/{pid}")  # still a zombie: the check read its state, not its absence
+    child.wait()
+    assert not process_alive(pid)

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from fsdata.balancer.bubble import lower_bound_bubble, run_bubble, step_lower_bound
 from fsdata.errors import ConfigError
 from fsdata.balancer.kk import kk_equal_size
-from fsdata.balancer.partition import METHODS, lpt_reference, per_rank_loads
-from fsdata.balancer.partitioners import partition_steps, partition_steps_chunked
+from fsdata.balancer.partition import lpt_reference, per_rank_loads
+from fsdata.balancer.partitioners import names, partition_steps, partition_steps_chunked
 from fsdata.balancer.partition_fast import lpt_swap_steps, snake_steps
 
-FAST_METHODS = [m for m in METHODS if m != "lpt-swap-cpsat"]
+FAST_METHODS = [m for m in names() if m not in ("lpt-swap-cpsat", "auto")]  # the ones without CP-SAT
 
 
 def _assert_valid(ranks: np.ndarray, R: int, B: int) -> None:

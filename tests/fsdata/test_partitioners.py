@@ -3,15 +3,14 @@
 import numpy as np
 import pytest
 
-from fsdata.balancer.partition import METHODS
-from fsdata.balancer.partitioners import Partitioner, StepPartitioner, get_partitioner, names
-from fsdata.balancer.plan import PARTITIONERS, make_plan
+from fsdata.balancer import partitioners
+from fsdata.balancer.partitioners import Partitioner, StepPartitioner, get_partitioner, names, partition_steps, register
+from fsdata.balancer.plan import make_plan
 from fsdata.errors import ConfigError
 
 
-def test_every_planning_name_is_registered():
-    assert names() == (*METHODS, "auto")
-    assert set(names()) == set(PARTITIONERS)
+def test_every_built_in_name_is_registered():
+    assert names() == ("shuffle", "roundrobin", "kk", "lpt", "lpt-swap", "lpt-swap-cpsat", "auto")
     for name in names():
         p = get_partitioner(name)
         assert isinstance(p, Partitioner) and p.name == name
@@ -48,3 +47,54 @@ def test_make_plan_uses_the_injected_partitioner():
     kept = plan.step >= 0
     np.testing.assert_array_equal(plan.rank[kept], 1 - baseline.rank[kept])
     assert plan.partition_info == {"method": "reversed"}
+
+
+@pytest.fixture
+def registered_reversed(monkeypatch):
+    """``reversed`` registered by name for one test (the registry is restored afterwards)."""
+    monkeypatch.setattr(partitioners, "_REGISTRY", dict(partitioners._REGISTRY))
+
+    @register("reversed")
+    class Reversed(_Reversed):
+        pass
+
+    return Reversed
+
+
+def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_reversed, tmp_path, capsys):
+    """The registry is the one list of names: a partitioner registered from outside is listed, and
+    partition_steps, make_plan, fsdata.balance, verify (plan recomputed from the input) and the
+    --partitioner choices accept it."""
+    assert names()[-1] == "reversed"
+    R, B = 2, 3
+    costs = np.arange(4 * R * B, dtype=np.float64)
+    ranks = partition_steps(costs.reshape(4, R * B), R, B, "reversed")
+    np.testing.assert_array_equal(ranks, np.broadcast_to(R - 1 - np.arange(R * B) // B, (4, R * B)))
+    plan = make_plan(costs, num_ranks=R, batch_size_per_rank=B, seed=0, compose_window=1, partitioner="reversed")
+    assert plan.partition_info == {"method": "reversed"}
+
+    import fsdata
+    from fsdata.cli import build_parser
+    from fsdata.shards.verify import verify
+    from tests.fsdata.helpers import write_samples
+
+    inp = write_samples(tmp_path / "in.parquet", n=200)
+    m = fsdata.balance(inp, tmp_path / "out", fsdata.BalanceSettings(
+        num_ranks=R, batch_size_per_rank=B, partitioner="reversed", compose_window=1, progress=False))
+    assert m.settings["partitioner"] == "reversed" and m.settings["partition_info"] == {"method": "reversed"}
+    assert verify(tmp_path / "out", inp)["checked_input"]
+
+    args = build_parser().parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
+                                      "3", "--partitioner", "reversed"])
+    assert args.partitioner == "reversed"
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
+                                   "3", "--partitioner", "greedy"])
+    assert e.value.code == 2 and "reversed" in capsys.readouterr().err  # the choices shown are the registry's
+
+
+def test_an_unregistered_name_is_refused_everywhere():
+    with pytest.raises(ConfigError, match="unknown partition method 'reversed'"):
+        partition_steps(np.ones((1, 6)), 2, 3, "reversed")
+    with pytest.raises(ConfigError, match="unknown (--)?partitioner 'reversed'"):
+        make_plan(np.ones(12), num_ranks=2, batch_size_per_rank=3, partitioner="reversed")

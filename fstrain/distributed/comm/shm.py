@@ -61,12 +61,13 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
+from fsdata.guards import process_alive
 from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
                                            PeerExitedError, PeerTimeoutError, SplitMismatchError, allocate_output,
                                            check_splits)
 
 from fstrain.distributed.comm.shm_segment import (_MAGIC, _H_MAGIC, _H_ABORTED, _profiling, segment_bytes, num_chunks,
-                                                  _ring_index, _process_alive, _node_id, _Segment)
+                                                  _ring_index, _node_id, _Segment)
 
 logger = logging.getLogger(__name__)
 
@@ -425,7 +426,7 @@ class ShmBackend(CommBackend):
                     if self._peers[p].header[_H_ABORTED]:
                         raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport "
                                               "after an error")
-                    if not _process_alive(self._peer_pids[p]):
+                    if not process_alive(self._peer_pids[p]):
                         raise PeerExitedError(peer_rank=p,
                                               detail=f"process {self._peer_pids[p]} exited")
             if now - last_progress > cfg.timeout_seconds:

@@ -53,24 +53,6 @@ def _ring_index(sender: int, receiver: int) -> int:
     return sender if sender < receiver else sender - 1
 
 
-def _process_alive(pid: int) -> bool:
-    """False when ``pid`` has exited (zombies count as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: fall back to a signal-0 probe
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
 def _node_id() -> str:
     return node_key()  # hostname + boot id, or $FSTRAIN_NODE_ID (fstrain.distributed.comm.hierarchical)
 
