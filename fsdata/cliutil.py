@@ -14,11 +14,9 @@ here and nowhere else:
   distribution's version, else :data:`fsdata._version.__version__`) and exits 0.
 * :func:`add_verbosity_flags` / :func:`configure_logging`: ``-v/--verbose`` sets the ``fsdata``,
   ``fstrain`` and ``pipelines`` loggers to DEBUG, ``-q/--quiet`` to ERROR.
-* :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout.
-* :func:`add_output_flag`: ``-o/--output`` names the output location wherever it is not one of
-  fsdata's positional ``OUTPUT``/``PLAN`` arguments.
-* thread counts are ``--num-threads`` (never processes: PyTorch's ``num_workers`` means processes),
-  the ``num_threads`` field of a settings dataclass.
+* :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout; :func:`add_output_flag`:
+  ``-o/--output`` names the output wherever it is not fsdata's positional ``OUTPUT``/``PLAN``.
+* thread counts are ``--num-threads`` (never processes), a settings dataclass's ``num_threads``.
 
 Flags generated from a settings dataclass (:func:`add_settings_flags`, :func:`add_field_flag`, with
 ``jsonargparse``): the field's type, default, choices and docstring are the flag's, declared once.
@@ -249,12 +247,7 @@ def new_parser(prog: str | None = None, **kwargs):
     """A ``jsonargparse.ArgumentParser`` in the house manner: usage errors are one ``PROG: error:`` line
     (the flag named, exit 2), help shows each flag's type and default and keeps examples as written,
     no abbreviated flags (a removed spelling never parses as a prefix of a new one), no
-    jsonargparse ``--print_config`` (the entry points that print their config name it ``--print-config``).
-
-    Args:
-        prog: the program name (``fsdata``; a subcommand's is set by ``add_subcommand``).
-        kwargs: anything else for the parser (``description``, ``epilog``).
-    """
+    jsonargparse ``--print_config``. ``kwargs`` go to the parser (``description``, ``epilog``)."""
     cls, fmt = _classes()
     kwargs.setdefault("formatter_class", fmt)
     return cls(prog=prog, print_config=None, exit_on_error=True, allow_abbrev=False, **kwargs)
@@ -268,15 +261,11 @@ def add_subcommands(parser, commands: dict[str, tuple[object, str]]) -> None:
 
 
 def _lookup(ns, key: str):
-    """``ns.a.b`` for ``key = "a.b"`` (a jsonargparse namespace), or the plain attribute; None if absent."""
-    try:
+    """The plain attribute ``key`` (``metrics.dir`` of a flat namespace), else ``ns.a.b`` for ``"a.b"``."""
+    if hasattr(ns, key):
         return getattr(ns, key)
-    except AttributeError:
-        pass
     for part in key.split("."):
         ns = getattr(ns, part, None)
-        if ns is None:
-            return None
     return ns
 
 
@@ -293,15 +282,12 @@ def cli_main(prog: str, parse: Callable[[], object], command: Callable[[object],
     Args:
         prog: program name (``fsdata``) for environment failures, and the label by default.
         parse: returns the parsed namespace (called inside, so ``--help | head`` is covered).
-        command: runs the command; returns the exit status.
+        command: runs the command on it; returns the exit status (returned here).
         errors: user-error types besides ``FsdataError`` (``FstrainError``).
-        location: namespace keys (dotted for nested sections) of the output, then the input: the
-            first one set is named when an environment failure carries no path of its own.
+        location: namespace keys of the output, then the input: the first one set is named when an
+            environment failure carries no path of its own.
         label: the error line's label from the namespace (``fstrain train``; default ``prog``).
         interrupted: with Ctrl-C, print ``PROG: INTERRUPTED`` and exit 130 (default: re-raise).
-
-    Returns:
-        The exit status.
     """
     from fsdata.errors import FsdataError, cli_terms  # noqa: PLC0415
 
@@ -387,9 +373,8 @@ def action_choices(action: argparse.Action) -> tuple | None:
 def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, default: object, help: str,  # noqa: A002
                    required: bool = False, choices: Sequence | None = None, override: bool = False,
                    metavar: str | None = None) -> list[str]:
-    """Add the flag of one settings field to a ``jsonargparse`` parser (or argument group).
-
-    Spelling and type (the house rules, the same in every entry point):
+    """Add the flag of one settings field to a ``jsonargparse`` parser (or argument group); the
+    house rules of spelling and type, the same in every entry point:
 
     * ``bool``: ``--flag`` (store true) when the default is false, ``--no-flag`` (store false) when
       it is true; ``bool | None``: both.
@@ -398,21 +383,12 @@ def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, def
     * ``tuple[T, ...]``: that many values after the flag (``--betas 0.9 0.99``).
     * anything else: the field's type.
 
-    Args:
-        parser: the parser or argument group.
-        names: the option strings (``("-o", "--output")``; the last is the long one).
-        dest: the namespace key (``balance.num_ranks``).
-        hint: the field's type annotation.
-        default: the flag's default (the field's, or the instance's the command starts from).
-        help: the field's docstring (:func:`settings_help`).
-        required: the flag must be given (a field without a default).
-        choices: allowed values from a registry, for a ``str`` field.
-        override: every default is None: a flag given overrides another source (a checkpoint's
-            recorded config), one not given leaves it (booleans keep the direction of ``default``).
-        metavar: the value's name in ``--help``.
-
-    Returns:
-        The option strings added.
+    Args: ``names`` the option strings (the last the long one), ``dest`` the namespace key
+    (``balance.num_ranks``), ``hint`` the field's annotation, ``default`` the flag's default,
+    ``help`` the field's docstring, ``required`` (a field without a default), ``choices`` (a
+    registry's names, for a ``str`` field), ``override``: every default is None, so a flag given
+    overrides another source (a checkpoint's recorded config) and one not given leaves it
+    (booleans keep the direction of ``default``), ``metavar``. Returns the option strings added.
     """
     names = tuple(names)
     text = (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
@@ -453,13 +429,10 @@ def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, def
     return list(names)
 
 
-def field_default(f: dataclasses.Field, instance: object = None) -> object:
-    """A field's default: the instance's value if given, else the field's default (factory called);
-    ``dataclasses.MISSING`` when the field has none."""
-    if instance is not None:
-        return getattr(instance, f.name)
-    if f.default is not dataclasses.MISSING:
-        return f.default
+def _field_default(f: dataclasses.Field, instance: object = None) -> object:
+    """The instance's value, else the field's default (factory called), else ``dataclasses.MISSING``."""
+    if instance is not None or f.default is not dataclasses.MISSING:
+        return getattr(instance, f.name) if instance is not None else f.default
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
 
 
@@ -479,19 +452,14 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
     Args:
         parser: a ``jsonargparse.ArgumentParser`` (see :func:`new_parser`).
         cls: the dataclass.
-        section: the namespace key of the fields (``balance``, ``comm.shm``).
-        flags: field name -> option string (or strings, e.g. ``("-o", "--output")``), where it
-            differs from ``--field-name``.
-        exclude: fields that get no flag (set by other flags, or meaningless for this command).
-        include: only these fields (default: all but ``exclude``).
-        title: argument group title (default: ``section``).
+        section: the namespace key of the fields (``balance``, ``comm.shm``; empty: top level).
+        flags: field name -> option string(s) (``("-o", "--output")``) where not ``--field-name``.
+        exclude, include: fields that get no flag; only these fields (default: all).
+        title: argument group title (default: ``section``); ``group``: an existing group instead.
         defaults: an instance of ``cls`` whose values are the defaults (default: the fields' own).
         override: every default is None (:func:`add_field_flag`).
-        require: a field without a default is a required flag (else it gets no default and the
-            caller checks it was given).
-        choices: field name -> allowed names from a registry (for a ``str`` field).
-        metavars: field name -> the value's name in ``--help``.
-        group: an argument group to add to (default: a new one titled ``title``).
+        require: a field without a default is a required flag (else the caller checks it).
+        choices: field name -> allowed names from a registry; ``metavars``: field name -> metavar.
 
     Returns:
         ``{option string: field name}`` of every option string added.
@@ -506,7 +474,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
         if dataclasses.is_dataclass(_optional(hints[f.name])[0]):
             continue
         names = (flags or {}).get(f.name, "--" + f.name.replace("_", "-"))
-        default = field_default(f, defaults)
+        default = _field_default(f, defaults)
         missing = default is dataclasses.MISSING
         text = helps[f.name] + (" (required)" if missing and not require else "")
         dest = f"{section}.{f.name}" if section else f.name

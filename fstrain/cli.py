@@ -161,21 +161,18 @@ def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, .
 
 def _train_config(a: argparse.Namespace, parser):
     """The :class:`fstrain.config.TrainConfig` of ``fstrain train``'s flags over its ``--config`` file."""
-    from fstrain.config import from_dict, load_yaml, walk_fields
+    from fstrain.config import NOT_FLAGS, TrainConfig, from_dict, load_yaml, walk_fields
 
-    from fstrain.config import TrainConfig
-
-    known = {p for p, *_ in walk_fields(TrainConfig)}
+    paths = {p for p, *_ in walk_fields(TrainConfig)} & set(vars(a)) - NOT_FLAGS  # the flags' fields
     from_file: dict = {}
     if a.config:
         from_file = load_yaml(a.config)
-        paths = {k for k in vars(a) if k in known}
         train = subparsers(parser)["train"]
         train.set_defaults(**{k if k == "shards" else f"{KEY_ROOT}.{k}": v for k, v in from_file.items()
                               if k in paths or k == "shards"})
         a = parse_args(a._argv, parser)  # flags given win over the file
-    values = {k: v for k, v in from_file.items() if k not in vars(a)}
-    values.update({k: v for k, v in vars(a).items() if k in known})
+    values = {k: v for k, v in from_file.items() if k not in paths}
+    values.update({k: getattr(a, k) for k in paths})
     values.update(shards=a.shards, progress=resolve_progress(a.progress))
     return a, from_dict(values)
 
