@@ -78,7 +78,7 @@ def _balance_flags(p, command: str) -> None:
                        require=True, metavars=METAVARS, title="settings (fsdata.BalanceSettings)")
 
 
-def _command(name: str, help: str, epilog: str | None = None, **kw):  # noqa: A002
+def _command(help: str, epilog: str | None = None, **kw):  # noqa: A002
     """A subcommand's parser: ``(parser, help)`` for :func:`fsdata.cliutil.add_subcommands`."""
     return new_parser(description=help, epilog=epilog, **kw), help
 
@@ -91,7 +91,7 @@ def build_parser():
     add_version_flag(parser)
     cmds = {}
 
-    p, h = cmds["convert"] = _command("convert", "interaction log -> Parquet samples", _EPILOG_CONVERT)
+    p, _ = cmds["convert"] = _command("interaction log -> Parquet samples", _EPILOG_CONVERT)
     p.add_argument("input", help="the interaction log")
     p.add_argument("output", help="Parquet file to write")
     p.add_argument("--format", dest="convert.format", required=True, choices=list(LOG_FORMATS),
@@ -106,14 +106,14 @@ def build_parser():
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["profile"] = _command("profile", "length statistics and the bubble of today's practice",
+    p, _ = cmds["profile"] = _command("length statistics and the bubble of today's practice",
                                       _EPILOG_PROFILE)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     _balance_flags(p, "profile")
     add_json_flag(p, "print JSON instead of a table")
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["balance"] = _command("balance", "write pre-balanced, pre-sharded Parquet (plan + write + finalize)",
+    p, _ = cmds["balance"] = _command("write pre-balanced, pre-sharded Parquet (plan + write + finalize)",
                                       _EPILOG_BALANCE)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("output", help="OUTPUT folder (docs/format.md)")
@@ -121,7 +121,7 @@ def build_parser():
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["plan"] = _command("plan", "stage 1 of balance: write the plan (sample_id, step, rank, position) as "
+    p, _ = cmds["plan"] = _command("stage 1 of balance: write the plan (sample_id, step, rank, position) as "
                                    "Parquet", _EPILOG_STAGES)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("plan", help="plan Parquet file to write (docs/fsdata.md, 'Stages')")
@@ -130,7 +130,7 @@ def build_parser():
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["write"] = _command("write", "stage 2 of balance: write the rank files of a plan", _EPILOG_STAGES)
+    p, _ = cmds["write"] = _command("stage 2 of balance: write the rank files of a plan", _EPILOG_STAGES)
     p.add_argument("input", help="the INPUT the plan was made from")
     p.add_argument("plan", help="plan written by 'fsdata plan'")
     p.add_argument("output", help="OUTPUT folder to create (rank files only; then run 'fsdata finalize')")
@@ -138,14 +138,14 @@ def build_parser():
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["finalize"] = _command("finalize", "stage 3 of balance: write the manifest and step stats of written "
+    p, _ = cmds["finalize"] = _command("stage 3 of balance: write the manifest and step stats of written "
                                        "rank files", _EPILOG_STAGES)
     p.add_argument("output", help="OUTPUT folder written by 'fsdata write'")
     p.add_argument("--plan", required=True, help="the plan the rank files were written from")
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["synth"] = _command("synth", "generate samples whose lengths follow a real dataset's distribution",
+    p, _ = cmds["synth"] = _command("generate samples whose lengths follow a real dataset's distribution",
                                     "examples:\n  fsdata synth big.parquet --num-samples 20000000 "
                                     "--lengths-from ../shared/datasets/ml-1m_ensfm/sequences.txt --layout event\n")
     p.add_argument("output", help="Parquet file to write")
@@ -160,14 +160,14 @@ def build_parser():
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["verify"] = _command("verify", "check an OUTPUT's invariants", _EPILOG_VERIFY)
+    p, _ = cmds["verify"] = _command("check an OUTPUT's invariants", _EPILOG_VERIFY)
     p.add_argument("output", help="an fsdata balance OUTPUT folder")
     p.add_argument("--input", default=None, help="the balance INPUT: check no sample was lost or duplicated")
     _balance_flags(p, "verify")
     add_json_flag(p)
     add_common_flags(p, name="fsdata")
 
-    p, h = cmds["report"] = _command("report", "HTML page (+ PNGs) of an OUTPUT: lengths, costs, per-rank load "
+    p, _ = cmds["report"] = _command("HTML page (+ PNGs) of an OUTPUT: lengths, costs, per-rank load "
                                      "before/after", _EPILOG_REPORT)
     p.add_argument("output", help="an fsdata balance OUTPUT folder (read only)")
     p.add_argument("--html", default=None, metavar="PATH",

@@ -188,8 +188,7 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
         return EXIT_BROKEN_PIPE
 
 
-# ---------------------------------------------------------------------------------------------
-# the parser and main() of every entry point
+# --- the parser and main() of every entry point --------------------------------------------------
 
 
 def subparsers(parser) -> dict:
@@ -313,8 +312,7 @@ def cli_main(prog: str, parse: Callable[[], object], command: Callable[[object],
     return run_main(prog, body, where)
 
 
-# ---------------------------------------------------------------------------------------------
-# flags generated from a settings dataclass (jsonargparse)
+# --- flags generated from a settings dataclass (jsonargparse) ---------------------------------
 
 #: reST roles and literals stripped from a docstring when it becomes help text.
 _REST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
@@ -367,7 +365,8 @@ def action_choices(action: argparse.Action) -> tuple | None:
     """The choices of a parser's action: argparse's ``choices`` or a jsonargparse ``Literal`` type's."""
     if action.choices is not None:
         return tuple(action.choices)
-    return flag_choices(getattr(action, "_typehint", None))
+    base, _ = _optional(getattr(action, "_typehint", None))  # a Literal, or a registry's names | None
+    return typing.get_args(base) if typing.get_origin(base) is typing.Literal else None
 
 
 def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, default: object, help: str,  # noqa: A002

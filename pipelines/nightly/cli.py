@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import fields
 from pathlib import Path
 
