@@ -54,6 +54,7 @@ def add_progress_flag(p: argparse.ArgumentParser) -> None:
                         f"{PROGRESS_ENV}=1|0 sets the default)")
 
 
+@functools.cache
 def package_version() -> str:
     """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata._version.__version__``."""
     from importlib import metadata
@@ -318,6 +319,7 @@ def cli_main(prog: str, parse: Callable[[], object], command: Callable[[object],
 _REST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
 
 
+@functools.cache
 def settings_help(cls: type) -> dict[str, str]:
     """Help text of every field of a settings dataclass, from its docstrings.
 
@@ -326,7 +328,7 @@ def settings_help(cls: type) -> dict[str, str]:
     is reduced to plain text.
 
     Returns:
-        ``{field name: one-paragraph help}`` (empty string for an undocumented field).
+        ``{field name: one-paragraph help}`` ("" for an undocumented field); read once per class.
     """
     import docstring_parser  # noqa: PLC0415
 
@@ -460,8 +462,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
         require: a field without a default is a required flag (else the caller checks it).
         choices: field name -> allowed names from a registry; ``metavars``: field name -> metavar.
 
-    Returns:
-        ``{option string: field name}`` of every option string added.
+    Returns ``{option string: field name}`` of every option string added.
     """
     hints = typing.get_type_hints(cls)
     helps = settings_help(cls)

@@ -318,9 +318,9 @@ def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: 
                   and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
         title = f"{path or 'run'} ({sub.__module__}.{sub.__qualname__})"
         key = (lambda name, path=path: f"{path}.{name}".lstrip("."))
-        opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields, defaults=get_path(defaults, rel) if rel
-                                  else defaults, override=override, title=title,
-                                  flags={n: flag_names(key(n)) for n in fields},
+        opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields,
+                                  defaults=get_path(defaults, rel) if rel else defaults, override=override,
+                                  title=title, flags={n: flag_names(key(n)) for n in fields},
                                   choices={n: CHOICES[key(n)] for n in fields if key(n) in CHOICES},
                                   metavars={n: METAVARS[key(n)] for n in fields if key(n) in METAVARS})
         added += [key(n) for n in dict.fromkeys(opts.values())]
@@ -423,5 +423,5 @@ def load_yaml(path: str) -> dict:
     return flat
 
 
-__all__ = ["CalibrateConfig", "CheckpointConfig", "EvalConfig", "EvaluateConfig", "ReplayConfig", "TimingConfig", "MetricsConfig", "TrainConfig", "add_config_flags", "flag_names",
-           "from_dict", "get_path", "load_yaml", "sections", "to_dict", "to_yaml", "walk_fields"]
+__all__ = ["CalibrateConfig", "CheckpointConfig", "EvalConfig", "EvaluateConfig", "MetricsConfig", "ReplayConfig",
+           "TimingConfig", "TrainConfig", "add_config_flags", "flag_names", "from_dict", "get_path", "load_yaml", "sections", "to_dict", "to_yaml", "walk_fields"]
