@@ -25,9 +25,11 @@ import statistics
 import sys
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
+
+from fstrain.models.config import Config
 
 PIPELINES = ("plain", "sparse-dist", "prioritized-no-overlap", "prioritized", "pec")
 
@@ -41,10 +43,22 @@ def pipeline_config(name: str):
     return PipelineConfig(name=name)
 
 
+#: The benchmark's model: fstrain's :class:`~fstrain.models.config.Config` (every field not set here
+#: keeps its default there), sized for a CPU run.
+BENCH_MODEL = {"num_items": 200_000, "embedding_dim": 64, "num_layers": 2, "num_negatives": 256, "max_seq_len": 256}
+
+
+def _model(**overrides) -> Config:
+    return Config(**{**BENCH_MODEL, **overrides})
+
+
 @dataclass(kw_only=True, slots=True)
 class BenchConfig:
-    """Sizes of one benchmark run."""
+    """Sizes of one benchmark run: the model is fstrain's own config, the rest is the workload."""
 
+    model: Config = field(default_factory=_model)
+    """The model trained (:class:`fstrain.models.config.Config`; ``num_items`` rows in the item table,
+    ``num_negatives`` shared negatives per step, histories capped at ``max_seq_len``)."""
     num_ranks: int = 2
     """Processes (gloo, one CPU thread each)."""
     num_steps: int = 30
@@ -56,23 +70,13 @@ class BenchConfig:
     batch_size_per_rank: int = 32
     """Samples per rank per step."""
     mean_length: float = 40.0
-    """Mean history length (lognormal, sigma 0.8, capped at ``max_seq_len``)."""
-    num_items: int = 200_000
-    """Rows of the item table."""
+    """Mean history length (lognormal, sigma 0.8, capped at ``model.max_seq_len``)."""
     zipf_exponent: float = 1.1
     """Item popularity: ``P(rank k) ~ k^-zipf_exponent``."""
-    embedding_dim: int = 64
-    """d."""
-    num_layers: int = 2
-    """Transformer blocks."""
-    num_negatives: int = 256
-    """Shared negatives per step."""
-    max_seq_len: int = 256
-    """Longest history."""
 
 
-QUICK = BenchConfig(num_steps=10, num_warmup_steps=3, batch_size_per_rank=16, mean_length=24.0, num_items=50_000,
-                    embedding_dim=32, num_layers=1, num_negatives=64, max_seq_len=128)
+QUICK = BenchConfig(num_steps=10, num_warmup_steps=3, batch_size_per_rank=16, mean_length=24.0,
+                    model=_model(num_items=50_000, embedding_dim=32, num_layers=1, num_negatives=64, max_seq_len=128))
 
 
 def make_batches(cfg: BenchConfig, rank: int, num_steps: int, seed: int = 0) -> list:
@@ -85,11 +89,11 @@ def make_batches(cfg: BenchConfig, rank: int, num_steps: int, seed: int = 0) -> 
         rng = np.random.default_rng([seed, step, rank])
         B = cfg.batch_size_per_rank
         mu = np.log(cfg.mean_length) - 0.32  # lognormal mean = exp(mu + sigma^2 / 2), sigma = 0.8
-        lengths = np.clip(rng.lognormal(mu, 0.8, B).astype(np.int64), 1, cfg.max_seq_len)
-        ids = (rng.zipf(cfg.zipf_exponent, int(lengths.sum()) + B) - 1) % cfg.num_items
+        lengths = np.clip(rng.lognormal(mu, 0.8, B).astype(np.int64), 1, cfg.model.max_seq_len)
+        ids = (rng.zipf(cfg.zipf_exponent, int(lengths.sum()) + B) - 1) % cfg.model.num_items
         batch = make_batch(ids[:-B], lengths, ids[-B:], np.arange(B) + step * B * cfg.num_ranks + rank * B, step,
                            B * cfg.num_ranks)
-        out.append(with_negatives(batch, cfg.num_items, cfg.num_negatives, seed))
+        out.append(with_negatives(batch, cfg.model.num_items, cfg.model.num_negatives, seed))
     return out
 
 
@@ -108,19 +112,16 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
     try:
         from fstrain.distributed.env import init_distributed
         from fstrain.distributed.optim import OptimConfig
-        from fstrain.models import Config
         from fstrain.pipelines import PipelineUnavailableError, make_pipeline, model_builder, run_steps
 
         env = init_distributed("gloo")
         total = cfg.num_warmup_steps + cfg.num_steps
         batches = make_batches(cfg, rank, total)
-        mcfg = Config(num_items=cfg.num_items, embedding_dim=cfg.embedding_dim, num_layers=cfg.num_layers,
-                      num_negatives=cfg.num_negatives, max_seq_len=cfg.max_seq_len)
         pipes, iters = {}, {}
         for name in names:
             torch.manual_seed(0)
             pcfg = pipeline_config(name)
-            dmp, opt = model_builder(pcfg.name)(mcfg, OptimConfig(), env)  # pec: the PEC-wrapped table
+            dmp, opt = model_builder(pcfg.name)(cfg.model, OptimConfig(), env)  # pec: the PEC-wrapped table
             try:
                 pipes[name] = make_pipeline(pcfg, dmp, opt, env.device)
             except PipelineUnavailableError as e:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         if args.steps < 1:
             parser.error(f"--steps must be >= 1, got {args.steps}")
-        cfg = BenchConfig(**{**asdict(cfg), "num_steps": args.steps})
+        cfg = replace(cfg, num_steps=args.steps)
     result = run(cfg, names)
     print(format_table(result))
     if args.out:

@@ -14,12 +14,11 @@ import sys
 from pathlib import Path
 
 from fsdata import fsio
-from fsdata.balancer.partitioners import names as partitioner_names  # the registry: the one list
-from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_argument, add_version_flag, configure_logging,
-                            resolve_progress, run_main)
-from fsdata.errors import FsdataError, cli_terms
+from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
+                            cli_main, configure_logging, new_parser, resolve_progress, settings_help)
+from fsdata.errors import FsdataError
 from fsdata.guards import check_output_apart
-from fsdata.samples.settings import ConvertSettings
+from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 
 log = logging.getLogger("fsdata")
@@ -55,170 +54,146 @@ _EPILOG_REPORT = """examples:
   fsdata report shards/ --input my_samples.parquet   # when sample_ids are not the input's row numbers
 """
 
-COST_MODEL_HELP = ("per-sample cost: tokens | quadratic | verl | hstu[:d_model=256,num_heads=4,head_dim=64,"
-                   "num_layers=4,causal=1] | poly:c0=..,c1=..,c2=.. | PATH.json (default: hstu)")
+#: Option strings of settings fields that are not ``--field-name`` (public flags since 0.1).
+FLAGS = {"num_ranks": "--ranks", "has_header": "--header"}
+#: Metavars of settings flags, where the field's name says less.
+METAVARS = {"columns": "MAP", "compose_window": "W", "plan_window": "K", "epochs": "E", "num_threads": "N",
+            "ray_address": "HOST:PORT"}
+#: The BalanceSettings fields each command takes as flags (``fsdata balance`` takes them all but
+#: ``progress``, the common ``--progress/--no-progress``); every one is generated from its field.
+INPUT_FIELDS = ("columns", "cost_model", "num_ranks", "batch_size_per_rank", "seed", "compose_window")
+PLAN_FIELDS = ("strategy", "batch_policy", "budget", "plan_window", "partitioner", "remainder", "epochs")
+WRITE_FIELDS = ("overwrite", "num_threads", "bucket_compression", "engine", "ray_address")
+BALANCE_FIELDS = {"profile": INPUT_FIELDS, "balance": INPUT_FIELDS + PLAN_FIELDS + WRITE_FIELDS,
+                  "plan": INPUT_FIELDS + PLAN_FIELDS, "write": WRITE_FIELDS, "verify": ("columns",),
+                  "report": ("columns",)}
+#: ConvertSettings fields that are not flags of ``fsdata convert``: ``INPUT`` is positional and
+#: ``--format`` (a log's, required) is written out below.
+CONVERT_NOT_FLAGS = ("input", "format")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    """The shared flags (fsdata.cliutil): --progress/--no-progress, -v/--verbose, -q/--quiet, --version."""
-    add_common_flags(p, name="fsdata")
+def _balance_flags(p, command: str) -> None:
+    """The flags of ``command`` generated from :class:`BalanceSettings` fields (namespace ``balance.*``)."""
+    from fsdata.balancer.partitioners import names as partitioner_names  # the registry: the one list
+
+    add_settings_flags(p, BalanceSettings, section="balance", flags=FLAGS, include=BALANCE_FIELDS[command],
+                       require=True, metavars=METAVARS, choices={"partitioner": partitioner_names()},
+                       title="settings (fsdata.BalanceSettings)")
 
 
-def _add_input_opts(p: argparse.ArgumentParser) -> None:
-    _balance(p, "columns", metavar="MAP",
-             help="map your column names to the sample schema: sample_id=id,item_ids=history,...")
-    _balance(p, "cost_model", help=COST_MODEL_HELP)
-    _balance(p, "num_ranks", "--ranks", help="number of ranks R (world size)")
-    _balance(p, "batch_size_per_rank", help="samples per rank per step B")
-    _balance(p, "seed", help="seed of the global-batch shuffle (default %(default)s)")
-    _balance(p, "compose_window", metavar="W",
-             help="regroup the samples of W consecutive random global batches so heavy samples share "
-                  "steps in multiples of R (B per rank kept); 1 = off (default %(default)s, see docs/balancer.md)")
+def _command(help: str, epilog: str | None = None, **kw):  # noqa: A002
+    """A subcommand's parser: ``(parser, help)`` for :func:`fsdata.cliutil.add_subcommands`."""
+    return new_parser(description=help, epilog=epilog, **kw), help
 
 
-def _add_plan_opts(p: argparse.ArgumentParser) -> None:
-    """The planning flags of ``fsdata plan`` (the same as ``fsdata balance``'s; keep them in step)."""
-    _balance(p, "strategy", help="balanced (default) or shuffle: today's equal-count practice, same layout")
-    _balance(p, "batch_policy",
-             help="fixed: B samples per rank per step; cost-budget: variable counts, equal cost per step")
-    _balance(p, "budget", help="cost-budget: per-rank per-step cost budget")
-    _balance(p, "plan_window", metavar="K",
-             help="steps planned together (rounded up to a multiple of --compose-window; default %(default)s): "
-                  "bounds the planning memory per window, the unit of a Ray plan task (docs/cluster.md)")
-    _balance(p, "partitioner", choices=partitioner_names(), help="per-step assignment: %(choices)s (default "
-             "%(default)s: lpt-swap, plus time-bounded CP-SAT on the steps whose gap to the proven bound is worth it)")
-    _balance(p, "remainder",
-             help="samples that do not fill a last step: drop (recorded in _dropped.parquet) or error")
-    _balance(p, "epochs", metavar="E",
-             help="epochs written one after the other, each with its own seeded shuffle and composition; "
-                  "steps are numbered on across epochs (default %(default)s; fixed policy, local engine)")
-
-
-def _add_write_opts(p: argparse.ArgumentParser) -> None:
-    _balance(p, "num_threads", metavar="N", help="threads for writing rank files (default %(default)s)")
-    _balance(p, "bucket_compression",
-             help="codec of the temporary per-rank buckets (none: fastest, temporary disk about the "
-                  "decoded input size; lz4/zstd: less disk, more CPU)")
-
-
-def _add_engine_opts(p: argparse.ArgumentParser) -> None:
-    _balance(p, "engine", help="local (default: this process) or ray (Ray tasks on a Ray cluster, docs/cluster.md); "
-                               "the output is byte-identical")
-    _balance(p, "ray_address", metavar="HOST:PORT",
-             help="--engine ray: the cluster's head ('ray start --head' prints it; default: RAY_ADDRESS, else a "
-                  "Ray instance on this machine)")
-
-
-def _balance(p: argparse.ArgumentParser, name: str, *flags: str, **kw) -> None:
-    """A flag of a BalanceSettings field: its default, choices and type are the field's (declared once)."""
-    add_settings_argument(p, BalanceSettings, name, *flags, **kw)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fsdata", description="Profile, balance and pre-shard training samples "
-                                     "so every rank's cost per step is equal.")
+def build_parser():
+    """The ``fsdata`` command line (``jsonargparse``); settings flags are generated from
+    :class:`ConvertSettings` and :class:`BalanceSettings` (:func:`fsdata.cliutil.add_settings_flags`)."""
+    parser = new_parser(prog="fsdata", description="Profile, balance and pre-shard training samples so every rank's "
+                        "cost per step is equal.")
     add_version_flag(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    cmds = {}
 
-    p = sub.add_parser("convert", help="interaction log -> Parquet samples", epilog=_EPILOG_CONVERT,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input")
+    p, _ = cmds["convert"] = _command("interaction log -> Parquet samples", _EPILOG_CONVERT)
+    p.add_argument("input", help="the interaction log")
     p.add_argument("output", help="Parquet file to write")
-    p.add_argument("--format", required=True, choices=["sequences", "events"])
-    for name in ("samples", "max_seq_len", "user_col", "item_col", "time_col", "sep"):
-        add_settings_argument(p, ConvertSettings, name)  # default, choices, type and help from the field
-    hdr = p.add_mutually_exclusive_group()
-    add_settings_argument(hdr, ConvertSettings, "has_header", "--header", action="store_true")
-    hdr.add_argument("--no-header", dest="has_header", action="store_false", help="text has no header line")
+    p.add_argument("--format", dest="convert.format", required=True, choices=list(LOG_FORMATS),
+                   help=settings_help(ConvertSettings)["format"])
+    add_settings_flags(p, ConvertSettings, section="convert", flags=FLAGS, exclude=CONVERT_NOT_FLAGS,
+                       title="settings (fsdata.samples.settings.ConvertSettings)")
     p.add_argument("--holdout", default="none", choices=["none", "last"],
                    help="last: hold out each user's last item (leave-one-out, as SASRec/BERT4Rec) for evaluation")
     p.add_argument("--holdout-output", default=None, metavar="EVAL.parquet",
                    help="with --holdout last: evaluation file (user_id, item_ids, target_item_id, seq_len)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_common(p)
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("profile", help="length statistics and the bubble of today's practice", epilog=_EPILOG_PROFILE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["profile"] = _command("length statistics and the bubble of today's practice",
+                                      _EPILOG_PROFILE)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
-    _add_input_opts(p)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _add_common(p)
+    _balance_flags(p, "profile")
+    add_json_flag(p, "print JSON instead of a table")
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("balance", help="write pre-balanced, pre-sharded Parquet (plan + write + finalize)",
-                       epilog=_EPILOG_BALANCE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["balance"] = _command("write pre-balanced, pre-sharded Parquet (plan + write + finalize)",
+                                      _EPILOG_BALANCE)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("output", help="OUTPUT folder (docs/format.md)")
-    _add_input_opts(p)
-    _add_plan_opts(p)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    _add_write_opts(p)
-    _add_engine_opts(p)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_common(p)
+    _balance_flags(p, "balance")
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("plan", help="stage 1 of balance: write the plan (sample_id, step, rank, position) as Parquet",
-                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["plan"] = _command("stage 1 of balance: write the plan (sample_id, step, rank, position) as "
+                                   "Parquet", _EPILOG_STAGES)
     p.add_argument("input", help="Parquet file, directory of Parquet files, or glob")
     p.add_argument("plan", help="plan Parquet file to write (docs/fsdata.md, 'Stages')")
-    _add_input_opts(p)
-    _add_plan_opts(p)
+    _balance_flags(p, "plan")
     p.add_argument("--overwrite", action="store_true", help="replace an existing plan")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_common(p)
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("write", help="stage 2 of balance: write the rank files of a plan",
-                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["write"] = _command("stage 2 of balance: write the rank files of a plan", _EPILOG_STAGES)
     p.add_argument("input", help="the INPUT the plan was made from")
     p.add_argument("plan", help="plan written by 'fsdata plan'")
     p.add_argument("output", help="OUTPUT folder to create (rank files only; then run 'fsdata finalize')")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT atomically")
-    _add_write_opts(p)
-    add_json_flag(p, "print the summary as JSON")
-    _add_engine_opts(p)
-    _add_common(p)
+    _balance_flags(p, "write")
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("finalize", help="stage 3 of balance: write the manifest and step stats of written rank files",
-                       epilog=_EPILOG_STAGES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["finalize"] = _command("stage 3 of balance: write the manifest and step stats of written "
+                                       "rank files", _EPILOG_STAGES)
     p.add_argument("output", help="OUTPUT folder written by 'fsdata write'")
     p.add_argument("--plan", required=True, help="the plan the rank files were written from")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_common(p)
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("synth", help="generate samples whose lengths follow a real dataset's distribution",
-                       epilog="examples:\n  fsdata synth big.parquet --num-samples 20000000 "
-                              "--lengths-from ../shared/datasets/ml-1m_ensfm/sequences.txt --layout event\n",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["synth"] = _command("generate samples whose lengths follow a real dataset's distribution",
+                                    "examples:\n  fsdata synth big.parquet --num-samples 20000000 "
+                                    "--lengths-from ../shared/datasets/ml-1m_ensfm/sequences.txt --layout event\n")
     p.add_argument("output", help="Parquet file to write")
-    p.add_argument("--num-samples", type=int, required=True)
-    p.add_argument("--lengths-from", required=True, help="a dataset file (sequences, events or CSV) to resample lengths from")
+    p.add_argument("--num-samples", type=int, required=True, help="samples to write")
+    p.add_argument("--lengths-from", required=True, help="a dataset file (sequences, events or CSV) to resample "
+                                                         "lengths from")
     p.add_argument("--layout", default="event", choices=["user", "event"], help="per-user or per-event lengths")
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--num-items", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
-    add_json_flag(p, "print the summary as JSON")
-    _add_common(p)
+    p.add_argument("--max-seq-len", type=int, default=512, help="longest history")
+    p.add_argument("--num-items", type=int, default=100_000, help="item ids are drawn below this")
+    p.add_argument("--seed", type=int, default=0, help="seed of the lengths and item ids")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("verify", help="check an OUTPUT's invariants", epilog=_EPILOG_VERIFY,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("output")
+    p, _ = cmds["verify"] = _command("check an OUTPUT's invariants", _EPILOG_VERIFY)
+    p.add_argument("output", help="an fsdata balance OUTPUT folder")
     p.add_argument("--input", default=None, help="the balance INPUT: check no sample was lost or duplicated")
-    p.add_argument("--columns", default=None, metavar="MAP", help="column mapping used for the input")
-    p.add_argument("--json", action="store_true")
-    _add_common(p)
+    _balance_flags(p, "verify")
+    add_json_flag(p)
+    add_common_flags(p, name="fsdata")
 
-    p = sub.add_parser("report", help="HTML page (+ PNGs) of an OUTPUT: lengths, costs, per-rank load before/after",
-                       epilog=_EPILOG_REPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p, _ = cmds["report"] = _command("HTML page (+ PNGs) of an OUTPUT: lengths, costs, per-rank load "
+                                     "before/after", _EPILOG_REPORT)
     p.add_argument("output", help="an fsdata balance OUTPUT folder (read only)")
     p.add_argument("--html", default=None, metavar="PATH",
                    help="page to write (default: OUTPUT-report.html beside OUTPUT); PNGs go beside it")
     p.add_argument("--input", default=None,
                    help="the balance INPUT; needed only when sample_ids are not the input's row numbers")
-    p.add_argument("--columns", default=None, metavar="MAP", help="column mapping used for the input")
-    p.add_argument("--json", action="store_true", help="print the written paths and bubbles as JSON")
-    _add_common(p)
+    _balance_flags(p, "report")
+    add_json_flag(p, "print the written paths and bubbles as JSON")
+    add_common_flags(p, name="fsdata")
+    add_subcommands(parser, cmds)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line into the flat namespace the commands read: ``command``, the
+    subcommand's arguments, and each settings field under its flag's name (``ranks`` for
+    ``--ranks``, ``bucket_compression`` as spelled: ``none`` for None)."""
+    a = build_parser().parse_args(argv)
+    flat = argparse.Namespace(command=a.command)
+    for key, value in a[a.command].items(branches=False):
+        name = key.rsplit(".", 1)[-1]
+        setattr(flat, {"num_ranks": "ranks"}.get(name, name), value)
+    return flat
 
 
 def _cmd_convert(a: argparse.Namespace) -> int:
@@ -449,33 +424,18 @@ COMMANDS = {"convert": _cmd_convert, "profile": _cmd_profile, "balance": _cmd_ba
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fsdata`` console script; returns the exit status.
 
-    Piping into ``head`` exits 141 quietly; a full disk, read-only location or denied permission
-    is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.cliutil.run_main`).
+    A user error is one ``fsdata: error:`` line with exit 2, Ctrl-C exit 130 (nothing written);
+    piping into ``head`` exits 141 quietly; a full disk, read-only location or denied permission
+    is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.cliutil.cli_main`).
     """
-    parsed: list[argparse.Namespace] = []
-
-    def body() -> int:
-        parsed.append(build_parser().parse_args(argv))
-        return _run(parsed[0])
-
-    def location() -> str | None:
-        return (getattr(parsed[0], "output", None) or getattr(parsed[0], "input", None)) if parsed else None
-
-    return run_main("fsdata", body, location)
+    return cli_main("fsdata", lambda: parse_args(argv), _run, location=("output", "input"),
+                    interrupted="interrupted; nothing was written")
 
 
 def _run(a: argparse.Namespace) -> int:
     a.no_progress = not resolve_progress(getattr(a, "progress", None))
     configure_logging(a.verbose, a.quiet)
-    try:
-        with cli_terms():
-            return COMMANDS[a.command](a)
-    except FsdataError as e:
-        print(f"fsdata: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("fsdata: interrupted; nothing was written", file=sys.stderr)
-        return 130
+    return COMMANDS[a.command](a)
 
 
 if __name__ == "__main__":

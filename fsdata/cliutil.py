@@ -14,26 +14,27 @@ here and nowhere else:
   distribution's version, else :data:`fsdata._version.__version__`) and exits 0.
 * :func:`add_verbosity_flags` / :func:`configure_logging`: ``-v/--verbose`` sets the ``fsdata``,
   ``fstrain`` and ``pipelines`` loggers to DEBUG, ``-q/--quiet`` to ERROR.
-* :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout.
-* :func:`add_output_flag`: ``-o/--output`` names the output location wherever it is not one of
-  fsdata's positional ``OUTPUT``/``PLAN`` arguments.
-* :func:`add_num_threads_flag`: ``--num-threads`` counts threads (never processes: PyTorch's
-  ``num_workers`` means processes).
-* :func:`add_deprecated_alias`: an old spelling still parses (hidden from ``--help``) and prints one
-  ``PROG: warning: OLD is deprecated; use NEW`` line on stderr.
+* :func:`add_json_flag`: ``--json`` prints the summary as JSON on stdout; :func:`add_output_flag`:
+  ``-o/--output`` names the output wherever it is not fsdata's positional ``OUTPUT``/``PLAN``.
+* thread counts are ``--num-threads`` (never processes), a settings dataclass's ``num_threads``.
 
-Flags generated from a settings dataclass (:func:`add_settings_flags`, with ``jsonargparse``): the
-field's type, default, choices and docstring are the flag's, declared once.
+Flags generated from a settings dataclass (:func:`add_settings_flags`, :func:`add_field_flag`, with
+``jsonargparse``): the field's type, default, choices and docstring are the flag's, declared once.
+:func:`new_parser` makes the parser every entry point uses (a usage error is one ``PROG: error:``
+line after the usage, exit 2) and :func:`cli_main` is the one ``main()`` of every entry point:
+parse, run the command, turn a user error into one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Sequence
 
@@ -53,6 +54,7 @@ def add_progress_flag(p: argparse.ArgumentParser) -> None:
                         f"{PROGRESS_ENV}=1|0 sets the default)")
 
 
+@functools.cache
 def package_version() -> str:
     """The FreeScale version: ``importlib.metadata.version("freescale")``, else ``fsdata._version.__version__``."""
     from importlib import metadata
@@ -106,58 +108,10 @@ def add_json_flag(p: argparse.ArgumentParser, help: str = "print the summary as 
     p.add_argument("--json", action="store_true", help=help)
 
 
-class _DeprecatedAlias(argparse.Action):
-    """Store like the new flag's action, after one ``PROG: warning: OLD is deprecated; use NEW`` line."""
-
-    def __init__(self, option_strings, dest, new: str = "", store_const=None, **kw):
-        self.new = new
-        self.store_const = store_const
-        if store_const is not None:
-            kw["nargs"] = 0
-        super().__init__(option_strings, dest, **kw)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, self.store_const if self.store_const is not None else values)
-
-
-def add_deprecated_alias(p: argparse.ArgumentParser | argparse._ActionsContainer, old: str, new_action: argparse.Action,
-                         ) -> argparse.Action:
-    """Add ``old`` as a hidden spelling of ``new_action`` that warns once per use.
-
-    Args:
-        p: the parser (or argument group) holding ``new_action``.
-        old: the deprecated option string, e.g. ``"--work-dir"``.
-        new_action: what :meth:`~argparse.ArgumentParser.add_argument` returned for the new flag.
-
-    Returns:
-        The alias's action (hidden from ``--help``; default left to ``new_action``).
-    """
-    new = max(new_action.option_strings, key=len)
-    store_const = True if isinstance(new_action, argparse._StoreTrueAction) else None
-    kw = {} if store_const is not None else {"type": new_action.type, "choices": new_action.choices,
-                                             "metavar": new_action.metavar}
-    return p.add_argument(old, dest=new_action.dest, action=_DeprecatedAlias, new=new, store_const=store_const,
-                          default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
-
-
 def add_output_flag(p: argparse.ArgumentParser | argparse._ActionsContainer, *, help: str,  # noqa: A002
-                    required: bool = False, default: str | None = None, metavar: str = "PATH",
-                    deprecated: Sequence[str] = ()) -> argparse.Action:
-    """Add ``-o/--output`` (``dest="output"``) and hidden deprecated spellings (``--out``, ``--work-dir``)."""
-    act = p.add_argument("-o", "--output", required=required, default=default, metavar=metavar, help=help)
-    for old in deprecated:
-        add_deprecated_alias(p, old, act)
-    return act
-
-
-def add_num_threads_flag(p: argparse.ArgumentParser | argparse._ActionsContainer, *, default: int,
-                         help: str, deprecated: Sequence[str] = ()) -> argparse.Action:  # noqa: A002
-    """Add ``--num-threads N`` (``dest="num_threads"``) and hidden deprecated spellings (``--num-workers``)."""
-    act = p.add_argument("--num-threads", type=int, default=default, metavar="N", help=help)
-    for old in deprecated:
-        add_deprecated_alias(p, old, act)
-    return act
+                    required: bool = False, default: str | None = None, metavar: str = "PATH") -> argparse.Action:
+    """Add ``-o/--output`` (``dest="output"``)."""
+    return p.add_argument("-o", "--output", required=required, default=default, metavar=metavar, help=help)
 
 
 def add_common_flags(p: argparse.ArgumentParser, *, progress: bool = True, name: str | None = None) -> None:
@@ -235,13 +189,137 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
         return EXIT_BROKEN_PIPE
 
 
-# ---------------------------------------------------------------------------------------------
-# flags generated from a settings dataclass (jsonargparse)
+# --- the parser and main() of every entry point --------------------------------------------------
+
+
+def subparsers(parser) -> dict:
+    """``{name: parser}`` of a parser's subcommands (empty without)."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    return dict(sub.choices) if sub is not None else {}
+
+
+def _one_line(parser, message: str) -> tuple[object, str]:
+    """``(parser whose usage to show, message)``: a jsonargparse message as one line in the flags'
+    terms (``Parser key "balance.num_ranks"`` names ``--ranks``), and the subcommand it is about."""
+    text = " ".join(str(message).split())
+    req = re.fullmatch(r"the following arguments are required: (.*)", text)
+    keys = req.group(1).split(", ") if req else re.findall(r'Key "([^"]+)"', text, re.IGNORECASE)
+    head = keys[0].split(".", 1)[0] if keys else None
+    if head in subparsers(parser):  # a key of a subcommand: its usage, its flag
+        parser = subparsers(parser)[head]
+        keys = [k.split(".", 1)[1] if k.startswith(head + ".") else k for k in keys]
+        text = text.replace(f'"{head}.', '"').replace(f" {head}.", " ")
+    flags = {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+    if req:
+        return parser, "the following arguments are required: " + ", ".join(flags.get(k, k) for k in keys)
+
+    def flag(m: re.Match) -> str:
+        name = flags.get(m.group(2), m.group(2))
+        return f"argument {name}" if m.group(1) == "Parser key" else name
+
+    text = re.sub(r'(Parser key|Key) "([^"]+)"', flag, text)
+    text = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", text).replace("Expected a typing.Literal", "expected one of ")
+    return parser, text
+
+
+@functools.cache
+def _classes() -> tuple[type, type]:
+    import jsonargparse  # noqa: PLC0415 - at parse time only
+
+    class HelpFormatter(jsonargparse.DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """Field help with its type and default; descriptions and examples as written."""
+
+    class ArgumentParser(jsonargparse.ArgumentParser):
+        """A ``jsonargparse`` parser whose usage errors are the usage and one ``PROG: error: ...`` line (exit 2)."""
+
+        def error(self, message: str, ex: Exception | None = None):
+            if not self.exit_on_error:
+                return super().error(message, ex)
+            parser, text = _one_line(getattr(ex, "subcommand_parser", None) or self, message)
+            parser.print_usage(sys.stderr)
+            sys.stderr.write(f"{parser.prog.replace(' [options]', '')}: error: {text}\n")
+            sys.exit(2)
+
+    return ArgumentParser, HelpFormatter
+
+
+def new_parser(prog: str | None = None, **kwargs):
+    """A ``jsonargparse.ArgumentParser`` in the house manner: usage errors are one ``PROG: error:`` line
+    (the flag named, exit 2), help shows each flag's type and default and keeps examples as written,
+    no abbreviated flags (a removed spelling never parses as a prefix of a new one), no
+    jsonargparse ``--print_config``. ``kwargs`` go to the parser (``description``, ``epilog``)."""
+    cls, fmt = _classes()
+    kwargs.setdefault("formatter_class", fmt)
+    return cls(prog=prog, print_config=None, exit_on_error=True, allow_abbrev=False, **kwargs)
+
+
+def add_subcommands(parser, commands: dict[str, tuple[object, str]]) -> None:
+    """Add subcommands (``dest="command"``, one required): ``{name: (parser from new_parser, help)}``."""
+    sub = parser.add_subcommands(dest="command", required=True)
+    for name, (p, text) in commands.items():
+        sub.add_subcommand(name, p, help=text)
+
+
+def _lookup(ns, key: str):
+    """The plain attribute ``key`` (``metrics.dir`` of a flat namespace), else ``ns.a.b`` for ``"a.b"``."""
+    if hasattr(ns, key):
+        return getattr(ns, key)
+    for part in key.split("."):
+        ns = getattr(ns, part, None)
+    return ns
+
+
+def cli_main(prog: str, parse: Callable[[], object], command: Callable[[object], int], *,
+             errors: tuple[type[BaseException], ...] = (), location: Sequence[str] = (),
+             label: Callable[[object], str] | None = None, interrupted: str | None = None) -> int:
+    """The ``main()`` of every entry point: parse, run, and keep to the error conventions.
+
+    A user error (:class:`fsdata.errors.FsdataError` or one of ``errors``) is one ``LABEL: error:
+    MESSAGE`` line on stderr and exit 2; the command runs inside :func:`fsdata.errors.cli_terms`
+    (messages name flags, not keywords); environment failures and broken pipes are
+    :func:`run_main`'s.
+
+    Args:
+        prog: program name (``fsdata``) for environment failures, and the label by default.
+        parse: returns the parsed namespace (called inside, so ``--help | head`` is covered).
+        command: runs the command on it; returns the exit status (returned here).
+        errors: user-error types besides ``FsdataError`` (``FstrainError``).
+        location: namespace keys of the output, then the input: the first one set is named when an
+            environment failure carries no path of its own.
+        label: the error line's label from the namespace (``fstrain train``; default ``prog``).
+        interrupted: with Ctrl-C, print ``PROG: INTERRUPTED`` and exit 130 (default: re-raise).
+    """
+    from fsdata.errors import FsdataError, cli_terms  # noqa: PLC0415
+
+    parsed: list = []
+
+    def body() -> int:
+        parsed.append(parse())
+        try:
+            with cli_terms():
+                return command(parsed[0])
+        except (FsdataError, *errors) as e:
+            print(f"{label(parsed[0]) if label else prog}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            if interrupted is None:
+                raise
+            print(f"{prog}: {interrupted}", file=sys.stderr)
+            return 130
+
+    def where() -> str | None:
+        return next((v for k in location if (v := _lookup(parsed[0], k))), None) if parsed else None
+
+    return run_main(prog, body, where)
+
+
+# --- flags generated from a settings dataclass (jsonargparse) ---------------------------------
 
 #: reST roles and literals stripped from a docstring when it becomes help text.
 _REST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
 
 
+@functools.cache
 def settings_help(cls: type) -> dict[str, str]:
     """Help text of every field of a settings dataclass, from its docstrings.
 
@@ -250,7 +328,7 @@ def settings_help(cls: type) -> dict[str, str]:
     is reduced to plain text.
 
     Returns:
-        ``{field name: one-paragraph help}`` (empty string for an undocumented field).
+        ``{field name: one-paragraph help}`` ("" for an undocumented field); read once per class.
     """
     import docstring_parser  # noqa: PLC0415
 
@@ -259,111 +337,164 @@ def settings_help(cls: type) -> dict[str, str]:
             for f in dataclasses.fields(cls)}
 
 
+def _optional(hint: object) -> tuple[object, bool]:
+    """``(hint without None, whether None is allowed)`` of an annotation such as ``int | None``."""
+    args = typing.get_args(hint)
+    if type(None) in args and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        rest = tuple(a for a in args if a is not type(None))
+        return (rest[0] if len(rest) == 1 else typing.Union[rest]), True  # noqa: UP007
+    return hint, False
+
+
 def _literal_none(hint: object) -> tuple | None:
     """The values of ``Literal[...] | None`` (spelled ``none`` on a command line), else None."""
-    args = typing.get_args(hint)
-    if type(None) not in args:
-        return None
-    rest = [a for a in args if a is not type(None)]
-    if len(rest) == 1 and typing.get_origin(rest[0]) is typing.Literal:
-        return typing.get_args(rest[0])
-    return None
+    base, nullable = _optional(hint)
+    return typing.get_args(base) if nullable and typing.get_origin(base) is typing.Literal else None
+
+
+def flag_choices(hint: object, choices: Sequence | None = None) -> tuple | None:
+    """The values a field's flag accepts, as spelled on a command line: ``choices`` (a registry's
+    names) if given, else a ``Literal``'s (``none`` first for ``Literal[...] | None``), else None."""
+    if choices is not None:
+        return tuple(choices)
+    if (values := _literal_none(hint)) is not None:
+        return ("none", *values)
+    base, _ = _optional(hint)
+    return typing.get_args(base) if typing.get_origin(base) is typing.Literal else None
+
+
+def action_choices(action: argparse.Action) -> tuple | None:
+    """The choices of a parser's action: argparse's ``choices`` or a jsonargparse ``Literal`` type's."""
+    if action.choices is not None:
+        return tuple(action.choices)
+    base, _ = _optional(getattr(action, "_typehint", None))  # a Literal, or a registry's names | None
+    return typing.get_args(base) if typing.get_origin(base) is typing.Literal else None
+
+
+def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, default: object, help: str,  # noqa: A002
+                   required: bool = False, choices: Sequence | None = None, override: bool = False,
+                   metavar: str | None = None) -> list[str]:
+    """Add the flag of one settings field to a ``jsonargparse`` parser (or argument group); the
+    house rules of spelling and type, the same in every entry point:
+
+    * ``bool``: ``--flag`` (store true) when the default is false, ``--no-flag`` (store false) when
+      it is true; ``bool | None``: both.
+    * ``Literal[...]`` or ``choices`` (a registry's names): one of them (``str | None``: or unset);
+      ``Literal[...] | None``: ``none`` for None (:func:`settings_values`).
+    * ``tuple[T, ...]``: that many values after the flag (``--betas 0.9 0.99``).
+    * anything else: the field's type.
+
+    Args: ``names`` the option strings (the last the long one), ``dest`` the namespace key
+    (``balance.num_ranks``), ``hint`` the field's annotation, ``default`` the flag's default,
+    ``help`` the field's docstring, ``required`` (a field without a default), ``choices`` (a
+    registry's names, for a ``str`` field), ``override``: every default is None, so a flag given
+    overrides another source (a checkpoint's recorded config) and one not given leaves it
+    (booleans keep the direction of ``default``), ``metavar``. Returns the option strings added.
+    """
+    names = tuple(names)
+    text = (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
+    base, nullable = _optional(hint)
+    kw: dict = {"dest": dest, "help": text}
+    if required:
+        kw["required"] = True
+    elif override:
+        kw["default"] = None
+    else:
+        kw["default"] = list(default) if isinstance(default, tuple) else default
+    if base is bool:
+        no = tuple("--no-" + n[2:] for n in names if n.startswith("--"))
+        if nullable:
+            parser.add_argument(*names, action="store_true", **kw)
+            parser.add_argument(*no, action="store_false", **{**kw, "help": f"not {names[-1]}"})
+            return [*names, *no]
+        if default is True:
+            parser.add_argument(*no, action="store_false", **kw)
+            return list(no)
+        parser.add_argument(*names, action="store_true", **kw)
+        return list(names)
+    if metavar is not None:
+        kw["metavar"] = metavar
+    values = flag_choices(hint, choices)
+    if _literal_none(hint) is not None:
+        kw["type"] = typing.Literal[values]
+        if kw.get("default") is None and not required:
+            kw["default"] = "none"
+    elif values is not None:
+        kw["type"] = typing.Optional[typing.Literal[values]] if nullable else typing.Literal[values]  # noqa: UP007
+    elif typing.get_origin(base) is tuple:
+        args = typing.get_args(base)
+        kw["nargs"], kw["type"] = ("+" if args[-1] is Ellipsis else len(args)), args[0]
+    else:
+        kw["type"] = hint
+    parser.add_argument(*names, **kw)
+    return list(names)
+
+
+def _field_default(f: dataclasses.Field, instance: object = None) -> object:
+    """The instance's value, else the field's default (factory called), else ``dataclasses.MISSING``."""
+    if instance is not None or f.default is not dataclasses.MISSING:
+        return getattr(instance, f.name) if instance is not None else f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
 
 
 def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str | tuple[str, ...]] | None = None,
-                       exclude: Sequence[str] = (), title: str | None = None) -> dict[str, str]:
+                       exclude: Sequence[str] = (), include: Sequence[str] | None = None, title: str | None = None,
+                       defaults: object = None, override: bool = False, require: bool = False,
+                       choices: dict[str, Sequence] | None = None, metavars: dict[str, str] | None = None,
+                       group=None) -> dict[str, str]:
     """Add one flag per field of the settings dataclass ``cls`` to a ``jsonargparse`` parser.
 
-    The field is the one declaration: its type (choices of a ``Literal``), default and docstring
-    (:func:`settings_help`) become the flag's type, default and help; the value lands at
-    ``SECTION.FIELD`` of the parsed namespace (and of a ``--config`` YAML file). Spelling:
-    ``--field-name`` unless ``flags`` names another; a ``bool | None`` field gets ``--flag`` /
-    ``--no-flag``; a ``Literal[...] | None`` field takes ``none`` for None (:func:`settings_values`).
-    A field without a default gets none on the command line either (the caller checks it is given).
+    The field is the one declaration: its type (choices of a ``Literal`` or of ``choices``), default
+    and docstring (:func:`settings_help`) become the flag's type, default and help
+    (:func:`add_field_flag` has the rules); the value lands at ``SECTION.FIELD`` of the parsed
+    namespace (and of a ``--config`` YAML file). Spelling: ``--field-name`` unless ``flags`` names
+    another. Fields that are dataclasses themselves are left to the caller (a section of their own).
 
     Args:
-        parser: a ``jsonargparse.ArgumentParser`` (or argument group of one).
+        parser: a ``jsonargparse.ArgumentParser`` (see :func:`new_parser`).
         cls: the dataclass.
-        section: the namespace key of the fields (``balance``).
-        flags: field name -> option string (or strings, e.g. ``("-o", "--output")``), where it
-            differs from ``--field-name``.
-        exclude: fields that get no flag (set by other flags, or meaningless for this command).
-        title: argument group title (default: ``section``).
+        section: the namespace key of the fields (``balance``, ``comm.shm``; empty: top level).
+        flags: field name -> option string(s) (``("-o", "--output")``) where not ``--field-name``.
+        exclude, include: fields that get no flag; only these fields (default: all).
+        title: argument group title (default: ``section``); ``group``: an existing group instead.
+        defaults: an instance of ``cls`` whose values are the defaults (default: the fields' own).
+        override: every default is None (:func:`add_field_flag`).
+        require: a field without a default is a required flag (else the caller checks it).
+        choices: field name -> allowed names from a registry; ``metavars``: field name -> metavar.
 
-    Returns:
-        ``{option string: field name}`` of every option string added.
+    Returns ``{option string: field name}`` of every option string added.
     """
     hints = typing.get_type_hints(cls)
     helps = settings_help(cls)
-    group = parser.add_argument_group(title or section)
+    group = group if group is not None else parser.add_argument_group(title or section)
     added = {}
     for f in dataclasses.fields(cls):
-        if f.name in exclude:
+        if f.name in exclude or include is not None and f.name not in include:
+            continue
+        if dataclasses.is_dataclass(_optional(hints[f.name])[0]):
             continue
         names = (flags or {}).get(f.name, "--" + f.name.replace("_", "-"))
-        names = (names,) if isinstance(names, str) else tuple(names)
-        flag = names[-1]
-        dest, hint, text = f"{section}.{f.name}", hints[f.name], helps[f.name] or f.name
-        default = None if f.default is dataclasses.MISSING else f.default
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            text += " (required)"
-        if hint in (bool, bool | None):
-            group.add_argument(*names, dest=dest, action="store_true", default=default, help=text)
-            no = "--no-" + flag[2:]
-            group.add_argument(no, dest=dest, action="store_false", default=default, help=f"not {flag}")
-            added[no] = f.name
-        elif (values := _literal_none(hint)) is not None:
-            group.add_argument(*names, dest=dest, type=typing.Literal[("none", *values)],
-                               default="none" if default is None else default, help=text)
-        else:
-            group.add_argument(*names, dest=dest, type=hint, default=default, help=text)
-        added.update(dict.fromkeys(names, f.name))
+        default = _field_default(f, defaults)
+        missing = default is dataclasses.MISSING
+        text = helps[f.name] + (" (required)" if missing and not require else "")
+        dest = f"{section}.{f.name}" if section else f.name
+        opts = add_field_flag(group, (names,) if isinstance(names, str) else names, dest=dest,
+                              hint=hints[f.name], default=None if missing else default, help=text,
+                              required=missing and require, choices=(choices or {}).get(f.name), override=override,
+                              metavar=(metavars or {}).get(f.name))
+        added.update(dict.fromkeys(opts, f.name))
     return added
 
 
 def settings_values(cls: type, values: dict) -> dict:
     """The keyword arguments of ``cls`` from a parsed section: ``none`` back to None where
-    :func:`add_settings_flags` spelled it so."""
+    :func:`add_settings_flags` spelled it so, lists back to tuples where the field is a tuple."""
     hints = typing.get_type_hints(cls)
-    return {k: None if v == "none" and _literal_none(hints[k]) is not None else v for k, v in values.items()}
-
-
-def add_settings_argument(p: argparse.ArgumentParser | argparse._ActionsContainer, cls: type, name: str,
-                          *option_strings: str, **kwargs) -> argparse.Action:
-    """Add a plain ``argparse`` flag for field ``name`` of the settings dataclass ``cls``: its
-    default (required when the field has none), choices (of a ``Literal``; ``none`` for None as in
-    :func:`add_settings_flags`) and type (``int`` / ``float``) are the field's.
-
-    Args:
-        p: the parser or argument group.
-        cls: the dataclass.
-        name: the field.
-        option_strings: the flag's spellings (default ``--field-name``).
-        kwargs: anything else for ``add_argument`` (``help`` defaults to the field's docstring,
-            followed by the default; ``%(default)s`` in a given help shows the field's default).
-
-    Returns:
-        The action.
-    """
-    field = next(f for f in dataclasses.fields(cls) if f.name == name)
-    hint = typing.get_type_hints(cls)[name]
-    args = typing.get_args(hint)
-    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-        kwargs.setdefault("required", True)
-    else:
-        kwargs.setdefault("default", field.default)
-    if typing.get_origin(hint) is typing.Literal:
-        kwargs.setdefault("choices", list(args))
-    elif (values := _literal_none(hint)) is not None:
-        kwargs.setdefault("choices", ["none", *values])
-        if kwargs.get("default") is None:
-            kwargs["default"] = "none"
-    else:
-        base = next((t for t in (int, float) if hint is t or t in args), None)
-        if base is not None:
-            kwargs.setdefault("type", base)
-    if "help" not in kwargs:
-        text = settings_help(cls)[name]
-        shown = kwargs.get("default") not in (None, "none") and kwargs.get("action") is None
-        kwargs["help"] = f"{text[:1].lower()}{text[1:].rstrip('.')}" + (" (default %(default)s)" if shown else "")
-    return p.add_argument(*(option_strings or ("--" + name.replace("_", "-"),)), **kwargs)
+    out = {}
+    for k, v in values.items():
+        if v == "none" and _literal_none(hints[k]) is not None:
+            v = None
+        elif isinstance(v, list) and typing.get_origin(_optional(hints[k])[0]) is tuple:
+            v = tuple(v)
+        out[k] = v
+    return out

@@ -11,11 +11,10 @@ import logging
 import os
 import sys
 
-from fsdata.cliutil import (add_common_flags, add_num_threads_flag, add_output_flag, add_version_flag,
-                            configure_logging, resolve_progress, run_main)
-from fsdata.errors import FsdataError, cli_terms
+from fsdata.cliutil import (add_common_flags, add_json_flag, add_output_flag, add_settings_flags, add_subcommands,
+                            add_version_flag, cli_main, configure_logging, new_parser, resolve_progress, subparsers)
 from fsdata.guards import check_output_apart
-from fstrain.distributed.backends import BACKEND_CHOICES
+from fstrain.config import KEY_ROOT
 from fstrain.errors import FstrainError
 from fstrain.quiet import show_all_noise, silence_known_noise
 
@@ -46,108 +45,108 @@ _CALIBRATE_EPILOG = """examples:
 #: ``fstrain replay``'s default model: the small model every documented replay figure uses, so the
 #: README example finishes in under a minute on 2 CPU cores (train's default model is 3-4x slower).
 REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 64}
+#: ``fstrain replay`` times each batch 3 times (calibrate: :class:`fstrain.config.TimingConfig`'s 5).
+REPLAY_TIMING_DEFAULTS = {"repeats": 3}
 
 
-def _add_model_flags(p: argparse.ArgumentParser, defaults: dict | None = None, *, all_none: bool = False) -> None:
-    """The model flags of :class:`fstrain.models.config.Config` (generated from its fields) and ``--seed``."""
-    from fstrain.config import add_config_flags
+def _add_model_flags(p, defaults: dict | None = None, *, override: bool = False) -> None:
+    """The model flags of :class:`fstrain.models.config.Config` (``model.*``) and ``--seed``
+    (:class:`fstrain.config.TrainConfig`'s), generated from the fields."""
+    from fstrain.config import TrainConfig, add_config_flags
     from fstrain.models.config import Config
 
-    paths = add_config_flags(p, Config, prefix="model.", defaults=Config(**(defaults or {})), all_none=all_none)
-    p.set_defaults(_model_paths=paths)
-    p.add_argument("--seed", type=int, default=0, help="init, dropout and negatives seed (default 0)")
+    add_config_flags(p, Config, prefix="model.", defaults=Config(**(defaults or {})), override=override)
+    add_settings_flags(p, TrainConfig, section=KEY_ROOT, include=("seed",), title="run")
 
 
 def _model_kwargs(a: argparse.Namespace) -> dict:
     """:class:`fstrain.models.config.Config` keyword arguments of the parsed model flags (``None`` left out)."""
-    kw = {p.split(".", 1)[1]: getattr(a, p) for p in a._model_paths}
+    kw = {k.split(".", 1)[1]: v for k, v in vars(a).items() if k.startswith("model.")}
     return {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if v is not None}
 
 
-def _add_timing_flags(p: argparse.ArgumentParser, repeats: int = 5) -> None:
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
-    p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per batch (default {repeats})")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
-    add_num_threads_flag(p, default=1, help="torch CPU threads (default 1: steady timings)", deprecated=("--threads",))
-    p.add_argument("--clock", choices=("auto", "thread", "wall"), default="auto",
-                   help="auto: thread CPU time on CPU with 1 thread, else wall")
+def _add_timing_flags(p, **defaults) -> None:
+    from fstrain.config import TimingConfig
+
+    add_settings_flags(p, TimingConfig, section=f"{KEY_ROOT}.timing", defaults=TimingConfig(**defaults),
+                       title="timing (fstrain.config.TimingConfig)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fstrain", description=__doc__.splitlines()[0])
+def _command(help: str, epilog: str):  # noqa: A002
+    return new_parser(description=help, epilog=epilog), help
+
+
+def build_parser():
+    """The ``fstrain`` command line (``jsonargparse``): every settings flag is generated from a
+    dataclass field of :mod:`fstrain.config` or :class:`fstrain.models.config.Config`."""
+    from fstrain.config import CHOICES, CalibrateConfig, EvaluateConfig, ReplayConfig, TrainConfig, add_config_flags
+
+    parser = new_parser(prog="fstrain", description=__doc__.splitlines()[0])
     add_version_flag(parser, "fstrain")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.RawDescriptionHelpFormatter
+    cmds = {}
 
-    t = sub.add_parser("train", help="train on an fsdata balance OUTPUT", epilog=_TRAIN_EPILOG, formatter_class=fmt)
+    t, _ = cmds["train"] = _command("train on an fsdata balance OUTPUT", _TRAIN_EPILOG)
     t.add_argument("shards", nargs="?", default=None, help="fsdata balance OUTPUT written for this world size")
     t.add_argument("--config", default=None, metavar="FILE.yaml",
                    help="read the settings from this YAML file (keys as --print-config prints them); flags given "
                         "on the command line override it")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    t.add_argument("--json", action="store_true", help="print the summary as JSON (rank 0)")
+    add_json_flag(t, "print the summary as JSON (rank 0)")
     add_common_flags(t, name="fstrain")
-    from fstrain.config import TrainConfig, add_config_flags
+    add_config_flags(t, TrainConfig)
 
-    t.set_defaults(_config_paths=add_config_flags(t, TrainConfig))
-
-    e = sub.add_parser("evaluate", help="HR@10/NDCG@10 of a checkpoint on a held-out file", epilog=_EVAL_EPILOG,
-                       formatter_class=fmt)
+    e, _ = cmds["evaluate"] = _command("HR@10/NDCG@10 of a checkpoint on a held-out file", _EVAL_EPILOG)
     e.add_argument("checkpoint", help="a ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
     e.add_argument("eval_data", help="evaluation file from fsdata convert --holdout last --holdout-output")
-    e.add_argument("--k", type=int, default=10, help="cutoff K of HR@K and NDCG@K (default 10)")
-    e.add_argument("--batch-size", type=int, default=256, help="users per scoring batch (default 256)")
-    e.add_argument("--no-mask-history", dest="mask_history", action="store_false",
-                   help="keep the user's history items among the candidates (default: masked, as SASRec's negatives)")
-    e.add_argument("--padding-id", type=int, default=0, help="item id excluded from the candidates (-1: none; default 0)")
-    e.add_argument("--max-users", type=int, default=None,
-                   help="evaluate a fixed seeded sample of this many users (default: all)")
-    e.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="process-group backend when run under torchrun (default auto)")
-    add_output_flag(e, help="also write the result JSON here", deprecated=("--out",))
-    e.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_settings_flags(e, EvaluateConfig, section=f"{KEY_ROOT}.evaluate", choices={"backend": CHOICES["evaluate.backend"]},
+                       title="evaluate (fstrain.config.EvaluateConfig)")
+    add_output_flag(e, help="also write the result JSON here")
+    add_json_flag(e, "print the result as JSON")
     add_common_flags(e, progress=False, name="fstrain")
-    _add_model_flags(e, all_none=True)  # given flags override the config recorded in the checkpoint
+    _add_model_flags(e, override=True)  # given flags override the config recorded in the checkpoint
 
-    r = sub.add_parser("replay", help="measure the bubble R ranks would see, on one device", epilog=_REPLAY_EPILOG,
-                       formatter_class=fmt)
+    r, _ = cmds["replay"] = _command("measure the bubble R ranks would see, on one device", _REPLAY_EPILOG)
     r.add_argument("shards", help="fsdata balance OUTPUT")
-    r.add_argument("--baseline", default=None, help="another OUTPUT (e.g. --strategy shuffle): report the reduction")
-    r.add_argument("--max-steps", type=int, default=4, help="replay the first K steps (default 4)")
-    r.add_argument("--statistic", choices=("median", "min"), default="median", help="of the repeats")
-    r.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    add_output_flag(r, help="also write the full result (per-step times) to this JSON file", deprecated=("--out",))
-    r.add_argument("--no-null-control", action="store_true",
-                   help="skip the null control (rank 0's batch timed as every rank; halves the timed work)")
+    add_settings_flags(r, ReplayConfig, section=f"{KEY_ROOT}.replay", title="replay (fstrain.config.ReplayConfig)")
+    add_json_flag(r, "print the result as one JSON object")
+    add_output_flag(r, help="also write the full result (per-step times) to this JSON file")
     add_common_flags(r, name="fstrain")
-    _add_timing_flags(r, repeats=3)
+    _add_timing_flags(r, **REPLAY_TIMING_DEFAULTS)
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
 
-    rp = sub.add_parser("report", help="HTML page: the shards' report plus measured per-rank compute, wait, loss",
-                        epilog=_REPORT_EPILOG, formatter_class=fmt)
+    rp, _ = cmds["report"] = _command("HTML page: the shards' report plus measured per-rank compute, wait, loss",
+                                      _REPORT_EPILOG)
     rp.add_argument("shards", help="the fsdata balance OUTPUT that was trained on")
     rp.add_argument("--metrics-dir", required=True, help="the fstrain train --metrics-dir folder of that run")
     rp.add_argument("--html", default=None, metavar="PATH",
                     help="page to write (default: METRICS_DIR/report.html); PNGs go beside it")
     rp.add_argument("--input", default=None, help="the balance INPUT, when sample_ids are not its row numbers")
-    rp.add_argument("--json", action="store_true", help="print the written paths and figures as JSON")
+    add_json_flag(rp, "print the written paths and figures as JSON")
     add_common_flags(rp, progress=False, name="fstrain")
 
-    c = sub.add_parser("calibrate", help="fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
-                       epilog=_CALIBRATE_EPILOG, formatter_class=fmt)
+    c, _ = cmds["calibrate"] = _command("fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
+                                        _CALIBRATE_EPILOG)
     add_output_flag(c, required=True, help="JSON file for fsdata balance --cost-model")
-    c.add_argument("--lengths", default="4,16,48,96,160,256,384,512", help="comma-separated grid lengths")
-    c.add_argument("--batch-sizes", default="8,32", help="comma-separated samples per batch")
-    c.add_argument("--mixed", type=int, default=12, help="extra batches of random grid lengths (default 12)")
-    c.add_argument("--from-shards", default=None,
-                   help="also time the real per-rank batches of this fsdata OUTPUT (best: --strategy shuffle)")
-    c.add_argument("--shard-steps", type=int, default=4, help="steps of --from-shards to time (default 4)")
-    c.add_argument("--name", default=None, help="cost model name recorded in manifests")
-    c.add_argument("--json", action="store_true", help="print the fit as JSON")
+    add_settings_flags(c, CalibrateConfig, section=f"{KEY_ROOT}.calibrate", title="calibrate (fstrain.config.CalibrateConfig)")
+    add_json_flag(c, "print the fit as JSON")
     add_common_flags(c, name="fstrain")
     _add_timing_flags(c)
     _add_model_flags(c)
+    add_subcommands(parser, cmds)
     return parser
+
+
+def parse_args(argv: list[str], parser=None) -> argparse.Namespace:
+    """Parse a command line into the flat namespace the commands read: ``command``, ``_argv``, the
+    subcommand's arguments by name, settings fields by name (``max_steps``), and the model's and
+    ``fstrain train``'s config fields by their dotted path (``model.embedding_dim``, ``metrics.dir``)."""
+    a = (parser or build_parser()).parse_args(argv)
+    flat = argparse.Namespace(command=a.command, _argv=list(argv))
+    for key, value in a[a.command].items(branches=False):
+        key = key.removeprefix(KEY_ROOT + ".")
+        dotted = a.command == "train" or key.startswith("model.")
+        setattr(flat, key if dotted else key.rsplit(".", 1)[-1], value)
+    return flat
 
 
 def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, ...]:
@@ -160,22 +159,20 @@ def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, .
     return vals
 
 
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    return next(x for x in parser._actions if isinstance(x, argparse._SubParsersAction)).choices[name]
-
-
-def _train_config(a: argparse.Namespace, parser: argparse.ArgumentParser):
+def _train_config(a: argparse.Namespace, parser):
     """The :class:`fstrain.config.TrainConfig` of ``fstrain train``'s flags over its ``--config`` file."""
-    from fstrain.config import from_dict, load_yaml
+    from fstrain.config import NOT_FLAGS, TrainConfig, from_dict, load_yaml, walk_fields
 
+    paths = {p for p, *_ in walk_fields(TrainConfig)} & set(vars(a)) - NOT_FLAGS  # the flags' fields
     from_file: dict = {}
     if a.config:
         from_file = load_yaml(a.config)
-        t = _subparser(parser, "train")
-        t.set_defaults(**{k: v for k, v in from_file.items() if k in a._config_paths or k == "shards"})
-        a = parser.parse_args(a._argv)  # flags given win over the file
-    values = {k: v for k, v in from_file.items() if k not in a._config_paths}
-    values.update({p: getattr(a, p) for p in a._config_paths})
+        train = subparsers(parser)["train"]
+        train.set_defaults(**{k if k == "shards" else f"{KEY_ROOT}.{k}": v for k, v in from_file.items()
+                              if k in paths or k == "shards"})
+        a = parse_args(a._argv, parser)  # flags given win over the file
+    values = {k: v for k, v in from_file.items() if k not in paths}
+    values.update({k: getattr(a, k) for k in paths})
     values.update(shards=a.shards, progress=resolve_progress(a.progress))
     return a, from_dict(values)
 
@@ -274,7 +271,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         check_output_apart(a.output, [a.shards, a.baseline], output_name="--output", input_name="shards")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
               device=a.device, num_threads=a.num_threads, clock=a.clock, statistic=a.statistic,
-              null_control=not a.no_null_control)
+              null_control=a.null_control)
     runs = [a.shards] + ([a.baseline] if a.baseline else [])
     bar = _progress_bar(a, total=0)
     results = []
@@ -374,26 +371,18 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``fstrain`` console script (piping into ``head`` exits quietly, 141)."""
+    """Entry point of the ``fstrain`` console script; returns the exit status.
+
+    A user error is one ``fstrain COMMAND: error:`` line with exit 2; piping into ``head`` exits 141
+    quietly (:func:`fsdata.cliutil.cli_main`).
+    """
     parser = build_parser()
-    parsed: list[argparse.Namespace] = []
-
     args = sys.argv[1:] if argv is None else list(argv)
-
-    def body() -> int:
-        parsed.append(parser.parse_args(args))
-        parsed[0]._argv = args
-        return _main(parsed[0], parser)
-
-    def location() -> str | None:
-        a = parsed[0] if parsed else None
-        return a and next((getattr(a, k) for k in ("output", "metrics.dir", "checkpoint.dir")
-                           if getattr(a, k, None)), None)
-
-    return run_main("fstrain", body, location)
+    return cli_main("fstrain", lambda: parse_args(args, parser), lambda a: _main(a, parser), errors=(FstrainError,),
+                    location=("output", "metrics.dir", "checkpoint.dir"), label=lambda a: f"fstrain {a.command}")
 
 
-def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _main(a: argparse.Namespace, parser) -> int:
     # Libraries (fbgemm, torchrec) log INFO on the root logger: keep it at WARNING, fstrain at INFO.
     configure_logging(a.verbose, a.quiet, default=logging.INFO, fmt="%(asctime)s %(levelname)s %(name)s: %(message)s",
                       force=True)
@@ -401,12 +390,7 @@ def _main(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     (show_all_noise if a.verbose else silence_known_noise)()
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
-    try:
-        with cli_terms():
-            return cmd(a, parser)
-    except (FstrainError, FsdataError) as e:
-        print(f"fstrain {a.command}: error: {e}", file=sys.stderr)
-        return 2
+    return cmd(a, parser)
 
 
 if __name__ == "__main__":

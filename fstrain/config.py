@@ -6,9 +6,14 @@
 (:class:`fstrain.pipelines.PipelineConfig`), ``comm`` (:class:`fstrain.distributed.comm.CommConfig`),
 ``checkpoint``, ``eval`` and ``metrics``. Every field is declared once, here or in its part's
 dataclass, with its default and its docstring; :func:`add_config_flags` turns the fields into
-``fstrain train``'s flags (type, default, choices from the registries, help from the docstring),
-:func:`config_from_args` builds the config back, :func:`load_yaml` reads ``--config FILE`` and
-:func:`to_yaml` prints ``--print-config``.
+``fstrain train``'s flags (with :func:`fsdata.cliutil.add_settings_flags`, ``jsonargparse``: type,
+default, choices from the registries, help from the docstring), :func:`from_dict` builds the config
+back, :func:`load_yaml` reads ``--config FILE`` and :func:`to_yaml` prints ``--print-config``.
+
+The other commands' settings are here too, one dataclass each, their flags generated the same
+way: :class:`EvaluateConfig` (``fstrain evaluate``), :class:`TimingConfig` (how ``replay`` and
+``calibrate`` time a batch), :class:`ReplayConfig` and :class:`CalibrateConfig`; their model flags
+are :class:`~fstrain.models.config.Config`'s.
 
 Flag names (public contracts, kept from earlier releases): a field's flag is ``--`` plus its name
 with dashes, after its section's prefix (:data:`SECTION_PREFIX`: ``--eval-data``,
@@ -19,17 +24,15 @@ with dashes, after its section's prefix (:data:`SECTION_PREFIX`: ``--eval-data``
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-import inspect
-import re
-import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
+from typing import Literal
 
+from fsdata.cliutil import add_settings_flags, settings_help
 from fstrain.distributed.backends import BACKEND_CHOICES
+from fstrain.components.evaluator import DEFAULT_K
 from fstrain.distributed.comm import CommConfig
 from fstrain.distributed.optim import SPARSE_OPTIMIZERS, OptimConfig
 from fstrain.errors import ConfigError
@@ -138,6 +141,78 @@ class TrainConfig:
             raise ConfigError(f"--collective-timeout-seconds must be > 0, got {self.collective_timeout_seconds}")
 
 
+@dataclass(kw_only=True, slots=True)
+class EvaluateConfig:
+    """``fstrain evaluate``: HR@K and NDCG@K of a checkpoint
+    (:func:`fstrain.components.evaluator.evaluate_checkpoint`)."""
+
+    k: int = DEFAULT_K
+    """Cutoff K of HR@K and NDCG@K."""
+    batch_size: int = 256
+    """Users per scoring batch."""
+    mask_history: bool = True
+    """Mask the user's history items out of the candidates, as SASRec's negatives
+    (``--no-mask-history``: keep them among the candidates)."""
+    padding_id: int = 0
+    """Item id excluded from the candidates (-1: none)."""
+    max_users: int | None = None
+    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
+    backend: str = "auto"
+    """Process-group backend when run under torchrun."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TimingConfig:
+    """How ``fstrain replay`` and ``fstrain calibrate`` time a batch on one device."""
+
+    warmup: int = 3
+    """Untimed runs first."""
+    repeats: int = 5
+    """Timed runs per batch."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda[:i]``."""
+    num_threads: int = 1
+    """Torch CPU threads (1: steady timings)."""
+    clock: Literal["auto", "thread", "wall"] = "auto"
+    """``auto``: thread CPU time on CPU with 1 thread, else wall."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayConfig:
+    """``fstrain replay``: the bubble R ranks would see, measured on one device (:func:`fstrain.measure.replay.replay`)."""
+
+    baseline: str | None = None
+    """Another OUTPUT (e.g. ``--strategy shuffle``): report the reduction."""
+    max_steps: int = 4
+    """Replay the first K steps."""
+    statistic: Literal["median", "min"] = "median"
+    """Of the repeats."""
+    null_control: bool = True
+    """Also time rank 0's batch as every rank, the null control (``--no-null-control`` skips it and
+    halves the timed work)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CalibrateConfig:
+    """``fstrain calibrate``: the grid timed to fit the per-sample cost model (:func:`fstrain.measure.calibrate.calibrate`)."""
+
+    lengths: str = "4,16,48,96,160,256,384,512"
+    """Comma-separated grid lengths."""
+    batch_sizes: str = "8,32"
+    """Comma-separated samples per batch."""
+    mixed: int = 12
+    """Extra batches of random grid lengths."""
+    from_shards: str | None = None
+    """Also time the real per-rank batches of this fsdata OUTPUT (best: ``--strategy shuffle``)."""
+    shard_steps: int = 4
+    """Steps of ``--from-shards`` to time."""
+    name: str | None = None
+    """Cost model name recorded in manifests."""
+
+
+#: Root of every generated flag's key in the parsed namespace (``cfg.model.embedding_dim``):
+#: jsonargparse takes a key that is also a flag's name (``model`` of ``--model``) for that flag.
+KEY_ROOT = "cfg"
 #: Flag prefix of each section's fields (nested dataclasses below a section add their own field name).
 SECTION_PREFIX = {"model": "", "optim": "", "pipeline": "pipeline-", "comm": "", "checkpoint": "checkpoint-",
                   "eval": "eval-", "metrics": ""}
@@ -156,28 +231,13 @@ CHOICES = {
     "model.model": MODELS, "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
     "model.attention": ATTENTIONS, "optim.sparse_optimizer": SPARSE_OPTIMIZERS,
     "pipeline.name": (*PIPELINE_NAMES, NO_PIPELINE), "pipeline.step_mode": STEP_MODES, "comm.backend": BACKEND_CHOICES,
+    "evaluate.backend": BACKEND_CHOICES,
 }
 #: Fields that are not flags: ``progress`` is the common ``--progress/--no-progress``; the shm
 #: transport times out with ``--collective-timeout-seconds``.
 NOT_FLAGS = {"progress", "comm.shm.timeout_seconds"}
 #: Metavars of path-valued flags.
 METAVARS = {"eval.data": "EVAL.parquet", "checkpoint.dir": "DIR", "metrics.dir": "DIR", "metrics.tensorboard_dir": "DIR"}
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal under it), whitespace collapsed, RST marks dropped."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):
-        return {}
-    body = tree.body[0].body
-    out = {}
-    for a, b in zip(body, body[1:]):
-        if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
-                and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
-            text = " ".join(b.value.value.split())
-            out[a.target.id] = re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
-    return out
 
 
 def _leaf_type(tp) -> tuple[type, bool]:
@@ -190,9 +250,10 @@ def _leaf_type(tp) -> tuple[type, bool]:
 
 
 def walk_fields(cls: type, prefix: str = ""):
-    """Yield ``(path, dataclass field, annotation, docstring)`` of every leaf field, depth first."""
+    """Yield ``(path, dataclass field, annotation, docstring)`` of every leaf field, depth first
+    (the docstring as :func:`fsdata.cliutil.settings_help` reads it: the ``--help`` text)."""
     hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
+    docs = settings_help(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _leaf_type(hints[f.name])
         path = prefix + f.name
@@ -200,6 +261,17 @@ def walk_fields(cls: type, prefix: str = ""):
             yield from walk_fields(tp, path + ".")
         else:
             yield path, f, hints[f.name], docs.get(f.name, "")
+
+
+def sections(cls: type, prefix: str = ""):
+    """Yield ``(path, dataclass)`` of ``cls`` and of every dataclass nested in it, depth first
+    (``("", TrainConfig)``, ``("model", Config)``, ..., ``("comm.shm", ShmBackend.Config)``)."""
+    yield prefix.rstrip("."), cls
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, _ = _leaf_type(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            yield from sections(tp, prefix + f.name + ".")
 
 
 def flag_names(path: str) -> tuple[str, ...]:
@@ -219,96 +291,44 @@ def get_path(obj, path: str):
     return obj
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type = TrainConfig, *, defaults=None,
-                     sections: tuple[str, ...] | None = None, prefix: str = "", all_none: bool = False) -> list[str]:
-    """Add one flag per leaf field of ``cls`` (see the module docstring for the names).
+def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: str = "",
+                     override: bool = False) -> list[str]:
+    """Add one flag per leaf field of ``cls`` to a ``jsonargparse`` parser (names: module docstring;
+    type, default, choices and help: :func:`fsdata.cliutil.add_settings_flags`).
 
     Args:
         parser: where the flags go (one argument group per section).
         cls: the dataclass.
-        defaults: an instance whose values are the defaults (default: ``cls()`` with its required
-            fields left out, i.e. the dataclass defaults).
-        sections: only these top-level fields (default: all).
+        defaults: an instance whose values are the defaults (default: the dataclass defaults,
+            :class:`TrainConfig`'s with ``shards`` left out).
         prefix: the dotted path of ``cls`` inside :class:`TrainConfig` (``"model."`` for a bare
-            :class:`Config`), for the flag names.
-        all_none: every default is ``None``: a flag given overrides another source (a checkpoint's
+            :class:`Config`), for the flag names and the namespace keys.
+        override: every default is ``None``: a flag given overrides another source (a checkpoint's
             recorded config), one not given leaves it.
 
     Returns:
-        The dotted paths added (their ``dest`` on the namespace).
+        The dotted paths added (their keys in the parsed namespace are under :data:`KEY_ROOT`).
     """
-    added, groups = [], {}
-    for path, f, tp, doc in walk_fields(cls, prefix):
-        rel = path[len(prefix):]
-        if path in NOT_FLAGS or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            continue
-        top = rel.split(".")[0]
-        if sections is not None and top not in sections:
-            continue
-        default = None if all_none else get_path(defaults, rel) if defaults is not None else _default(cls, rel)
-        if isinstance(default, tuple):
-            default = list(default)
-        group = groups.get(path.split(".")[0])
-        if group is None:
-            owner = cls if "." not in rel else typing.get_type_hints(cls)[top]
-            title = path.split(".")[0] if "." in path else "run"
-            group = groups[path.split(".")[0]] = parser.add_argument_group(
-                f"{title} ({owner.__module__}.{owner.__qualname__})" if "." in path else title)
-        base, nullable = _leaf_type(tp)
-        names = flag_names(path)
-        kw: dict = {"dest": path, "default": default, "metavar": METAVARS.get(path, path.rsplit(".", 1)[-1].upper())}
-        shown = "" if default is None or default is False or all_none else f" (default {_show(default)})"
-        if base is bool:
-            del kw["metavar"]
-            if nullable:
-                kw["action"] = argparse.BooleanOptionalAction
-            elif default is True or (all_none and f.default is True):
-                names = tuple("--no-" + n[2:] for n in names)
-                kw["action"], shown = "store_false", ""
-            else:
-                kw["action"] = "store_true"
-        else:
-            if typing.get_origin(base) is tuple:
-                kw["nargs"], kw["type"] = len(typing.get_args(base)), typing.get_args(base)[0]
-            else:
-                kw["type"] = base
-            if path in CHOICES:
-                kw["choices"] = CHOICES[path]
-                del kw["metavar"]
-        group.add_argument(*names, help=(doc + shown).replace("%", "%%"), **kw)
-        added.append(path)
+    if defaults is None:
+        defaults = cls(shards="") if cls is TrainConfig else cls()
+    added = []
+    for rel, sub in sections(cls):
+        path = ".".join(x for x in (prefix.rstrip("."), rel) if x)
+        fields = [f.name for f in dataclasses.fields(sub) if f"{path}.{f.name}".lstrip(".") not in NOT_FLAGS
+                  and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
+        title = f"{path or 'run'} ({sub.__module__}.{sub.__qualname__})"
+        key = (lambda name, path=path: f"{path}.{name}".lstrip("."))
+        opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields,
+                                  defaults=get_path(defaults, rel) if rel else defaults, override=override,
+                                  title=title, flags={n: flag_names(key(n)) for n in fields},
+                                  choices={n: CHOICES[key(n)] for n in fields if key(n) in CHOICES},
+                                  metavars={n: METAVARS[key(n)] for n in fields if key(n) in METAVARS})
+        added += [key(n) for n in dict.fromkeys(opts.values())]
     return added
-
-
-def _default(cls: type, rel: str):
-    """The dataclass default of field ``rel`` (dotted) of ``cls``, following default factories."""
-    obj = None
-    for i, part in enumerate(rel.split(".")):
-        f = next(x for x in dataclasses.fields(cls if obj is None else type(obj)) if x.name == part)
-        val = getattr(obj, part) if obj is not None else (
-            f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        obj = val
-    return obj
-
-
-def _show(v) -> str:
-    return " ".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
 def _default_instance(cls: type, f: dataclasses.Field):
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
-
-
-def config_from_args(ns: argparse.Namespace, paths: list[str], **top) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed flags (``paths`` from :func:`add_config_flags`).
-
-    Args:
-        top: required top-level fields (``shards``) and fields that are not flags (``progress``).
-
-    Raises:
-        ConfigError: a value the part's dataclass refuses (its own message).
-    """
-    return from_dict({**{p: getattr(ns, p) for p in paths}, **top})
 
 
 def from_dict(values: dict) -> TrainConfig:
@@ -403,5 +423,5 @@ def load_yaml(path: str) -> dict:
     return flat
 
 
-__all__ = ["CheckpointConfig", "EvalConfig", "MetricsConfig", "TrainConfig", "add_config_flags", "config_from_args",
-           "field_docs", "flag_names", "from_dict", "load_yaml", "to_dict", "to_yaml", "walk_fields"]
+__all__ = ["CalibrateConfig", "CheckpointConfig", "EvalConfig", "EvaluateConfig", "MetricsConfig", "ReplayConfig",
+           "TimingConfig", "TrainConfig", "add_config_flags", "flag_names", "from_dict", "get_path", "load_yaml", "sections", "to_dict", "to_yaml", "walk_fields"]

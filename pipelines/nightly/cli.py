@@ -8,26 +8,20 @@ settings from YAML (sections ``convert``, ``balance``, ``job``; flags after it o
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 import jsonargparse
 import yaml
 
-from fsdata.cliutil import add_common_flags, add_settings_flags, configure_logging, resolve_progress, run_main, settings_values
-from fsdata.errors import FsdataError, cli_terms
+from fsdata.cliutil import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser, resolve_progress,
+                            settings_values)
 from pipelines import nightly
 from pipelines.nightly.config import FLAGS, NO_FLAG, SECTIONS, NightlyConfig
 from pipelines.nightly.job import run_nightly
 from pipelines.nightly.store import rollback
-
-
-class _HelpFormatter(jsonargparse.DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Field help with its type and default; the description and examples as written."""
 
 
 def build_parser() -> jsonargparse.ArgumentParser:
@@ -35,10 +29,8 @@ def build_parser() -> jsonargparse.ArgumentParser:
     :data:`~pipelines.nightly.config.FLAGS` where they differ from ``--field-name``), plus
     ``--config``, ``--print-config``, ``--json`` and the common flags."""
     doc = nightly.__doc__
-    p = jsonargparse.ArgumentParser(prog="python -m pipelines.nightly", description=doc.split("\n\n")[0],
-                                    epilog=doc[doc.index("Usage::"):doc.index("\n\nModules:")].replace(
-                                        "Usage::", "examples:"),
-                                    formatter_class=_HelpFormatter, print_config=None, exit_on_error=True)
+    p = new_parser(prog="python -m pipelines.nightly", description=doc.split("\n\n")[0],
+                   epilog=doc[doc.index("Usage::"):doc.index("\n\nModules:")].replace("Usage::", "examples:"))
     p.add_argument("--config", action=jsonargparse.ActionConfigFile, metavar="FILE",
                    help="YAML file of settings (sections convert, balance, job; --print-config writes one); "
                         "flags after it override it")
@@ -116,18 +108,7 @@ def _main(a: jsonargparse.Namespace, parser: jsonargparse.ArgumentParser) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; errors are one ``nightly: error:`` line and exit 2, piping into ``head`` exits 141."""
+    """Entry point; errors are one ``nightly: error:`` line and exit 2, piping into ``head`` exits 141
+    (:func:`fsdata.cliutil.cli_main`)."""
     parser = build_parser()
-    parsed: list[jsonargparse.Namespace] = []
-
-    def body() -> int:
-        parsed.append(parser.parse_args(argv))
-        try:
-            with cli_terms():
-                return _main(parsed[0], parser)
-        except FsdataError as e:
-            print(f"nightly: error: {e}", file=sys.stderr)
-            return 2
-
-    return run_main("nightly", body, lambda: parsed[0].job.output if parsed else None)
-
+    return cli_main("nightly", lambda: parser.parse_args(argv), lambda a: _main(a, parser), location=("job.output",))

@@ -15,6 +15,7 @@ from tests.fstrain.shards import write_shards
 
 def test_one_backend_table_everywhere():
     from fstrain.distributed import backends, env as fdist
+    from fsdata.cliutil import action_choices
     from fstrain.cli import build_parser
     from fstrain.distributed.comm import BACKEND_NAMES, CommConfig
 
@@ -22,7 +23,7 @@ def test_one_backend_table_everywhere():
     assert fdist.BACKENDS == ("auto", *BACKEND_NAMES)
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     (backend_action,) = [a for a in train._actions if "--backend" in a.option_strings]
-    assert tuple(backend_action.choices) == fdist.BACKENDS
+    assert action_choices(backend_action) == fdist.BACKENDS
     for name in BACKEND_NAMES:
         CommConfig(backend=name)
     assert fdist.planned_device("cuda-ce").type == "cuda" and fdist.planned_device("shm").type == "cpu"

@@ -90,12 +90,10 @@ def _train_parser() -> argparse.ArgumentParser:
 
 
 def _config(argv: list[str]):
-    from fstrain.cli import _train_config, build_parser
+    from fstrain.cli import _train_config, build_parser, parse_args
 
     parser = build_parser()
-    a = parser.parse_args(argv)
-    a._argv = argv
-    return _train_config(a, parser)[1]
+    return _train_config(parse_args(argv, parser), parser)[1]
 
 
 def _path(old: str) -> str:
@@ -135,10 +133,10 @@ def test_documented_train_flags_exist():
 
 def test_each_field_is_a_flag_with_the_dataclass_default():
     """Declared once: a field's flag default is the dataclass default (TrainConfig's sections included)."""
-    from fstrain.config import NOT_FLAGS, TrainConfig, get_path, walk_fields
+    from fstrain.config import KEY_ROOT, NOT_FLAGS, TrainConfig, get_path, walk_fields
 
     parser = _train_parser()
-    by_dest = {a.dest: a for a in parser._actions}
+    by_dest = {a.dest.removeprefix(KEY_ROOT + "."): a for a in parser._actions}
     ref = TrainConfig(shards="s")
     for path, f, _, doc in walk_fields(TrainConfig):
         if path in NOT_FLAGS or path == "shards":

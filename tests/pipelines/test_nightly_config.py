@@ -11,6 +11,7 @@ import typing
 
 import pytest
 
+from fsdata.cliutil import action_choices
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 from pipelines import nightly
@@ -74,7 +75,7 @@ def test_flags_shared_with_fsdata_match_the_settings_fields():
             name = act.dest.split(".", 1)[1]
             default, hint, choices = _field(cls, name)
             their = theirs[flag]
-            assert their.dest in (name, flag.lstrip("-").replace("-", "_")), (flag, their.dest, name)
+            assert their.dest == f"{section}.{name}", (flag, their.dest, name)
             if default is dataclasses.MISSING or flag in REQUIRED_IN_FSDATA:
                 assert their.required, f"fsdata {command} {flag}: the field has no default, the flag must be required"
             elif isinstance(their, argparse._StoreFalseAction):
@@ -86,7 +87,7 @@ def test_flags_shared_with_fsdata_match_the_settings_fields():
                 if flag in SUBSET_CHOICES_IN_FSDATA:
                     assert set(their.choices) < set(choices), flag
                 else:
-                    assert tuple(their.choices) == choices, (flag, their.choices, choices)
+                    assert action_choices(their) == choices, (flag, action_choices(their), choices)
             elif their.type in (int, float):
                 assert their.type in typing.get_args(hint) + (hint,), (flag, their.type, hint)
             checked.add(flag)
