@@ -16,7 +16,7 @@ import pytest
 
 from fsdata.cliutil import action_choices, settings_help, subparsers
 from fsdata.samples.settings import ConvertSettings
-from fsdata.shards.writer import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings
 
 
 def _fsdata_sections(command: str) -> dict:
@@ -53,6 +53,7 @@ def _fstrain_sections(command: str) -> dict:
 
 def _registries() -> dict[str, tuple]:
     """Choices of ``str`` fields, by (class, field): each from the registry that defines the names."""
+    from fsdata.balancer.partitioners import names as partitioner_names
     from fstrain.config import EvaluateConfig
     from fstrain.distributed.backends import BACKEND_CHOICES
     from fstrain.distributed.comm import CommConfig
@@ -63,7 +64,8 @@ def _registries() -> dict[str, tuple]:
     return {(Config, "model"): MODELS, (Config, "objective"): OBJECTIVES, (Config, "negatives"): NEGATIVE_MODES,
             (Config, "attention"): ATTENTIONS, (OptimConfig, "sparse_optimizer"): SPARSE_OPTIMIZERS,
             (PipelineConfig, "name"): (*PIPELINE_NAMES, NO_PIPELINE), (PipelineConfig, "step_mode"): STEP_MODES,
-            (CommConfig, "backend"): BACKEND_CHOICES, (EvaluateConfig, "backend"): BACKEND_CHOICES}
+            (CommConfig, "backend"): BACKEND_CHOICES, (EvaluateConfig, "backend"): BACKEND_CHOICES,
+            (BalanceSettings, "partitioner"): tuple(partitioner_names())}
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser, dict]]:

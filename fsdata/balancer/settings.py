@@ -32,7 +32,7 @@ class BalanceSettings:
         strategy: ``balanced`` or ``shuffle`` (today's equal-count practice).
         batch_policy: ``fixed`` or ``cost-budget``.
         remainder: ``drop`` (recorded in ``_dropped.parquet``) or ``error``.
-        partitioner: per-step method (:data:`fsdata.balancer.plan.PARTITIONERS`).
+        partitioner: per-step method, a name of the partitioner registry (:func:`fsdata.balancer.partitioners.names`).
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
         num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).

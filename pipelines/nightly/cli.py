@@ -24,6 +24,15 @@ from pipelines.nightly.job import run_nightly
 from pipelines.nightly.store import rollback
 
 
+def _choices(section: str) -> dict[str, list[str]] | None:
+    """Registry names of the section's ``str`` fields (the registry is the one list)."""
+    if section != "balance":
+        return None
+    from fsdata.balancer.partitioners import names as partitioner_names  # noqa: PLC0415
+
+    return {"partitioner": partitioner_names()}
+
+
 def build_parser() -> jsonargparse.ArgumentParser:
     """The nightly job's flags, one per field of :class:`NightlyConfig` (names in
     :data:`~pipelines.nightly.config.FLAGS` where they differ from ``--field-name``), plus
@@ -37,7 +46,8 @@ def build_parser() -> jsonargparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved settings as YAML (the --config form) and exit")
     for section, cls in SECTIONS.items():
-        add_settings_flags(p, cls, section=section, flags=FLAGS.get(section), exclude=NO_FLAG.get(section, ()),
+        add_settings_flags(p, cls, section=section, choices=_choices(section), flags=FLAGS.get(section),
+                           exclude=NO_FLAG.get(section, ()),
                            title=f"{section} ({cls.__module__}.{cls.__name__})")
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -74,7 +74,7 @@ def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_revers
     assert plan.partition_info == {"method": "reversed"}
 
     import fsdata
-    from fsdata.cli import build_parser
+    from fsdata.cli import parse_args
     from fsdata.shards.verify import verify
     from tests.fsdata.helpers import write_samples
 
@@ -84,11 +84,11 @@ def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_revers
     assert m.settings["partitioner"] == "reversed" and m.settings["partition_info"] == {"method": "reversed"}
     assert verify(tmp_path / "out", inp)["checked_input"]
 
-    args = build_parser().parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
-                                      "3", "--partitioner", "reversed"])
+    args = parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank", "3",
+                       "--partitioner", "reversed"])
     assert args.partitioner == "reversed"
     with pytest.raises(SystemExit) as e:
-        build_parser().parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
+        parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
                                    "3", "--partitioner", "greedy"])
     assert e.value.code == 2 and "reversed" in capsys.readouterr().err  # the choices shown are the registry's
 

@@ -119,14 +119,14 @@ def plan_windowed(ray, src: SampleSource, settings: BalanceSettings, chunks: lis
     Args:
         ray: the joined Ray module.
         src: the validated input (its row count from the footers).
-        settings: :class:`~fsdata.shards.writer.BalanceSettings` (fixed policy or shuffle strategy).
+        settings: :class:`~fsdata.balancer.settings.BalanceSettings` (fixed policy or shuffle strategy).
         chunks: the input's chunks.
         num_cpus: the cluster's CPUs (sizes the duplicate-id buckets).
         timings: if given, filled with ``read_lengths`` and ``plan`` seconds.
         cost_model: the loaded ``settings.cost_model`` (None: loaded here).
 
     Returns:
-        ``(table, chunk_plans, nodes)``: a :class:`~fsdata.shards.writer.PlanTable` holding the
+        ``(table, chunk_plans, nodes)``: a :class:`~fsdata.shards.plan_file.PlanTable` holding the
         run's counts, loads, dropped ids and figures but no per-row arrays; per chunk, the object
         refs of its plan pieces (one per window); the Ray node ids that ran tasks.
 
