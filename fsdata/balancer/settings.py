@@ -23,16 +23,22 @@ class BalanceSettings:
     """Every setting of ``fsdata balance`` (the CLI flags; recorded in the manifest's ``settings``).
 
     Attributes:
-        num_ranks: R (``--ranks``).
-        batch_size_per_rank: B (``--batch-size-per-rank``).
-        cost_model: ``--cost-model`` spec (used by :func:`fsdata.balance` /
-            :func:`fsdata.engines.planning.make_plan_table`).
-        columns: ``--columns`` mapping text, or None.
+        num_ranks: number of ranks R (world size).
+        batch_size_per_rank: samples per rank per step B.
+        cost_model: per-sample cost: ``tokens``, ``quadratic``, ``verl``,
+            ``hstu[:d_model=256,num_heads=4,head_dim=64,num_layers=4,causal=1]``,
+            ``poly:c0=..,c1=..,c2=..`` or a calibrated ``PATH.json`` (``fstrain calibrate``).
+        columns: map your column names to the sample schema: ``sample_id=id,item_ids=history,...``
+            (None: the schema's names).
         seed: seed of the global-batch shuffle.
-        strategy: ``balanced`` or ``shuffle`` (today's equal-count practice).
-        batch_policy: ``fixed`` or ``cost-budget``.
+        strategy: ``balanced``, or ``shuffle``: today's equal-count practice, same layout.
+        batch_policy: ``fixed``: B samples per rank per step; ``cost-budget``: variable counts,
+            equal cost per step.
         remainder: ``drop`` (recorded in ``_dropped.parquet``) or ``error``.
-        partitioner: per-step method, a name of the partitioner registry (:func:`fsdata.balancer.partitioners.names`).
+        partitioner: per-step assignment, a name of the partitioner registry
+            (:func:`fsdata.balancer.partitioners.names`): ``auto`` (lpt-swap, plus time-bounded CP-SAT
+            only on steps whose gap to the proven bound is worth it), ``lpt-swap``, ``lpt-swap-cpsat``,
+            ``lpt``, ``kk``, ``roundrobin``, ``shuffle``.
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
         num_threads: threads writing rank files (``--num-threads``; does not change the output).
         progress: show progress bars (does not change the output).
@@ -64,7 +70,9 @@ class BalanceSettings:
     partitioner: str = DEFAULT_PARTITIONER
     budget: float | None = None
     compose_window: int = DEFAULT_COMPOSE_WINDOW
-    """W of :mod:`fsdata.balancer.compose` as requested (the plan records the window actually used; 1 = off)."""
+    """W: regroup the samples of W consecutive random global batches so heavy samples share steps in
+    multiples of R (B per rank kept); 1 = off. The plan records the window actually used
+    (:mod:`fsdata.balancer.compose`, docs/balancer.md)."""
     plan_window: int = DEFAULT_PLAN_WINDOW
     """K, steps planned together (``--plan-window``; :class:`fsdata.balancer.plan.PlanLayout`): bounds the
     planning memory per window (the Ray engine plans one window per task)."""
