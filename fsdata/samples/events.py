@@ -35,8 +35,6 @@ MAX_EVENTS_PER_CHUNK = 1 << 23
 _MAX_BUCKETS = 256
 #: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
 _MERGE_EVENTS_PER_GROUP = 1 << 14
-#: Events the merge of the grouped buckets yields per step (about; :func:`_merge_by_first`).
-_MERGE_EVENTS_PER_STEP = 1 << 21
 #: Events gathered before they are split by bucket and written as one spool file. An earlier design kept
 #: rows pending per bucket with one open Parquet writer each: memory grew by about 2 MiB per bucket
 #: (874 MiB at 250 buckets against 401 MiB at 43, same 0.34 GB input), so with the bucket count it
@@ -379,51 +377,45 @@ def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[tu
 def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
     """Merge grouped bucket files (each sorted by ``_first``) into one stream sorted by ``_first``.
 
-    Each step moves a threshold ``t`` forward, reads from every file the row groups needed to hold all
-    its users with ``_first <= t`` (plus at most one row group beyond), and yields those users sorted.
-    The step of ``t`` adapts so a step yields about :data:`_MERGE_EVENTS_PER_STEP` events: memory holds
-    one step and one row group per file, and the number of steps (each touching every file) does not
-    grow with the number of row groups. A k-way merge one row group at a time made about one step
-    per row group, each touching every file: quadratic in the input.
+    Before each step, every file whose buffer holds fewer rows than its last row group read reads
+    its next row group, so each buffer spans at least one row group; the step yields every buffered
+    user with ``_first`` up to the smallest buffer end among files with unread groups (all users up
+    to there are buffered: unread groups of a file start after its buffer). Memory: at most two row
+    groups per file; each step yields about one row group per file, so the number of steps is about
+    the row groups of one file. (Refilling only emptied buffers, as before, made about one step per
+    row group of all files, each step touching every file: quadratic in the input.)
     """
     n = len(files)
     next_group = [0] * n
     bufs: list[pl.DataFrame | None] = [None] * n
+    group_rows = [0] * n
 
-    def fill(i: int, t: int) -> None:
-        parts = [] if bufs[i] is None else [bufs[i]]
-        last = int(bufs[i]["_first"][-1]) if bufs[i] is not None else -1
-        while last <= t and next_group[i] < files[i].num_row_groups:
+    def top_up(i: int) -> None:
+        while (bufs[i] is None or bufs[i].height < group_rows[i]) and next_group[i] < files[i].num_row_groups:
             df = pl.from_arrow(files[i].read_row_group(next_group[i]))
             next_group[i] += 1
+            group_rows[i] = df.height
             if df.height:
-                parts.append(df)
-                last = int(df["_first"][-1])
-        bufs[i] = None if not parts else parts[0] if len(parts) == 1 else pl.concat(parts)
+                bufs[i] = df if bufs[i] is None else pl.concat([bufs[i], df])
+                return
 
-    t, step = -1, max(1, _MERGE_EVENTS_PER_STEP)
     while True:
-        t += step
-        out = []
         for i in range(n):
-            fill(i, t)
-            b = bufs[i]
+            top_up(i)
+        if all(b is None for b in bufs):
+            return
+        more = [int(bufs[i]["_first"][-1]) for i in range(n)
+                if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
+        threshold = min(more) if more else None
+        out = []
+        for i, b in enumerate(bufs):
             if b is None:
                 continue
-            k = int(b["_first"].search_sorted(t, side="right"))
+            k = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
             if k:
                 out.append(b.slice(0, k))
                 bufs[i] = b.slice(k) if k < b.height else None
-        done = all(b is None for b in bufs) and all(next_group[i] >= files[i].num_row_groups for i in range(n))
-        got = 0
-        if out:
-            users = pl.concat(out).sort("_first")
-            got = _events(users)
-            yield users
-        if done:
-            return
-        # next step: about _MERGE_EVENTS_PER_STEP events at the density just seen (at most 4x larger)
-        step = max(1, min(4 * step, step * _MERGE_EVENTS_PER_STEP // max(1, got)))
+        yield pl.concat(out).sort("_first")
 
 
 # ---------------------------------------------------------------------------------------------- samples

@@ -49,7 +49,7 @@ def _count_merges(monkeypatch) -> list:
 def test_events_buckets_give_the_in_memory_bytes(tmp_path, monkeypatch, rel, kw):
     src = dataset_path(rel)
     outs = {}
-    monkeypatch.setattr(E, "_MERGE_EVENTS_PER_STEP", 3000)  # many merge steps on a small log
+    monkeypatch.setattr(E, "_MERGE_EVENTS_PER_GROUP", 200)  # many row groups, so many merge steps
     for name, per_bucket in (("memory", 10**9), ("buckets", 5000)):
         out, ev = tmp_path / f"{name}.parquet", tmp_path / f"{name}.eval.parquet"
         extra = {"holdout_output": ev} if kw.get("holdout") else {}
