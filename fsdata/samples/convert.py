@@ -25,17 +25,18 @@ Memory is bounded, whatever the input size (the input is streamed, never held wh
   :data:`MAX_LINE_BYTES` is refused with its line number.
 * ``events`` inputs estimated above ``events_per_bucket`` events are read a block at a time
   (PyArrow's streaming CSV reader, Parquet record batches) and split by a hash of the user id
-  into temporary Parquet buckets, each bucket is grouped into per-user sequences on its own, and the buckets
-  are merged back in order of each user's first event, so the output is the one an in-memory
+  into buckets (every :data:`fsdata.samples.events._SPOOL_EVENTS` events sorted by bucket and written as one
+  temporary Parquet file, one row group per bucket), each bucket is grouped into per-user sequences on its
+  own, and the buckets are merged back in order of each user's first event, so the output is the one an in-memory
   grouping gives. Smaller inputs are grouped in memory. The temporaries (about the size of the
-  decoded input, zstd-compressed) live in a hidden ``.OUTPUT.tmp-PID-spool`` folder beside the
+  decoded input, lz4-compressed) live in a hidden ``.OUTPUT.tmp-PID-spool`` folder beside the
   output and are removed when convert ends (or by the next run, if it was killed).
 * Users are turned into samples ``users_per_chunk`` at a time (fewer when their events pass
   :data:`fsdata.samples.events.MAX_EVENTS_PER_CHUNK`), and one chunk's samples are written in pieces of at most
   ``max_items_per_piece`` history items (each piece is one or more Parquet row groups).
 
-Limits: one ``events`` user's whole history, one temporary bucket (about ``events_per_bucket``
-events, more when one user dominates it) and one piece are held in memory at a time.
+Limits: one ``events`` user's whole history, one block of spooled events, one temporary bucket (about
+``events_per_bucket`` events, more when one user dominates it) and one piece are held in memory at a time.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Reading ``events`` inputs for :func:`fsdata.samples.convert.convert`, one block at a time.
 
 Text inputs go through PyArrow's streaming CSV reader and Parquet inputs by record batches. Rows are
-split by a hash of the user id into temporary Parquet buckets (beside the output), each bucket is
-grouped on its own, and the buckets are merged back in order of each user's first event, so memory
-holds one bucket and one chunk of users, not the input. Inputs estimated at fewer than
-``events_per_bucket`` events are grouped in memory.
+split by a hash of the user id into buckets: every :data:`_SPOOL_EVENTS` events are sorted by bucket
+and written as one temporary Parquet file (beside the output) holding row groups of one bucket each,
+so one gathered block is in memory whatever the number of buckets. Each bucket (its batches from
+every spool file, in file order) is grouped on its own, and the buckets are merged back in order of
+each user's first event, so memory holds one block, one bucket and one chunk of users, not the
+input. Inputs estimated at fewer than ``events_per_bucket`` events are grouped in memory.
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ MAX_EVENTS_PER_CHUNK = 1 << 23
 _MAX_BUCKETS = 256
 #: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
 _MERGE_EVENTS_PER_GROUP = 1 << 14
-#: Rows pending per bucket before they are written as one row group.
-_BUCKET_ROWS_PER_GROUP = 1 << 14
-#: Bytes of an events text file parsed at once (PyArrow's streaming CSV reader).
-_READ_BLOCK_BYTES = 8 << 20
+#: Events gathered before they are split by bucket and written as one spool file. An earlier design kept
+#: rows pending per bucket with one open Parquet writer each: memory grew by about 2 MiB per bucket
+#: (874 MiB at 250 buckets against 401 MiB at 43, same 0.34 GB input), so with the bucket count it
+#: grew with the input.
+_SPOOL_EVENTS = 1 << 21
+#: Bytes of an events text file parsed at once (PyArrow's streaming CSV reader). The reader reads up
+#: to 32 blocks ahead of a slow consumer (Arrow's background generator queue), so this bounds about
+#: 32 x this of raw input in memory: 8 MiB blocks held 256 MiB more than 2 MiB blocks.
+_READ_BLOCK_BYTES = 2 << 20
 #: Rows of an events Parquet file read at once.
 _READ_ROWS = 1 << 18
 #: Bytes per event assumed when estimating the events of a text input (``"12 345\\n"``).
@@ -264,18 +271,25 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         del ev
         yield users.drop("_first")
         return
-    parts = _write_buckets(src, spool / "buckets", num_buckets)
-    _check_events(src, pl.scan_parquet(parts))
+    spooled = _write_buckets(src, spool / "buckets", num_buckets)
+    _check_events(src, pl.scan_parquet([p for p, _ in spooled]))
     grouped, dups = [], 0
-    for i, d in enumerate(parts):
-        users, dup = _group_users(pl.read_parquet(d), src.has_time)
+    files = [(pq.ParquetFile(p), index) for p, index in spooled]
+    for b in range(num_buckets):
+        parts = [f.read_row_groups(index[b]) for f, index in files if b in index]
+        if not parts:
+            continue
+        users, dup = _group_users(pl.from_arrow(pa.concat_tables(parts)), src.has_time)
+        del parts
         dups += dup
         events = int(users["item_ids"].list.len().sum())
         rows = max(1, _MERGE_EVENTS_PER_GROUP * users.height // max(1, events))
-        grouped.append(spool / f"grouped-{i:05d}.parquet")
+        grouped.append(spool / f"grouped-{len(grouped):05d}.parquet")
         users.write_parquet(grouped[-1], row_group_size=rows, compression="lz4")
-        d.unlink()
         del users
+    del files
+    for p, _ in spooled:
+        p.unlink()
     stats["num_duplicates"] = dups
     for users in _merge_by_first([pq.ParquetFile(p) for p in grouped]):
         yield users.drop("_first")
@@ -304,76 +318,103 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
         yield df
 
 
-def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[Path]:
-    """Split the cast events by a hash of the user id into ``num_buckets`` Parquet files (in file order within
-    each), holding at most :data:`_BUCKET_ROWS_PER_GROUP` pending rows per bucket.
+def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[tuple[Path, dict[int, list[int]]]]:
+    """Split the cast events by a hash of the user id into ``num_buckets`` buckets (module docstring).
+
+    Every :data:`_SPOOL_EVENTS` events are stably sorted by bucket and written as one Parquet file
+    (lz4) whose row groups each hold rows of one bucket, so each bucket keeps file order.
+
+    Returns:
+        ``(spool file, {bucket: its row group indices})`` per spool file, in input order.
 
     Raises:
         InputError: a value that is not an integer, a null or a negative id (named by its line), or a
             file the reader cannot parse.
     """
     folder.mkdir()
-    writers: dict[int, pq.ParquetWriter] = {}
-    pending: dict[int, list[pl.DataFrame]] = {}
-    rows: dict[int, int] = {}
+    spooled: list[tuple[Path, dict[int, list[int]]]] = []
+    pending: list[pl.DataFrame] = []
+    rows = 0
 
-    def flush(b: int) -> None:
-        table = pl.concat(pending.pop(b)).to_arrow()
-        rows[b] = 0
-        if b not in writers:
-            writers[b] = pq.ParquetWriter(folder / f"bucket-{b:05d}.parquet", table.schema, compression="lz4")
-        writers[b].write_table(table)
+    def flush() -> None:
+        df = pl.concat(pending).with_columns(_bucket=(pl.col("user_id").hash(seed=0) % num_buckets).cast(pl.UInt32))
+        pending.clear()
+        df = df.sort("_bucket", maintain_order=True)
+        counts = df.group_by("_bucket", maintain_order=True).len()  # buckets ascending: df is sorted
+        table = df.drop("_bucket").to_arrow()
+        del df
+        path = folder / f"spool-{len(spooled):05d}.parquet"
+        start = 0
+        with pq.ParquetWriter(path, table.schema, compression="lz4") as w:
+            for _, n in counts.iter_rows():
+                w.write_table(table.slice(start, n), row_group_size=n)  # one or more whole row groups
+                start += n
+        # the writer may split a long bucket into several row groups (its maximum row group length)
+        md, index, g = pq.read_metadata(path), {}, 0
+        for b, n in counts.iter_rows():
+            index[int(b)] = []
+            while n > 0:
+                index[int(b)].append(g)
+                n -= md.row_group(g).num_rows
+                g += 1
+        spooled.append((path, index))
 
     try:
         for df in _read_batches(src):
-            keyed = df.with_columns(_bucket=pl.col("user_id").hash(seed=0) % num_buckets)
-            for (b,), part in keyed.partition_by("_bucket", as_dict=True, include_key=False).items():
-                pending.setdefault(b, []).append(part)
-                rows[b] = rows.get(b, 0) + part.height
-                if rows[b] >= _BUCKET_ROWS_PER_GROUP:
-                    flush(b)
-        for b in list(pending):
-            flush(b)
+            pending.append(df)
+            rows += df.height
+            if rows >= _SPOOL_EVENTS:
+                flush()
+                rows = 0
+        if pending:
+            flush()
     except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
         raise_if_environment(e, folder, action="write")
         raise _parse_error(src, e, check_nulls=True) from None
-    finally:
-        for w in writers.values():
-            w.close()
-    return [folder / f"bucket-{b:05d}.parquet" for b in sorted(writers)]
+    return spooled
 
 
 def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
-    """K-way merge of grouped bucket files (each sorted by ``_first``), one row group per file in memory."""
-    next_group = [0] * len(files)
-    bufs: list[pl.DataFrame | None] = [None] * len(files)
+    """Merge grouped bucket files (each sorted by ``_first``) into one stream sorted by ``_first``.
 
-    def refill(i: int) -> None:
-        bufs[i] = None
-        while next_group[i] < files[i].num_row_groups:
+    Before each step, every file whose buffer holds fewer rows than its last row group read reads
+    its next row group, so each buffer spans at least one row group; the step yields every buffered
+    user with ``_first`` up to the smallest buffer end among files with unread groups (all users up
+    to there are buffered: unread groups of a file start after its buffer). Memory: at most two row
+    groups per file; each step yields about one row group per file, so the number of steps is about
+    the row groups of one file. (Refilling only emptied buffers, as before, made about one step per
+    row group of all files, each step touching every file: quadratic in the input.)
+    """
+    n = len(files)
+    next_group = [0] * n
+    bufs: list[pl.DataFrame | None] = [None] * n
+    group_rows = [0] * n
+
+    def top_up(i: int) -> None:
+        while (bufs[i] is None or bufs[i].height < group_rows[i]) and next_group[i] < files[i].num_row_groups:
             df = pl.from_arrow(files[i].read_row_group(next_group[i]))
             next_group[i] += 1
+            group_rows[i] = df.height
             if df.height:
-                bufs[i] = df
+                bufs[i] = df if bufs[i] is None else pl.concat([bufs[i], df])
                 return
 
-    for i in range(len(files)):
-        refill(i)
-    while any(b is not None for b in bufs):
-        # every user at or below the threshold is loaded: unread groups of a file start after its buffer
-        more = [bufs[i]["_first"][-1] for i in range(len(files))
+    while True:
+        for i in range(n):
+            top_up(i)
+        if all(b is None for b in bufs):
+            return
+        more = [int(bufs[i]["_first"][-1]) for i in range(n)
                 if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
         threshold = min(more) if more else None
         out = []
         for i, b in enumerate(bufs):
             if b is None:
                 continue
-            n = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
-            out.append(b.slice(0, n))
-            if n == b.height:
-                refill(i)
-            else:
-                bufs[i] = b.slice(n)
+            k = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
+            if k:
+                out.append(b.slice(0, k))
+                bufs[i] = b.slice(k) if k < b.height else None
         yield pl.concat(out).sort("_first")
 
 

@@ -23,8 +23,8 @@ replaced mid-run cannot be published under the old input's key; cost: one extra 
 transient copy of the input in the work folder). A run is built in a hidden folder; a failed or
 killed run is removed (at once, or by the next run) and redone from the start; a killed run that
 was already complete is kept. A rebuilt run replaces the previous one with one atomic exchange, so
-``latest`` names a complete run at every point; ``.latest.tmp-*`` left by a killed publish are
-removed by the next run. ``latest`` only moves forward, to a run created no earlier than the published one and
+``latest`` names a complete run at every point; ``.latest.tmp-*`` and lock-holder temporaries left
+by a killed publish or rollback are removed by the next run or rollback (when it takes the lock). ``latest`` only moves forward, to a run created no earlier than the published one and
 after the last rollback; ``--rollback RUN`` publishes an older complete run on purpose. After a
 publish, ``--keep-runs N`` keeps the N newest runs (never the published run or the last rollback
 target). A failure never touches ``latest``: trainers keep reading the previous verified output.

@@ -199,7 +199,6 @@ def run_nightly(cfg: NightlyConfig) -> dict:
         key = run_key(cfg)
         runs = work / "runs"
         run_dir = runs / key
-        store._clean_stale_work_tmp(work)
         published = store._published_run(work)
         removed = store._clean_unfinished(runs, published)
         published = store._published_run(work)  # a run put back by the cleanup

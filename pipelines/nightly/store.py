@@ -88,6 +88,9 @@ def _swap_in(stage: Path, run_dir: Path) -> None:
 def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iterator[None]:
     """Hold the work folder's lock (``filelock``); the holder is written next to it.
 
+    Once the lock is held, the ``.latest.tmp-PID`` and holder temporaries left by killed runs and
+    rollbacks are removed (:func:`_clean_stale_work_tmp`).
+
     Args:
         work_dir: the work folder (``--output``); created if missing.
         timeout_seconds: how long to wait for another run to finish (0: fail at once).
@@ -105,6 +108,7 @@ def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iter
                             "to finish, or pass --lock-timeout SECONDS to wait for it") from None
     holder = work / HOLDER_NAME
     try:
+        _clean_stale_work_tmp(work)  # before our own: a killed run's or rollback's, whichever command comes next
         tmp = work / f".{HOLDER_NAME}.tmp-{os.getpid()}"
         tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                    "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -26,12 +26,15 @@ def _sha(p: Path) -> str:
 
 
 def _count_merges(monkeypatch) -> list:
+    """Per merge: ``[files merged, steps yielded]``."""
     calls = []
     real = E._merge_by_first
 
     def spy(files):
-        calls.append(len(files))
-        yield from real(files)
+        calls.append([len(files), 0])
+        for users in real(files):
+            calls[-1][1] += 1
+            yield users
 
     monkeypatch.setattr(E, "_merge_by_first", spy)
     return calls
@@ -46,12 +49,13 @@ def _count_merges(monkeypatch) -> list:
 def test_events_buckets_give_the_in_memory_bytes(tmp_path, monkeypatch, rel, kw):
     src = dataset_path(rel)
     outs = {}
+    monkeypatch.setattr(E, "_MERGE_EVENTS_PER_GROUP", 200)  # many row groups, so many merge steps
     for name, per_bucket in (("memory", 10**9), ("buckets", 5000)):
         out, ev = tmp_path / f"{name}.parquet", tmp_path / f"{name}.eval.parquet"
         extra = {"holdout_output": ev} if kw.get("holdout") else {}
         merges = _count_merges(monkeypatch)
         s = C.convert(src, out, fmt="events", progress=False, events_per_bucket=per_bucket, **kw, **extra)
-        assert (len(merges) == 1 and merges[0] > 10) if name == "buckets" else not merges
+        assert (len(merges) == 1 and merges[0][0] > 10 and merges[0][1] > 10) if name == "buckets" else not merges
         outs[name] = (_sha(out), _sha(ev) if extra else None, s)
     assert outs["buckets"] == outs["memory"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the buckets are gone

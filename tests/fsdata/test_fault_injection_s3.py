@@ -1,6 +1,6 @@
 """Kills at every write, rename and delete point of balance on the S3 test server (issue 19).
 
-The harness of :mod:`tests.fsdata.test_fault_injection` against the moto S3 server of
+The harness of :mod:`tests.faults` against the moto S3 server of
 ``test_object_store.py``: after each kill, the objects readers resolve (through ``_current.json``)
 are the previous output intact or the new one complete, ``verify --input`` passes, and the next
 replace removes what the killed run left.
@@ -14,7 +14,7 @@ pytest.importorskip("moto.server", reason="moto[server] is not installed: pip in
 
 from fsdata import fsio  # noqa: E402
 from fsdata.cli import main  # noqa: E402
-from tests.fsdata.test_fault_injection import Harness, _points  # noqa: E402
+from tests.faults import Harness  # noqa: E402
 from tests.fsdata.test_object_store import (  # noqa: E402,F401 (fixtures)
     _BALANCE,
     _local_digests,
@@ -45,7 +45,7 @@ def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the
     before, new = current(), _local_digests(local_out)
     h = Harness(root, tmp_path)  # after the s3 fixture set the endpoint variables
     try:
-        points = _points(h, args)
+        points = h.points(args)
         assert current() == new
         survivors = {"previous": 0, "new": 0}
         for k in range(1, len(points) + 1):

@@ -173,3 +173,14 @@ def test_rollback_refuses_a_staging_folder(tmp_path, capsys):
     assert "not a run key" in err and len(err.splitlines()) == 1
     assert nightly.main(["--output", str(work), "--rollback", key]) == 0
     assert pq.read_metadata(_latest(work) / "shards" / "rank-00000" / "part-00000.parquet").num_rows > 0
+
+
+def test_rollback_removes_what_a_killed_run_or_rollback_left(tmp_path):
+    inp = write_samples(tmp_path / "in.parquet", n=512)
+    work = tmp_path / "work"
+    good = run_nightly(at(nightly_config(input=str(inp), **FAST), work))
+    os.symlink("runs/gone", work / ".latest.tmp-999999")  # killed between the symlink and its rename
+    (work / f".{nightly.store.HOLDER_NAME}.tmp-999998").write_text("{}")  # killed while writing the holder
+    assert nightly.main(["--output", str(work), "--rollback", good["run_key"]]) == 0
+    assert _hidden(work) == []
+    assert sorted(p.name for p in work.iterdir()) == [".nightly.lock", "history.jsonl", "latest", "runs"]
