@@ -239,7 +239,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
         reason = None
         if is_published or created >= floor:
             store.publish(work, run_dir)
-            if not is_published:
+            history = store._history(work)
+            if not history or history[-1]["run_key"] != key:  # also a publish whose record a kill cut off
                 store._append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": store._now_ns(),
                                        "rollback": False})
             is_published = True

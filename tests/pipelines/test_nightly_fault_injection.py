@@ -6,7 +6,9 @@ report, ``_SUCCESS``, the rename or exchange of the run, the publish of ``latest
 the removal of old runs) and kills the run at point ``k``; each test runs ``k`` over the points of a
 complete run and checks after each kill that ``latest`` names a complete run -- the previously
 published one intact or the new one complete -- whose shards pass ``fsdata verify --input``, and that
-the next run succeeds, publishes the new run and leaves nothing of the killed one behind. Named-point
+the next run succeeds, publishes the new run and leaves nothing of the killed one behind (that
+recovery run after every kill from the run's ``_SUCCESS`` on, where publish, history and cleanup
+happen, and after every 6th kill before it: each recovery is a whole nightly run). Named-point
 kill tests with the reason for each case live in ``test_nightly_safety.py``; this file checks that no
 point was missed.
 """
@@ -91,6 +93,7 @@ def _kill_everywhere(h: Harness, root: Path, args: list[str], *, first: int = 1,
     assert new_run.name != previous.name or digests(new_run) != before
     new_shards = digests(new_run / "shards")
     survivors = {"previous": 0, "new": 0, "aside": 0}
+    complete = _success_point(points)
     for k in range(first, len(points) + 1):
         where = f"point {k} ({points[k - 1].replace(str(root), '')})"
         shutil.rmtree(work)
@@ -112,10 +115,18 @@ def _kill_everywhere(h: Harness, root: Path, args: list[str], *, first: int = 1,
             assert digests(run / "shards") == new_shards, where
             survivors["new"] += 1
         assert _verified(run), where
-        _recovers(h, root, args, new_shards, where)
+        if k >= complete or k % 6 == 0 or k == first:
+            _recovers(h, root, args, new_shards, where)
         print(f"{where}: {survivors}", flush=True)  # progress (shown with -s, and on a failure)
     shutil.rmtree(pristine)
     return survivors
+
+
+def _success_point(points: list[str]) -> int:
+    """The point (1-based) that renames the run's ``_SUCCESS`` into place."""
+    done = [i for i, p in enumerate(points, 1) if p.startswith("os.rename") and p.endswith(f".{nightly.SUCCESS_NAME}.tmp")]
+    assert len(done) == 1, points
+    return done[0]
 
 
 def _first_after_complete(h: Harness, root: Path, args: list[str]) -> int:
@@ -125,9 +136,7 @@ def _first_after_complete(h: Harness, root: Path, args: list[str]) -> int:
     points = h.points(args, entry="nightly")
     shutil.rmtree(work)
     probe.rename(work)
-    done = [i for i, p in enumerate(points, 1) if p.startswith("os.rename") and p.endswith(f".{nightly.SUCCESS_NAME}.tmp")]
-    assert len(done) == 1, points
-    return done[0] + 1
+    return _success_point(points) + 1
 
 
 def test_new_run_killed_at_every_point_keeps_latest_complete(root, tmp_path):

@@ -4,6 +4,7 @@ temporaries are cleaned, and ``--rollback`` takes complete published-style runs 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -184,3 +185,19 @@ def test_rollback_removes_what_a_killed_run_or_rollback_left(tmp_path):
     assert nightly.main(["--output", str(work), "--rollback", good["run_key"]]) == 0
     assert _hidden(work) == []
     assert sorted(p.name for p in work.iterdir()) == [".nightly.lock", "history.jsonl", "latest", "runs"]
+
+
+def test_a_publish_whose_history_record_a_kill_cut_off_is_recorded_by_the_next_run(tmp_path):
+    inp = write_samples(tmp_path / "in.parquet", n=512)
+    work = tmp_path / "work"
+    first = run_nightly(at(nightly_config(input=str(inp), **FAST), work))
+    cfg = at(nightly_config(input=str(inp), **(FAST | {"num_ranks": 2})), work)
+    second = run_nightly(cfg)
+    assert second["published"] and second["run_key"] != first["run_key"]
+    history = work / "history.jsonl"
+    lines = history.read_text().splitlines()
+    history.write_text("\n".join(lines[:-1]) + "\n")  # killed after publishing latest, before its record
+    again = run_nightly(cfg)
+    assert again["skipped"] and again["published"]
+    last = json.loads(history.read_text().splitlines()[-1])
+    assert last["run_key"] == second["run_key"] and not last["rollback"]
