@@ -295,9 +295,10 @@ def parity(a: argparse.Namespace, work: Path, log: Path) -> dict:
             continue
         diff = row["ndcg@10_mean"] - base["ndcg@10_mean"]
         row["diff_vs_shuffle"] = diff
-        row["within_one_std"] = abs(diff) <= max(base["ndcg@10_std"], 1e-12) if row["strategy"] != "shuffle" else None
+        row["within_one_std"] = (abs(diff) <= max(base["ndcg@10_std"], 1e-12)
+                                 if row["strategy"] != "shuffle" and base["seeds"] > 1 else None)  # 1 seed: no std
         print(head + f"{row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | {seeds_cell} | {diff:+.4f} | "
-              f"{'' if row['within_one_std'] is None else ('yes' if row['within_one_std'] else 'NO')} |")
+              f"{('-' if base['seeds'] < 2 and row['strategy'] != 'shuffle' else '') if row['within_one_std'] is None else ('yes' if row['within_one_std'] else 'NO')} |")
     return {"mode": "parity", "table": rows, "runs": runs}
 
 
