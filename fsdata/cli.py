@@ -74,10 +74,12 @@ CONVERT_NOT_FLAGS = ("input", "format")
 
 def _balance_flags(p, command: str) -> None:
     """The flags of ``command`` generated from :class:`BalanceSettings` fields (namespace ``balance.*``)."""
-    from fsdata.balancer.partitioners import names as partitioner_names  # the registry: the one list
+    from fsdata.balancer.partitioners import names as partitioner_names  # the registries: the one lists
+    from fsdata.engines import names as engine_names
 
     add_settings_flags(p, BalanceSettings, section="balance", flags=FLAGS, include=BALANCE_FIELDS[command],
-                       require=True, metavars=METAVARS, choices={"partitioner": partitioner_names()},
+                       require=True, metavars=METAVARS,
+                       choices={"partitioner": partitioner_names(), "engine": engine_names()},
                        title="settings (fsdata.BalanceSettings)")
 
 

@@ -54,6 +54,7 @@ def _fstrain_sections(command: str) -> dict:
 def _registries() -> dict[str, tuple]:
     """Choices of ``str`` fields, by (class, field): each from the registry that defines the names."""
     from fsdata.balancer.partitioners import names as partitioner_names
+    from fsdata.engines import names as engine_names
     from fstrain.config import EvaluateConfig
     from fstrain.distributed.backends import BACKEND_CHOICES
     from fstrain.distributed.comm import CommConfig
@@ -65,7 +66,8 @@ def _registries() -> dict[str, tuple]:
             (Config, "attention"): ATTENTIONS, (OptimConfig, "sparse_optimizer"): SPARSE_OPTIMIZERS,
             (PipelineConfig, "name"): (*PIPELINE_NAMES, NO_PIPELINE), (PipelineConfig, "step_mode"): STEP_MODES,
             (CommConfig, "backend"): BACKEND_CHOICES, (EvaluateConfig, "backend"): BACKEND_CHOICES,
-            (BalanceSettings, "partitioner"): tuple(partitioner_names())}
+            (BalanceSettings, "partitioner"): tuple(partitioner_names()),
+            (BalanceSettings, "engine"): tuple(engine_names())}
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser, dict]]:

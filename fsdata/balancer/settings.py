@@ -50,7 +50,8 @@ class BalanceSettings:
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
-        engine: ``local`` (this process) or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
+        engine: a name of the engine registry (:func:`fsdata.engines.names`): ``local`` (this process)
+            or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
             the output is byte-identical either way (not recorded in the manifest).
         ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
             ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
@@ -80,7 +81,7 @@ class BalanceSettings:
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = None
     overwrite: bool = False
-    engine: Literal["local", "ray"] = "local"
+    engine: str = "local"
     ray_address: str | None = None
     num_workers: int | None = None
     epochs: int = 1

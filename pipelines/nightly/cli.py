@@ -29,8 +29,9 @@ def _choices(section: str) -> dict[str, list[str]] | None:
     if section != "balance":
         return None
     from fsdata.balancer.partitioners import names as partitioner_names  # noqa: PLC0415
+    from fsdata.engines import names as engine_names  # noqa: PLC0415
 
-    return {"partitioner": partitioner_names()}
+    return {"partitioner": partitioner_names(), "engine": engine_names()}
 
 
 def build_parser() -> jsonargparse.ArgumentParser:
