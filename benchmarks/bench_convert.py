@@ -144,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
                      output_bytes=out.stat().st_size if out.exists() else None, generate_seconds=round(gen, 1))
             if r["exit_code"] == 0:
                 s = json.loads(r.pop("stdout"))
-                r.update(num_users=s["num_users"], num_samples=s["num_samples"])
+                r.update(num_users=s["num_users"], num_samples=s["num_samples"], num_events_counted=s["num_events"],
+                         events_match=s["num_events"] == num_events)  # no event silently lost or added
             rows.append(r)
             _save(a, tree, rows)  # after every format, so a long run that is stopped keeps what it measured
             print(f"{fmt:15s} input {r['input_bytes'] / 1e9:5.2f} GB  {num_events:>12,} events  "
-                  f"exit {r['exit_code']}  {r['wall_seconds']:7.1f} s  peak RSS {r['peak_rss_mib']:8.1f} MiB",
-                  flush=True)
+                  f"exit {r['exit_code']}  {r['wall_seconds']:7.1f} s  peak RSS {r['peak_rss_mib']:8.1f} MiB"
+                  + ("" if r.get("events_match", True) else
+                     f"  EVENTS COUNTED {r['num_events_counted']:,} != {num_events:,} WRITTEN"), flush=True)
             out.unlink(missing_ok=True)
             if not a.keep and (fmt != "events-csv" or "events-parquet" not in a.formats):
                 src.unlink(missing_ok=True)
