@@ -57,7 +57,7 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     pos = 0
     for path in src.files:
         fs, inner = fsio.filesystem_and_path(path)
-        for batch in pq.ParquetFile(inner, filesystem=fs).iter_batches(batch_size=16384):
+        for batch in pq.ParquetFile(inner, filesystem=fs, pre_buffer=False).iter_batches(batch_size=16384):
             t = pa.Table.from_batches([batch]).rename_columns(in_schema.names).cast(in_schema)
             in_hash[pos:pos + t.num_rows] = row_hashes(t)
             pos += t.num_rows
