@@ -33,8 +33,12 @@ MAX_EVENTS_PER_CHUNK = 1 << 23
 #: Default most history items (summed over samples) built and written at once.
 #: Most temporary buckets (open files of the partitioned sink).
 _MAX_BUCKETS = 256
-#: Events per row group of a grouped bucket file (bounds the merge's memory: one group per bucket).
+#: Most events per row group of a grouped bucket file. The merge holds up to two row groups per bucket
+#: file, so a group is also at most :data:`_MERGE_EVENTS_PER_STEP` / buckets events.
 _MERGE_EVENTS_PER_GROUP = 1 << 14
+#: Events the merge reads per step over all bucket files (about one row group each). A fixed 16,384 events
+#: per group made a 256-bucket merge hold about 8M events at once: a 2 GB events CSV peaked at 995 MiB there.
+_MERGE_EVENTS_PER_STEP = 1 << 21
 #: Events gathered before they are split by bucket and written as one spool file. An earlier design kept
 #: rows pending per bucket with one open Parquet writer each: memory grew by about 2 MiB per bucket
 #: (874 MiB at 250 buckets against 401 MiB at 43, same 0.34 GB input), so with the bucket count it
@@ -274,6 +278,7 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
     spooled = _write_buckets(src, spool / "buckets", num_buckets)
     _check_events(src, pl.scan_parquet([p for p, _ in spooled]))
     grouped, dups = [], 0
+    group_events = max(64, min(_MERGE_EVENTS_PER_GROUP, _MERGE_EVENTS_PER_STEP // num_buckets))
     files = [(pq.ParquetFile(p), index) for p, index in spooled]
     for b in range(num_buckets):
         parts = [f.read_row_groups(index[b]) for f, index in files if b in index]
@@ -283,7 +288,7 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         del parts
         dups += dup
         events = int(users["item_ids"].list.len().sum())
-        rows = max(1, _MERGE_EVENTS_PER_GROUP * users.height // max(1, events))
+        rows = max(1, group_events * users.height // max(1, events))
         grouped.append(spool / f"grouped-{len(grouped):05d}.parquet")
         users.write_parquet(grouped[-1], row_group_size=rows, compression="lz4")
         del users
