@@ -1,4 +1,4 @@
-"""Kills at every write, rename and delete point of balance on the S3 test server (issue 19).
+"""Kills at every write, rename and delete point of balance and finalize on the S3 test server (issue 19).
 
 The harness of :mod:`tests.faults` against the moto S3 server of
 ``test_object_store.py``: after each kill, the objects readers resolve (through ``_current.json``)
@@ -66,6 +66,43 @@ def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the
         assert {k.split("/")[0] for k in s3.keys(f"{b}/killed")} == {"_current.json", "_versions"}
         assert len({k.split("/")[0] for k in s3.keys(f"{b}/killed/_versions")}) == 1
         # our temporaries (fsdata-*) are gone; the in-process S3 test server may keep its own there
+        assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith("fsdata-")]
+    finally:
+        h.close()
+
+
+def test_s3_finalize_rerun_killed_at_every_write_point_leaves_a_complete_output(
+        s3, s3_input, local_out, tmp_path, monkeypatch):  # noqa: F811
+    """The stages on S3 (plan, write, finalize), then ``finalize`` re-run and killed at each point: the
+    finalized output readers see stays the complete one, verifies, and the next finalize succeeds."""
+    root = tmp_path / "w"
+    (root / "tmp").mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(root / "tmp"))
+    b, inp = s3_input
+    plan, out = f"s3://{b}/fplan.parquet", f"s3://{b}/finalized"
+    assert main(["plan", inp, plan, *_BALANCE]) == 0
+    assert main(["write", inp, plan, out, "--no-progress"]) == 0
+    assert main(["finalize", out, "--plan", plan, "--no-progress"]) == 0
+    want = _local_digests(local_out)
+
+    def current():
+        d = s3.digests(fsio.resolve_pointer(out)[len("s3://"):])
+        return {k: v for k, v in d.items() if not k.startswith(("_versions/", "_current.json"))}
+
+    assert current() == want
+    args = ["finalize", out, "--plan", plan, "--no-progress"]
+    h = Harness(root, tmp_path)
+    try:
+        points = h.points(args)
+        assert points, "a finalize re-run changes nothing on the store: nothing to kill"
+        assert current() == want  # a re-run writes the same output
+        for k in range(1, len(points) + 1):
+            rc, passed = h.run(args, k)
+            assert rc == 9 or (rc == 0 and len(passed) < k), f"point {k} ({points[k - 1]}): exit {rc}"
+            assert current() == want, f"killed at point {k} ({points[k - 1]}): the output changed"
+            assert main(["verify", out, "--input", inp, "--no-progress"]) == 0, points[k - 1]
+            assert main(args) == 0, f"the finalize after a kill at {points[k - 1]} failed"
+            assert current() == want
         assert not [p.name for p in (root / "tmp").iterdir() if p.name.startswith("fsdata-")]
     finally:
         h.close()
