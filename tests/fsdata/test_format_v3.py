@@ -1,0 +1,115 @@
+"""Format v3 (issue 20): the rank files' Parquet settings (LZ4, no dictionary pages, statistics)
+and read compatibility with format v2 outputs (fsdata verify, the manifest reader, fstrain)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from fsdata.cli import main
+from fsdata.errors import VerifyError
+from fsdata.samples import schema as S
+from fsdata.shards.manifest import FORMAT_VERSION, Manifest, sha256_file
+from fsdata.shards.verify import verify
+from fsdata.shards.writer import RANK_FILE_PARQUET_OPTIONS, _write_whole_steps
+from tests.fsdata.helpers import write_samples
+
+N, R, B = 600, 3, 8  # 25 steps; the input has N + 5 samples, 5 dropped
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    d = tmp_path_factory.mktemp("v3")
+    inp = write_samples(d / "in.parquet", n=N + 5, with_timestamps=True)  # 5 dropped
+    out = d / "out"
+    assert main(["balance", str(inp), str(out), "--ranks", str(R), "--batch-size-per-rank", str(B),
+                 "--no-progress"]) == 0
+    return inp, out
+
+
+def to_v2(src: Path, dst: Path) -> None:
+    """Rewrite a v3 OUTPUT as format_version 2: every rank file re-encoded with version 2's Parquet
+    settings (zstd, dictionary pages; same rows, row groups and key-value metadata), its manifest
+    entry (bytes, SHA-256) and ``format_version`` updated; nothing else differs between the two."""
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "_manifest.json").read_text())
+    for f in m["files"]:
+        path = dst / f["path"]
+        pf = pq.ParquetFile(src / f["path"])
+        table = pf.read()
+        ends = np.cumsum(np.bincount(table.column(S.STEP).to_numpy()))
+        with pq.ParquetWriter(path, pf.schema_arrow, **RANK_FILE_PARQUET_OPTIONS[2]) as w:
+            _write_whole_steps(w, table, ends)
+        assert [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)] == \
+            [pq.ParquetFile(path).metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+        f.update(num_bytes=path.stat().st_size, sha256=sha256_file(path))
+    m["format_version"] = 2
+    (dst / "_manifest.json").write_text(json.dumps(m, indent=2))
+
+
+def test_rank_files_have_the_v3_parquet_settings(good):
+    _, out = good
+    m = Manifest.read(out)
+    assert FORMAT_VERSION == 3 and m.format_version == 3
+    assert RANK_FILE_PARQUET_OPTIONS[3] == {"compression": "lz4", "use_dictionary": False, "write_statistics": True}
+    for r in range(R):
+        md = pq.ParquetFile(m.rank_file(r)).metadata
+        assert md.num_row_groups >= 1
+        for g in range(md.num_row_groups):
+            for j in range(md.num_columns):
+                c = md.row_group(g).column(j)
+                assert not c.has_dictionary_page, (r, g, c.path_in_schema)
+                assert "RLE_DICTIONARY" not in c.encodings and "PLAIN_DICTIONARY" not in c.encodings
+                assert c.compression == "LZ4", (r, g, c.path_in_schema, c.compression)  # PyArrow's name
+                # readers need these: resume at a step (step), the item vocabulary (fstrain)
+                assert c.statistics is not None and c.statistics.has_min_max, (r, g, c.path_in_schema)
+    duckdb = pytest.importorskip("duckdb", reason="duckdb is in the [test] extra")
+    codecs = duckdb.sql(f"SELECT DISTINCT compression FROM parquet_metadata('{out}/*/*.parquet')").fetchall()
+    assert codecs == [("LZ4_RAW",)]  # the footer's codec: LZ4_RAW, not the deprecated Hadoop LZ4
+
+
+def test_v2_output_still_verifies_and_reads(good, tmp_path):
+    inp, out = good
+    v2 = tmp_path / "v2"
+    to_v2(out, v2)
+    some = pq.ParquetFile(v2 / "rank-00000" / "part-00000.parquet").metadata.row_group(0).column(2)
+    assert some.compression == "ZSTD" and some.has_dictionary_page  # really the v2 encoding
+    r = verify(v2, inp)
+    assert r["format_version"] == 2 and r["checked_input"]
+    a, b = Manifest.read(v2), Manifest.read(out)
+    assert a.format_version == 2 and a.rank_file(1) == str(v2 / "rank-00001" / "part-00000.parquet")
+    for rank in range(R):  # same rows, either encoding
+        assert pq.read_table(a.rank_file(rank)).equals(pq.read_table(b.rank_file(rank)))
+    assert main(["verify", str(v2), "--input", str(inp)]) == 0
+    # a v2 file's bytes are still checked against the manifest's SHA-256
+    f = v2 / "rank-00002" / "part-00000.parquet"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(VerifyError, match="rank-00002"):
+        verify(v2)
+
+
+def test_fstrain_reads_v2_and_v3_alike(good, tmp_path):
+    pytest.importorskip("torchrec")
+    from fstrain.data import ShardReader
+    from fstrain.data.manifest import infer_num_items, load_manifest
+
+    _, out = good
+    v2 = tmp_path / "v2"
+    to_v2(out, v2)
+    assert infer_num_items(load_manifest(str(v2))) == infer_num_items(load_manifest(str(out)))
+    for rank in range(R):
+        a = list(ShardReader(str(out), rank, R, num_prefetch_batches=0))
+        b = list(ShardReader(str(v2), rank, R, num_prefetch_batches=0))
+        assert len(a) == len(b) == N // (R * B)
+        assert [x.sample_ids.tolist() for x in a] == [x.sample_ids.tolist() for x in b]
+    # resuming at a step reads row-group statistics of either encoding
+    k = N // (R * B) - 3
+    tail = [x.sample_ids.tolist() for x in ShardReader(str(v2), 1, R, start_step=k, num_prefetch_batches=0)]
+    assert tail == [x.sample_ids.tolist() for x in ShardReader(str(out), 1, R, num_prefetch_batches=0)][k:]
