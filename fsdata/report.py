@@ -98,7 +98,7 @@ class OutputData:
 
 
 def find_manifest(output: str | os.PathLike) -> Path:
-    """``OUTPUT/_manifest.json`` (format v2) or ``OUTPUT/manifest.json`` (v1).
+    """``OUTPUT/_manifest.json`` (format v2 and v3) or ``OUTPUT/manifest.json`` (v1).
 
     Raises:
         InputError: neither exists.

@@ -7,16 +7,17 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from fsdata.cli import main
 from fsdata.errors import VerifyError
-from fsdata.samples import schema as S
 from fsdata.shards.manifest import FORMAT_VERSION, Manifest, sha256_file
 from fsdata.shards.verify import verify
-from fsdata.shards.writer import RANK_FILE_PARQUET_OPTIONS, _write_whole_steps
+from fsdata.samples.io import open_samples
+from fsdata.shards import writer
+from fsdata.shards.plan_file import PLAN_DIGEST_KEY
+from fsdata.shards.writer import RANK_FILE_PARQUET_OPTIONS
 from tests.fsdata.helpers import write_samples
 
 N, R, B = 600, 3, 8  # 25 steps; the input has N + 5 samples, 5 dropped
@@ -32,22 +33,23 @@ def good(tmp_path_factory):
     return inp, out
 
 
-def to_v2(src: Path, dst: Path) -> None:
-    """Rewrite a v3 OUTPUT as format_version 2: every rank file re-encoded with version 2's Parquet
-    settings (zstd, dictionary pages; same rows, row groups and key-value metadata), its manifest
-    entry (bytes, SHA-256) and ``format_version`` updated; nothing else differs between the two."""
+def to_v2(inp: Path, src: Path, dst: Path, monkeypatch) -> None:
+    """Rewrite a v3 OUTPUT as format_version 2: every rank file written again by
+    :func:`fsdata.shards.writer.write_rank` with version 2's Parquet settings (zstd, dictionary
+    pages; the bytes the previous release wrote), its manifest entry (bytes, SHA-256) and
+    ``format_version`` updated; nothing else differs between the two versions."""
     shutil.copytree(src, dst)
     m = json.loads((dst / "_manifest.json").read_text())
+    schema = writer.output_schema(open_samples(inp))
+    monkeypatch.setattr(writer, "FORMAT_VERSION", 2)
     for f in m["files"]:
-        path = dst / f["path"]
         pf = pq.ParquetFile(src / f["path"])
-        table = pf.read()
-        ends = np.cumsum(np.bincount(table.column(S.STEP).to_numpy()))
-        with pq.ParquetWriter(path, pf.schema_arrow, **RANK_FILE_PARQUET_OPTIONS[2]) as w:
-            _write_whole_steps(w, table, ends)
-        assert [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)] == \
-            [pq.ParquetFile(path).metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
-        f.update(num_bytes=path.stat().st_size, sha256=sha256_file(path))
+        digest = pf.schema_arrow.metadata[PLAN_DIGEST_KEY].decode()
+        rec = writer.write_rank(f["rank"], pf.read(), dst, schema, m["num_steps"], plan_digest=digest,
+                                sorted_rows=True)
+        assert rec.path == f["path"] and rec.num_rows == f["num_rows"]
+        f.update(num_bytes=rec.num_bytes, sha256=rec.sha256)
+    monkeypatch.undo()
     m["format_version"] = 2
     (dst / "_manifest.json").write_text(json.dumps(m, indent=2))
 
@@ -73,10 +75,10 @@ def test_rank_files_have_the_v3_parquet_settings(good):
     assert codecs == [("LZ4_RAW",)]  # the footer's codec: LZ4_RAW, not the deprecated Hadoop LZ4
 
 
-def test_v2_output_still_verifies_and_reads(good, tmp_path):
+def test_v2_output_still_verifies_and_reads(good, tmp_path, monkeypatch):
     inp, out = good
     v2 = tmp_path / "v2"
-    to_v2(out, v2)
+    to_v2(inp, out, v2, monkeypatch)
     some = pq.ParquetFile(v2 / "rank-00000" / "part-00000.parquet").metadata.row_group(0).column(2)
     assert some.compression == "ZSTD" and some.has_dictionary_page  # really the v2 encoding
     r = verify(v2, inp)
@@ -95,14 +97,14 @@ def test_v2_output_still_verifies_and_reads(good, tmp_path):
         verify(v2)
 
 
-def test_fstrain_reads_v2_and_v3_alike(good, tmp_path):
+def test_fstrain_reads_v2_and_v3_alike(good, tmp_path, monkeypatch):
     pytest.importorskip("torchrec")
     from fstrain.data import ShardReader
     from fstrain.data.manifest import infer_num_items, load_manifest
 
-    _, out = good
+    inp, out = good
     v2 = tmp_path / "v2"
-    to_v2(out, v2)
+    to_v2(inp, out, v2, monkeypatch)
     assert infer_num_items(load_manifest(str(v2))) == infer_num_items(load_manifest(str(out)))
     for rank in range(R):
         a = list(ShardReader(str(out), rank, R, num_prefetch_batches=0))
