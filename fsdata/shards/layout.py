@@ -8,8 +8,8 @@ manifest records the SHA-256 of each file (:func:`sha256_file`). :mod:`fsdata.sh
 re-exports every name here: it is the format's one import.
 
 Versions: format_version 3 (written today) has version 2's names and columns; only the rank
-files' Parquet encoding differs (:data:`fsdata.shards.writer.RANK_FILE_PARQUET_OPTIONS`: no
-dictionary pages, LZ4 instead of zstd; a rank file of either version reads with any Parquet
+files' Parquet encoding differs (:data:`fsdata.shards.writer.RANK_FILE_PARQUET_OPTIONS`: LZ4
+instead of zstd; a rank file of either version reads with any Parquet
 reader). Version 2 (still read) names the root metadata ``_manifest.json``,
 ``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
 (still read) named them ``manifest.json``, ``step_stats.parquet``, ``dropped.parquet`` and

@@ -4,7 +4,7 @@ with, so engines give byte-identical files.
 
 A rank file ``rank-XXXXX/part-00000.parquet`` holds the rank's rows in (step, position) order,
 with the input's columns (contract types for contract columns), then ``step`` int32 and ``rank``
-int32; the Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` (format_version 3: LZ4, no
+int32; the Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` (format_version 3: LZ4,
 dictionary pages, column statistics), row groups of whole steps (:data:`ROW_GROUP_ROWS`), and the
 plan digest in its key-value metadata. The file is encoded in memory, hashed and written with one write
 (no re-read), to a local folder or a :mod:`pyarrow.fs` URI.
@@ -32,15 +32,18 @@ from fsdata.shards.plan_file import PLAN_DIGEST_KEY, POSITION
 ROW_GROUP_ROWS = 16384
 #: ``pyarrow.parquet.ParquetWriter`` settings of a rank file per format_version: the one place
 #: every engine's rank files take them from (:func:`write_rank`), so engines write the same bytes.
-#: Version 3 (written today) drops dictionary pages and writes LZ4 (``LZ4_RAW``) instead of zstd:
-#: on the 256 rank files of 1M ``fsdata synth`` samples it encodes in 0.41x version 2's CPU
-#: seconds (1.25 s vs 3.1 s) for 1.21x its bytes (docs/results/bench_offline_stage.md, "Format
-#: version 3"). Column statistics stay on every column: readers resume at a step from ``step``'s
-#: and fstrain infers the item vocabulary from ``item_ids``' and ``target_item_id``'s (their cost
-#: is within the measurement's noise). Version 2 is kept to describe (and test) outputs still read.
+#: Version 3 (written today) writes LZ4 (``LZ4_RAW``) instead of zstd, dictionary pages and statistics
+#: as version 2. Measured on the 256 rank files of 1M samples (docs/results/bench_offline_stage.md,
+#: "Format version 3"): ml-1m per-event samples (real ids) encode in 0.89x version 2's CPU seconds
+#: for 1.07x its bytes; ``fsdata synth`` samples (uniform random ids) in 0.84x for 1.16x.
+#: Without dictionary pages the synthetic files encode cheaper still (0.41x) but real ones cost
+#: more CPU (1.14x) and 2.2x the bytes: their histories repeat a small vocabulary. Column
+#: statistics stay on every column: readers resume at a step from ``step``'s and fstrain infers the
+#: item vocabulary from ``item_ids``' and ``target_item_id``'s (their cost is within the noise).
+#: Version 2 is kept to describe (and test) outputs still read.
 RANK_FILE_PARQUET_OPTIONS: dict[int, dict] = {
     2: {"compression": "zstd", "use_dictionary": True, "write_statistics": True},
-    3: {"compression": "lz4", "use_dictionary": False, "write_statistics": True},
+    3: {"compression": "lz4", "use_dictionary": True, "write_statistics": True},
 }
 
 
@@ -102,7 +105,7 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
       the plan); extra columns are ignored.
     * Rows are sorted by (``step``, ``position``), ``position`` is dropped, and the file is
       written to ``output/rank-XXXXX/part-00000.parquet`` (the folder is created) with the
-      Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` for :data:`FORMAT_VERSION` (LZ4, no
+      Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` for :data:`FORMAT_VERSION` (LZ4,
       dictionary pages, column statistics), and row groups of whole steps: each row group ends at
       the first step boundary at or past :data:`ROW_GROUP_ROWS` rows.
     * ``output`` may be a :mod:`pyarrow.fs` URI (``s3://...``): the file is then encoded in memory
