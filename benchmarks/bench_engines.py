@@ -334,6 +334,7 @@ def bench_vs_copy(n: int, a: argparse.Namespace, work: Path) -> dict:
         b = run_child_measured(bal, env, res)
         b["stage_seconds"] = json.loads(b.pop("stdout")).get("stage_seconds", {})
         b["output_bytes"] = _tree_bytes(bal_out)
+        b["format_version"] = json.loads((bal_out / "_manifest.json").read_text())["format_version"]
         if not a.keep_outputs or i + 1 < a.rounds:
             _rm(bal_out)
         rounds.append({"copy": c, "balance": b, "ratio": b["wall_seconds"] / c["wall_seconds"]})
@@ -352,6 +353,7 @@ def bench_vs_copy(n: int, a: argparse.Namespace, work: Path) -> dict:
            "balance_peak_rss_bytes": max(r["balance"]["peak_rss_bytes"] for r in rounds),
            "copy_peak_rss_bytes": max(r["copy"]["peak_rss_bytes"] for r in rounds),
            "balance_output_bytes": last["output_bytes"], "copy_output_bytes": rounds[-1]["copy"]["output_bytes"],
+           "format_version": last["format_version"], "bucket_compression": a.bucket_compression,
            "balance_write_bytes": max(r["balance"]["io"]["write_bytes"] for r in rounds),
            "balance_wchar": max(r["balance"]["io"]["wchar"] for r in rounds),
            "balance_read_bytes": max(r["balance"]["io"]["read_bytes"] for r in rounds),
@@ -370,7 +372,8 @@ def bench_vs_copy(n: int, a: argparse.Namespace, work: Path) -> dict:
 def print_vs_copy(rows: list[dict], a: argparse.Namespace) -> None:
     gib, gb = 1024**3, 1e9
     print(f"\nfsdata balance --engine local vs pl.scan_parquet(IN).sink_parquet(OUT), R={a.ranks} "
-          f"B={a.batch_size_per_rank}, cost {a.cost_model}, max_seq_len {a.max_seq_len}, {a.rounds} rounds alternated")
+          f"B={a.batch_size_per_rank}, cost {a.cost_model}, max_seq_len {a.max_seq_len}, {a.rounds} rounds alternated, "
+          f"format_version {rows[0]['format_version'] if rows else '?'}, --bucket-compression {a.bucket_compression}")
     print(f"| samples | input GB | copy s | balance s | ratio (medians) | ratio per round | read_lengths | plan | "
           f"write_ranks | finalize | balance peak RSS GiB | copy peak RSS GiB | balance read GB (rchar) | "
           f"balance written GB (write_bytes) | output GB | written / output | CPU s copy | CPU s balance | CPU ratio |")

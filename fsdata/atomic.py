@@ -108,7 +108,7 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-#: The commit markers of an OUTPUT (v2 and v1 manifests).
+#: The commit markers of an OUTPUT (v3 and v2: _manifest.json; v1: manifest.json).
 COMMIT_MARKERS = ("_manifest.json", "manifest.json")
 
 

@@ -42,10 +42,10 @@ from fsdata.balancer.cost import load_cost_model
 from fsdata.errors import InputError
 from fsdata.balancer.partition import partition_shuffle, per_rank_loads
 from fsdata.balancer.plan import LEGACY_SHUFFLE, shuffled_steps
-from fsdata.shards.manifest import Manifest, ManifestError
+from fsdata.shards.manifest import READ_VERSIONS, Manifest, ManifestError
 
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
-SUPPORTED_FORMAT_VERSIONS = (1, 2)
+SUPPORTED_FORMAT_VERSIONS = READ_VERSIONS
 
 
 def pyplot():
@@ -98,7 +98,7 @@ class OutputData:
 
 
 def find_manifest(output: str | os.PathLike) -> Path:
-    """``OUTPUT/_manifest.json`` (format v2) or ``OUTPUT/manifest.json`` (v1).
+    """``OUTPUT/_manifest.json`` (format v2 and v3) or ``OUTPUT/manifest.json`` (v1).
 
     Raises:
         InputError: neither exists.

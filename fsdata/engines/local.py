@@ -8,7 +8,7 @@
    :data:`GATHER_BYTES` decoded; the first group stays in memory, the others are spilled to one
    temporary Arrow IPC file each (``--bucket-compression`` is their codec; nothing is spilled when
    the whole input fits). Then per group: one permutation into (rank, step, position) order from
-   the plan (no sort), one gather per rank, and each rank file written (threads) by
+   the plan (no sort), one gather per block of ranks, and each rank file written (threads) by
    :func:`fsdata.shards.writer.write_rank`.
 3. **finalize** (:func:`fsdata.shards.finalize.finalize`), run by :meth:`fsdata.engines.base.Engine.run`.
 
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 #: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
 #: read of the input. Peak memory is about this plus the plan (28 bytes per input row per epoch).
 GATHER_BYTES = 1024**3
+#: Rows the write stage gathers into rank order at once (:func:`_write_group`): one gather per block
+#: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
+#: 0.5 CPU s against 0.8 for one gather per rank, docs/results/bench_offline_stage.md).
+GATHER_BLOCK_ROWS = 1 << 16
 _DEST = "__fsdata_destination"
 
 
@@ -187,7 +191,8 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
 def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
                  out: Path | str, schema: pa.Schema, digest: str, num_threads: int, bar) -> list[FileEntry]:
     """Write the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
-    permutation into (rank, step, position) order, then one ``take`` per rank."""
+    permutation into (rank, step, position) order, then one gather per block of ranks
+    (:data:`GATHER_BLOCK_ROWS`), sliced into ranks."""
     a, b = ranks
     base = int(rank_start[a])
     table = pa.concat_tables(batches).combine_chunks()
@@ -207,17 +212,33 @@ def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np
     source = pl.from_arrow(table) if simple else table
     del table
 
-    def one(r: int) -> FileEntry:
-        idx = perm[rank_start[r] - base:rank_start[r + 1] - base]
+    def block(ranks: tuple[int, int]) -> list[FileEntry]:
+        i, j = ranks
+        lo = int(rank_start[i]) - base
+        idx = perm[lo:int(rank_start[j]) - base]
         rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
-        return writer.write_rank(r, rows, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
+        return [writer.write_rank(r, rows.slice(int(rank_start[r]) - base - lo, int(rank_start[r + 1] - rank_start[r])),
+                                  out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
+                for r in range(i, j)]
 
     files = []
     with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
-        for info in ex.map(one, range(a, b)):
-            files.append(info)
-            bar.update(1)
+        for infos in ex.map(block, _rank_blocks(rank_start, a, b, GATHER_BLOCK_ROWS)):
+            files += infos
+            bar.update(len(infos))
     return files
+
+
+def _rank_blocks(rank_start: np.ndarray, a: int, b: int, rows: int) -> list[tuple[int, int]]:
+    """Consecutive rank ranges ``[i, j)`` covering ``[a, b)``, each of at least ``rows`` rows
+    (whole ranks; the last one may hold fewer)."""
+    blocks, i = [], a
+    while i < b:
+        j = int(np.searchsorted(rank_start, rank_start[i] + rows, side="left"))
+        j = min(max(j, i + 1), b)
+        blocks.append((i, j))
+        i = j
+    return blocks
 
 
 _BUCKETS_PREFIX = "fsdata-buckets-"

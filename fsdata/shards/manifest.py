@@ -12,8 +12,8 @@ OUTPUT may be a local folder or a :mod:`pyarrow.fs` URI (``s3://bucket/prefix``;
 every path here is joined and opened through :mod:`fsdata.fsio`. On an object store the manifest
 is the commit marker (written last, one PUT): a prefix without it is an incomplete OUTPUT.
 
-Versions: format_version 2 (written today) and 1 (still read); their file names are in
-:mod:`fsdata.shards.layout`. Readers take every path from the manifest, never from a glob.
+Versions: format_version 3 (written today), 2 and 1 (still read); their file names and what
+differs are in :mod:`fsdata.shards.layout`. Readers take every path from the manifest, never from a glob.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ManifestError(FsdataError):
 
 
 def find_manifest(output: str | os.PathLike) -> Path | str:
-    """The manifest file of an OUTPUT: ``_manifest.json`` (v2), else ``manifest.json`` (v1).
+    """The manifest file of an OUTPUT: ``_manifest.json`` (v2, v3), else ``manifest.json`` (v1).
 
     Returns:
         Its path (a ``str`` URI for a remote OUTPUT).
@@ -140,7 +140,7 @@ class Manifest:
 
     Attributes:
         path: the OUTPUT folder (not stored in the file).
-        format_version: 1 or 2.
+        format_version: 1, 2 or 3 (:data:`READ_VERSIONS`).
         num_ranks: R, the world size the shards are for.
         num_steps: steps per rank (equal on every rank).
         batch_size_per_rank: B (fixed policy) or the nominal B (cost-budget).
@@ -157,7 +157,7 @@ class Manifest:
         step_stats_file: name of the step-stats file.
         step_stats_sha256, dropped_sha256: SHA-256 of the step-stats and dropped files (v2; the
             latter None without a dropped file).
-        fsdata_version: the fsdata that wrote it (v2).
+        fsdata_version: the fsdata that wrote it (v2 and later).
         input_digest: digest of the input (v2; see :func:`fsdata.shards.plan_file.input_digest`).
         settings: every creation setting.
         extra: keys this fsdata does not know, kept as read (written back after the known keys);

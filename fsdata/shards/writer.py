@@ -4,8 +4,9 @@ with, so engines give byte-identical files.
 
 A rank file ``rank-XXXXX/part-00000.parquet`` holds the rank's rows in (step, position) order,
 with the input's columns (contract types for contract columns), then ``step`` int32 and ``rank``
-int32; zstd, column statistics, row groups of whole steps (:data:`ROW_GROUP_ROWS`), and the plan
-digest in its key-value metadata. The file is encoded in memory, hashed and written with one write
+int32; the Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` (format_version 3: LZ4,
+dictionary pages, column statistics), row groups of whole steps (:data:`ROW_GROUP_ROWS`), and the
+plan digest in its key-value metadata. The file is encoded in memory, hashed and written with one write
 (no re-read), to a local folder or a :mod:`pyarrow.fs` URI.
 """
 
@@ -24,11 +25,26 @@ from fsdata import fsio
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource
-from fsdata.shards.manifest import FileEntry, rank_dir_name, rank_file_path
+from fsdata.shards.manifest import FORMAT_VERSION, FileEntry, rank_dir_name, rank_file_path
 from fsdata.shards.plan_file import PLAN_DIGEST_KEY, POSITION
 
 #: Target rows per Parquet row group in rank files (rounded to whole steps).
 ROW_GROUP_ROWS = 16384
+#: ``pyarrow.parquet.ParquetWriter`` settings of a rank file per format_version: the one place
+#: every engine's rank files take them from (:func:`write_rank`), so engines write the same bytes.
+#: Version 3 (written today) writes LZ4 (``LZ4_RAW``) instead of zstd, dictionary pages and statistics
+#: as version 2. Measured on the 256 rank files of 1M samples (docs/results/bench_offline_stage.md,
+#: "Format version 3"): ml-1m per-event samples (real ids) encode in 0.89x version 2's CPU seconds
+#: for 1.07x its bytes; ``fsdata synth`` samples (uniform random ids) in 0.84x for 1.16x.
+#: Without dictionary pages the synthetic files encode cheaper still (0.41x) but real ones cost
+#: more CPU (1.14x) and 2.2x the bytes: their histories repeat a small vocabulary. Column
+#: statistics stay on every column: readers resume at a step from ``step``'s and fstrain infers the
+#: item vocabulary from ``item_ids``' and ``target_item_id``'s (their cost is within the noise).
+#: Version 2 is kept to describe (and test) outputs still read.
+RANK_FILE_PARQUET_OPTIONS: dict[int, dict] = {
+    2: {"compression": "zstd", "use_dictionary": True, "write_statistics": True},
+    3: {"compression": "lz4", "use_dictionary": True, "write_statistics": True},
+}
 
 
 def check_reserved_columns(src: SampleSource) -> None:
@@ -88,9 +104,10 @@ def write_rank(rank: int, table: pa.Table, output: str | os.PathLike, schema: pa
       ``rank`` int32) plus ``position`` int32 (the row's index in its (step, rank) batch, from
       the plan); extra columns are ignored.
     * Rows are sorted by (``step``, ``position``), ``position`` is dropped, and the file is
-      written to ``output/rank-XXXXX/part-00000.parquet`` (the folder is created) with zstd
-      compression, column statistics, and row groups of whole steps: each row group ends at the
-      first step boundary at or past :data:`ROW_GROUP_ROWS` rows.
+      written to ``output/rank-XXXXX/part-00000.parquet`` (the folder is created) with the
+      Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` for :data:`FORMAT_VERSION` (LZ4,
+      dictionary pages, column statistics), and row groups of whole steps: each row group ends at
+      the first step boundary at or past :data:`ROW_GROUP_ROWS` rows.
     * ``output`` may be a :mod:`pyarrow.fs` URI (``s3://...``): the file is then encoded in memory
       (its compressed size; the decoded rows are held anyway), hashed, and stored with one write
       through the URI's ``FileSystem``: the same bytes as a local file.
@@ -140,7 +157,7 @@ def _write_sorted_rank(rank: int, table: pa.Table, output: str | os.PathLike, sc
     ends = np.cumsum(counts)
     tokens = _step_tokens(step, pc.list_value_length(table.column(S.ITEM_IDS)), num_steps)
     sink = pa.BufferOutputStream()
-    with pq.ParquetWriter(sink, schema, compression="zstd", write_statistics=True) as w:
+    with pq.ParquetWriter(sink, schema, **RANK_FILE_PARQUET_OPTIONS[FORMAT_VERSION]) as w:
         _write_whole_steps(w, table, ends)
     n = table.num_rows
     del table

@@ -1,5 +1,5 @@
 """The local engine's write stage (rows gathered to rank groups in one read, spilled beyond
-``GATHER_BYTES``) writes the same bytes as :func:`fsdata.shards.writer.write_rank` of each rank's
+``GATHER_BYTES``, gathered into rank order by blocks of ranks) writes the same bytes as :func:`fsdata.shards.writer.write_rank` of each rank's
 rows (the Ray engine's unit), whatever the grouping, spill codec or epochs."""
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ def _settings(**kw) -> BalanceSettings:
                                 "progress": False, **kw})
 
 
-@pytest.mark.parametrize("epochs,extra", [(1, False), (2, False), (1, True)])
-def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, epochs, extra):
+@pytest.mark.parametrize("epochs,extra,block_rows", [(1, False, None), (2, False, None), (1, True, None),
+                                                    (1, False, 1), (2, False, 200), (1, True, 200)])
+def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, monkeypatch, epochs, extra, block_rows):
+    """Also with blocks of one rank (``block_rows`` 1) and of a few ranks (200 rows: ranks hold
+    ~180 rows per epoch), so a rank's rows are a slice inside a block gathered at once."""
+    if block_rows is not None:
+        monkeypatch.setattr(L, "GATHER_BLOCK_ROWS", block_rows)
     if extra:  # a column of another type than integers (gathered by Arrow's take, not Polars)
         files = sorted(samples.glob("*.parquet"))
         samples = tmp_path / "in"

@@ -2,7 +2,7 @@
 
 Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a traceback):
 
-* the manifest (format_version 1 or 2) parses and is well typed (:class:`fsdata.shards.manifest.Manifest`),
+* the manifest (format_version 1, 2 or 3) parses and is well typed (:class:`fsdata.shards.manifest.Manifest`),
   with a SHA-256 and byte size for every rank file, the rank files at their format's paths, a
   3-coefficient cost model, known policy names and settings that agree with the top-level keys;
 * nothing under OUTPUT that the manifest does not list (an extra ``part-00001.parquet`` or
@@ -75,7 +75,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     """Verify an OUTPUT; raise on the first violated invariant (see the module docstring).
 
     Args:
-        output: the OUTPUT folder of ``fsdata balance`` (format_version 1 or 2).
+        output: the OUTPUT folder of ``fsdata balance`` (format_version 1, 2 or 3).
         input_path: the balance INPUT, to check samples, content, seed and the input-side bubbles.
         column_map: ``--columns`` mapping used for the input.
         check_checksums: recompute SHA-256 of every rank file.
