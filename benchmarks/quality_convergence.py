@@ -124,10 +124,19 @@ def global_batches_digest(shards: Path) -> str:
 
 
 def load_reusable(paths: list[str]) -> list[dict]:
-    """Trained runs (with a ``global_batches_sha256``) of earlier JSONs of this benchmark."""
+    """Trained runs (with a ``global_batches_sha256``) of earlier JSONs of this benchmark.
+
+    Raises:
+        SystemExit: a file is missing or is not JSON (one line naming it).
+    """
     runs = []
     for path in paths:
-        for r in json.loads(Path(path).read_text()).get("runs", []):
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--reuse {path}: cannot read it as this benchmark's JSON ({e.__class__.__name__}: "
+                             f"{e}); pass a bench_quality_*.json this benchmark wrote") from None
+        for r in doc.get("runs", []):
             if r.get("global_batches_sha256") and not r.get("reused_from") and "ndcg@10" in r:
                 runs.append(r | {"source_json": str(path)})
     return runs

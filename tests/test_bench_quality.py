@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.quality_convergence import find_identical, global_batches_digest, load_reusable
 from fsdata.cli import main as fsdata_main
 from tests.fsdata.helpers import write_samples
@@ -45,3 +47,8 @@ def test_reuse_needs_same_recipe_seed_epochs_and_batches(tmp_path):
     assert find_identical(pool, "ml-1m-sasrec", 2, 100, "a" * 64) is None
     assert find_identical(pool, "sports-sasrec", 1, 100, "a" * 64) is None
     assert find_identical(pool, "ml-1m-sasrec", 1, 100, "c" * 64) is None
+
+
+def test_a_missing_reuse_file_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"--reuse .*absent\.json: cannot read it"):
+        load_reusable([str(tmp_path / "absent.json")])
