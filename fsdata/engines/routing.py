@@ -58,7 +58,10 @@ def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_
         num_groups: G.
 
     Returns:
-        ``G`` entries: the rows of group ``g`` in input order, or None when it has none.
+        ``G`` entries: the rows of group ``g`` in input order, or None when it has none. Each entry
+        owns its buffers (one ``take`` per group, not slices of one taken table): the local engine
+        keeps the first group's pieces in memory, and a slice would keep the whole batch, every
+        group's rows, alive with it (at 20M samples the stage peaked at 12.5 GiB that way).
     """
     table = pa.Table.from_arrays(columns, schema=out_schema)
     if num_groups == 1 and not (group < 0).any():
@@ -66,6 +69,5 @@ def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_
     order = np.argsort(group, kind="stable")
     order = order[np.searchsorted(group[order], 0, side="left"):]  # without the dropped rows
     cuts = np.searchsorted(group[order], np.arange(num_groups + 1), side="left")
-    table = table.take(pa.array(order))
-    return [table.slice(int(cuts[g]), int(cuts[g + 1] - cuts[g])) if cuts[g + 1] > cuts[g] else None
+    return [table.take(pa.array(order[cuts[g]:cuts[g + 1]])) if cuts[g + 1] > cuts[g] else None
             for g in range(num_groups)]
