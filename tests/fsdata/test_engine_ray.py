@@ -52,8 +52,8 @@ def local_ray():
     if ray.is_initialized():
         ray.shutdown()
     temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")  # short: Unix socket paths <= 107 bytes
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=temp_dir)
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
+             log_to_driver=False, _temp_dir=temp_dir)
     yield ray
     ray.shutdown()
     shutil.rmtree(temp_dir, ignore_errors=True)
@@ -176,6 +176,32 @@ def test_group_bounds_cover_ranks():
     assert b[0] == 0 and b[-1] == 256 and len(b) == 11 and (np.diff(b) >= 1).all()
     assert len(ray_engine.group_bounds(3, 10, 8)) == 4  # never more groups than ranks
     assert len(ray_engine.group_bounds(64, 10, 1)) == 2
+
+
+@pytest.mark.parametrize(("given", "env", "joined"), [(None, None, "local"), (None, "127.0.0.2:6390", "127.0.0.2:6390"),
+                                                     ("127.0.0.1:7000", "127.0.0.2:6390", "127.0.0.1:7000")])
+def test_session_without_an_address_starts_its_own_instance(local_ray, monkeypatch, given, env, joined):
+    """No ``--ray-address`` and no ``RAY_ADDRESS``: a new local instance ("local"), never Ray's
+    default of joining the last cluster started on this machine (another job's). The session ends
+    only the processes it started: the module's running instance is left alone."""
+    import psutil
+
+    from fsdata.engines.ray import session
+
+    others = session._our_processes()
+    assert others, "the module's Ray instance has processes"
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the module's instance stays up
+    monkeypatch.setattr(ray, "init", lambda address=None, **kw: seen.append(address))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    with session.ray_session(given):
+        pass
+    assert seen == [joined]
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in others)
 
 
 def test_unknown_engine_is_one_line_error(tmp_path):

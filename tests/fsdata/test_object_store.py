@@ -255,7 +255,8 @@ def test_ray_engine_s3_to_s3_is_byte_identical(s3, s3_input, local_out, monkeypa
     if ray.is_initialized():
         ray.shutdown()
     temp_dir = tempfile.mkdtemp(prefix="fsray-", dir="/tmp")  # workers inherit the AWS_* variables set above
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
+             log_to_driver=False,
              _temp_dir=temp_dir)
     try:
         assert main(["balance", inp, f"s3://{b}/rayout", *_BALANCE, "--engine", "ray"]) == 0

@@ -66,44 +66,51 @@ def ray_session(address: str | None = None, **init_kwargs) -> Iterator[object]:
     if ray.is_initialized():
         yield ray
         return
+    # "local", not None: Ray's None also joins the last cluster started on this machine
+    # (/tmp/ray/ray_current_cluster), which may be another user's or another job's.
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    before = {p.pid for p in _our_processes()}  # another instance's processes are not ours to end
     try:
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False, configure_logging=True, **init_kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+        where = "a local Ray instance" if address == "local" else address
         raise ConfigError(f"cannot start or join Ray at {where} ({str(e).splitlines()[0]}); start the cluster with "
                           "'ray start --head' and pass its address with --ray-address HOST:PORT") from None
-    started = _our_processes()  # the raylet, GCS, agents and workers this call started
+    started = _our_processes(before)  # the raylet, GCS, agents and workers this call started
     try:
         yield ray
     finally:
         ray.shutdown()
-        _end_leftovers(started)
+        _end_leftovers(started, before)
 
 
-def _our_processes() -> list:
-    """This process's descendants (``psutil.Process``; empty when psutil is unavailable)."""
+def _our_processes(exclude: set[int] = frozenset()) -> list:
+    """This process's Ray descendants (``psutil.Process``) whose pid is not in ``exclude``; empty
+    when psutil is unavailable."""
     try:
         import psutil  # noqa: PLC0415 (a Ray dependency)
 
         out = []
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "ray" in " ".join(p.cmdline()).lower() or "ray" in p.name().lower():
+                if p.pid not in exclude and ("ray" in " ".join(p.cmdline()).lower() or "ray" in p.name().lower()):
                     out.append(p)
         return out
     except Exception:  # noqa: BLE001
         return []
 
 
-def _end_leftovers(procs: list, grace_s: float = 5.0) -> None:
-    """After ``ray.shutdown()``: wait for the Ray processes this run started, end any still running
-    (SIGTERM, then SIGKILL), and log which; nothing of ours is left running after the job."""
+def _end_leftovers(procs: list, before: set[int] = frozenset(), grace_s: float = 5.0) -> None:
+    """After ``ray.shutdown()``: wait for the Ray processes this run started (``procs``, and any
+    Ray descendant started since, i.e. not in ``before``), end any still running (SIGTERM, then
+    SIGKILL), and log which; nothing of ours is left running after the job, and nothing of another
+    Ray instance of this process is touched."""
     if not procs:
         return
     import psutil  # noqa: PLC0415
 
-    procs = [p for p in procs + _our_processes() if p.is_running()]
+    procs = [p for p in procs + _our_processes(before) if p.is_running()]
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for p in alive:
         with contextlib.suppress(psutil.Error):
