@@ -169,6 +169,20 @@ def test_auto_cpsat_only_where_the_gap_is_worth_it_and_never_worse():
     assert info["cpsat_steps"] == 0 and info["method"] == "lpt-swap"
 
 
+def test_auto_cpsat_steps_on_threads_give_the_one_thread_result():
+    """The refined steps run on a thread pool (CP-SAT's limit is deterministic time): any thread
+    count gives the same assignment, so outputs stay byte-identical."""
+    from fsdata.balancer.partitioners import PartitionerConfig
+
+    sc = np.floor(np.random.default_rng(5).pareto(2.0, size=(60, 32)) * 100 + 1) ** 2  # R=4, B=8
+    runs = []
+    for threads in (1, 3):
+        auto = AutoPartitioner(PartitionerConfig(num_threads=threads), cpsat_max_steps=6, gap_threshold=0.0)
+        runs.append((auto.partition(sc, 4, 8), auto.info))
+    assert runs[0][1]["cpsat_steps"] == 6 and runs[0][1]["cpsat_improved_steps"] >= 1 and runs[0][1] == runs[1][1]
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
 def test_high_bubble_warning():
     assert high_bubble_warning({"predicted_bubble": 0.05}) is None
     w = high_bubble_warning({"predicted_bubble": 0.4, "lower_bound_bubble": 0.39, "batch_policy": "fixed",
