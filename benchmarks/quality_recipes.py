@@ -56,7 +56,9 @@ class Recipe:
 
 #: Flags every recipe shares: the all-positions sampled softmax as measured best here (docs above).
 _LOSS = ("--num-negatives", "128", "--negatives", "sample", "--temperature", "0.05", "--sparse-lr", "0.2")
-_ML1M = ("--embedding-dim", "52", "--num-layers", "2", "--num-heads", "1", "--dropout", "0.2", *_LOSS)
+_ML1M_MODEL = ("--embedding-dim", "52", "--num-layers", "2", "--num-heads", "1", "--dropout", "0.2")
+_ML1M = (*_ML1M_MODEL, *_LOSS)
+_HSTU = ("--model", "hstu", "--attention-dim", "50", "--linear-dim", "50")
 _S3REC = ("--model", "sasrec", "--embedding-dim", "64", "--num-layers", "2", "--num-heads", "2", "--dropout", "0.5",
           *_LOSS)
 
@@ -67,12 +69,11 @@ RECIPES = {
                published_ndcg10=0.1603, published_hr10=0.2853, target_ndcg10=0.155, source=_GR,
                differences=_ML_DIFF),
         Recipe(name="ml-1m-hstu", dataset="ml-1m", max_seq_len=200, batch_size=128, epochs=100,
-               train_args=("--model", "hstu", "--attention-dim", "50", "--linear-dim", "50", *_ML1M),
+               train_args=(*_HSTU, *_ML1M),
                published_ndcg10=0.1720, published_hr10=0.3097, target_ndcg10=0.165, source=_GR,
                differences=_ML_DIFF),
         Recipe(name="ml-1m-hstu-n512", dataset="ml-1m", max_seq_len=200, batch_size=128, epochs=100,
-               train_args=("--model", "hstu", "--attention-dim", "50", "--linear-dim", "50",
-                           *_ML1M[:-len(_LOSS)], "--num-negatives", "512", *_LOSS[2:]),
+               train_args=(*_HSTU, *_ML1M_MODEL, "--num-negatives", "512", *_LOSS[2:]),
                published_ndcg10=0.1720, published_hr10=0.3097, target_ndcg10=0.165, source=_GR,
                differences=_ML_DIFF.replace("128 negatives per sample instead of per position",
                                             "512 negatives per sample instead of 128 per position (a recipe "
