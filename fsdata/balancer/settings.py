@@ -40,7 +40,8 @@ class BalanceSettings:
             only on steps whose gap to the proven bound is worth it), ``lpt-swap``, ``lpt-swap-cpsat``,
             ``lpt``, ``kk``, ``roundrobin``, ``shuffle``.
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
-        num_threads: threads writing rank files (``--num-threads``; does not change the output).
+        num_threads: threads reading the input and writing rank files (``--num-threads``; does not
+            change the output).
         progress: show progress bars (does not change the output).
         bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
             groups to when the input's decoded rows exceed :data:`fsdata.engines.local.GATHER_BYTES`:

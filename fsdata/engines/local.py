@@ -3,10 +3,11 @@
 1. **plan** (:func:`fsdata.engines.planning.plan_table`): read ``item_ids`` lengths and
    ``sample_id`` (validating the input), cost per sample, global batches and the per-step
    assignment; held as a :class:`~fsdata.shards.plan_file.PlanTable`.
-2. **write** (:func:`write_ranks`): read the input once, in record batches, and gather every row
-   (once per epoch) to its rank group: ranks are cut into contiguous groups whose rows take at most
-   :data:`GATHER_BYTES` decoded; the first group stays in memory, the others are spilled to one
-   temporary Arrow IPC file each (``--bucket-compression`` is their codec; nothing is spilled when
+2. **write** (:func:`write_ranks`): read the input once, in record batches (``--num-threads``
+   threads, each reading its units of row groups), and gather every row (once per epoch) to its
+   rank group: ranks are cut into contiguous groups whose rows take at most :data:`GATHER_BYTES`
+   decoded; the first group stays in memory, the others are spilled to temporary Arrow IPC files,
+   one per group and thread (``--bucket-compression`` is their codec; nothing is spilled when
    the whole input fits). Then per group: one permutation into (rank, step, position) order from
    the plan (no sort), one gather per block of ranks, and each rank file written (threads) by
    :func:`fsdata.shards.writer.write_rank`.
@@ -22,6 +23,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +59,9 @@ GATHER_BYTES = 1024**3
 #: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
 #: 0.5 CPU s against 0.8 for one gather per rank, docs/results/bench_offline_stage.md).
 GATHER_BLOCK_ROWS = 1 << 16
+#: Input rows a gather thread of the write stage reads as one unit (whole row groups of one file;
+#: :func:`_read_units`).
+GATHER_UNIT_ROWS = 1 << 18
 _DEST = "__fsdata_destination"
 
 
@@ -112,20 +117,49 @@ def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> lis
     return groups
 
 
-def _input_batches(path: str, rows: int = 65536):
-    """Record batches of one input file in row order, ``rows`` rows each (PyArrow's batch reader,
-    a local file memory-mapped: measured at less CPU than ``pq.read_table`` and than Polars' batches
-    for list columns)."""
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """One input file (a local file memory-mapped: measured at less CPU than ``pq.read_table`` and
+    than Polars' batches for list columns)."""
     fs, where = fsio.filesystem_and_path(path)
-    pf = pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
-    yield from pf.iter_batches(batch_size=rows)
+    return pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
+
+
+def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], int]:
+    """The input cut into units a gather thread reads alone: ``(file, row groups, first row)``,
+    consecutive row groups of one file of about :data:`GATHER_UNIT_ROWS` rows, from the footers;
+    and the input's rows."""
+    units, offset = [], 0
+    for path in src.files:
+        try:
+            md = _open_parquet(path).metadata
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
+                             "the file is corrupt or truncated: regenerate it") from None
+        groups: list[int] = []
+        rows = 0
+        for g in range(md.num_row_groups):
+            groups.append(g)
+            rows += md.row_group(g).num_rows
+            if rows >= GATHER_UNIT_ROWS:
+                units.append((path, groups, offset))
+                offset += rows
+                groups, rows = [], 0
+        if groups:
+            units.append((path, groups, offset))
+            offset += rows
+    return units, offset
 
 
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
-            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None) -> list[pa.Table]:
+            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None,
+            num_threads: int = 1) -> list[pa.Table]:
     """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
     destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
-    ``spill_dir/group-XXXXX.arrow``.
+    ``spill_dir/group-XXXXX-T.arrow`` (one file per group and gather thread).
+
+    ``num_threads`` threads read units of row groups (:func:`_read_units`) side by side (Arrow's
+    decoding, ``take`` and IPC writes release the GIL); the rows of a group arrive in any order,
+    which :func:`_write_group` undoes from their destinations, so the output does not change.
 
     Raises:
         InputError: a file fails to read, or its rows are not the plan's.
@@ -134,14 +168,23 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
     N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
     ipc_schema = schema.append(pa.field(_DEST, pa.int64()))
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+    units, total = _read_units(src)
+    if total < N:
+        raise InputError(f"input {src.path} has {total} rows but the plan has {N}; the plan was "
+                         "made from another input: rerun 'fsdata plan' on this input")
+    T = max(1, min(num_threads, len(units)))
+    writers: list[dict[int, pa.ipc.RecordBatchFileWriter]] = [{} for _ in range(T)]
     resident: list[pa.Table] = []
-    offset = 0
+    stop = threading.Event()
     bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
-    try:
-        for path in src.files:
+
+    def read(t: int) -> None:
+        for path, row_groups, offset in units[t::T]:
+            if stop.is_set():
+                return
             try:
-                for batch in _input_batches(path):
+                for batch in _open_parquet(path).iter_batches(batch_size=65536, row_groups=row_groups,
+                                                              use_threads=False):
                     n = batch.num_rows
                     idx = np.arange(offset, min(offset + n, N))
                     offset += n
@@ -158,12 +201,12 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
                             if piece is None:
                                 continue
                             if k == 0:
-                                resident.append(piece)
+                                resident.append(piece)  # list.append is atomic
                                 continue
-                            w = writers.get(k)
+                            w = writers[t].get(k)
                             if w is None:
-                                w = writers[k] = pa.ipc.new_file(str(spill_dir / f"group-{k:05d}.arrow"), ipc_schema,
-                                                                 options=options)
+                                w = writers[t][k] = pa.ipc.new_file(str(spill_dir / _spill_name(k, t)), ipc_schema,
+                                                                    options=options)
                             w.write_table(piece)
                     bar.update(n)
             except (pa.ArrowException, OSError) as e:
@@ -171,32 +214,52 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
                 raise_if_environment(e, spill_dir if spill_dir is not None else path)
                 raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
                                  "the file is corrupt or truncated: regenerate it") from None
+
+    def guarded(t: int) -> None:
+        try:
+            read(t)
+        except BaseException:
+            stop.set()
+            raise
+
+    try:
+        with ThreadPoolExecutor(max_workers=T) as ex:
+            futures = [ex.submit(guarded, t) for t in range(T)]
+            for f in futures:
+                f.exception()  # wait for every thread before closing its writers
+            for f in futures:
+                f.result()  # the first thread's error, in thread order
     except BaseException:
-        for w in writers.values():
+        for w in (w for ws in writers for w in ws.values()):
             try:
                 w.close()  # may fail again (disk full); the first error is the one to report
             except (pa.ArrowException, OSError):
                 pass
         raise
     else:
-        for w in writers.values():
+        for w in (w for ws in writers for w in ws.values()):
             w.close()
     finally:
         bar.close()
-    if offset != N:
-        raise InputError(f"input {src.path} has {offset} rows but the plan has {N}; the plan was "
+    if total != N:
+        raise InputError(f"input {src.path} has {total} rows but the plan has {N}; the plan was "
                          "made from another input: rerun 'fsdata plan' on this input")
     return resident
 
 
-def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
-                 out: Path | str, schema: pa.Schema, digest: str, num_threads: int, bar) -> list[FileEntry]:
-    """Write the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
-    permutation into (rank, step, position) order, then one gather per block of ranks
-    (:data:`GATHER_BLOCK_ROWS`), sliced into ranks."""
+def _spill_name(group: int, thread: int | str) -> str:
+    return f"group-{group:05d}-{thread}.arrow"
+
+
+def _group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
+                  out: Path | str, schema: pa.Schema, digest: str):
+    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
+    permutation into (rank, step, position) order. Returns a function that writes one block of
+    ranks ``(i, j)`` with one gather (:data:`GATHER_BLOCK_ROWS`), sliced into ranks, and returns
+    their :class:`~fsdata.shards.manifest.FileEntry` records."""
     a, b = ranks
     base = int(rank_start[a])
-    table = pa.concat_tables(batches).combine_chunks()
+    table = pa.concat_tables(batches)
     batches.clear()
     d = table.column(_DEST).to_numpy()
     kept = np.flatnonzero(d >= 0)
@@ -210,7 +273,9 @@ def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np
     # integer and integer-list columns, which it hands back with the same values
     simple = all(pa.types.is_integer(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t))
                                             and pa.types.is_integer(t.value_type)) for t in table.schema.types)
-    source = pl.from_arrow(table) if simple else table
+    # Polars gathers from the chunks as read (no combined copy of the group: less memory and CPU,
+    # docs/results/bench_offline_stage.md); Arrow's take from one combined table
+    source = pl.from_arrow(table, rechunk=False) if simple else table.combine_chunks()
     del table
 
     def block(ranks: tuple[int, int]) -> list[FileEntry]:
@@ -222,11 +287,16 @@ def _write_group(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np
                                   out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
                 for r in range(i, j)]
 
+    return block
+
+
+def _collect(futures: list, bar) -> list[FileEntry]:
+    """The records of the submitted blocks, in submission (rank) order."""
     files = []
-    with ThreadPoolExecutor(max_workers=max(1, num_threads)) as ex:
-        for infos in ex.map(block, _rank_blocks(rank_start, a, b, GATHER_BLOCK_ROWS)):
-            files += infos
-            bar.update(len(infos))
+    for f in futures:
+        infos = f.result()
+        files += infos
+        bar.update(len(infos))
     return files
 
 
@@ -293,21 +363,26 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
             spill_dir.mkdir()
     try:
         resident = _gather(src, plan, schema, dest, group_of_row, len(groups), spill_dir, settings.progress,
-                           settings.bucket_compression)
+                           settings.bucket_compression, settings.num_threads)
         del dest, group_of_row
         digest = plan_digest(plan)
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
-        for k, ranks in enumerate(groups):
-            if k == 0:
-                batches = resident
-            else:
-                path = spill_dir / f"group-{k:05d}.arrow"
-                with pa.OSFile(str(path), "rb") as f:
-                    batches = [pa.ipc.open_file(f).read_all()]
-                path.unlink()
-            files += _write_group(batches, ranks, rank_start, plan, out, schema, digest, settings.num_threads, bar)
-            del batches
+        with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
+            for k, ranks in enumerate(groups):
+                if k == 0:
+                    batches = resident
+                else:
+                    batches = []
+                    for path in sorted(spill_dir.glob(_spill_name(k, "*"))):
+                        with pa.OSFile(str(path), "rb") as f:
+                            batches.append(pa.ipc.open_file(f).read_all())
+                        path.unlink()  # read, not memory-mapped: mapped pages count in RSS (+1 GB at 5M, measured)
+                block = _group_writer(batches, ranks, rank_start, plan, out, schema, digest)
+                del batches
+                files += _collect([ex.submit(block, br) for br in _rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)],
+                                  bar)
+                del block
         bar.close()
     finally:
         if spill_dir is not None:

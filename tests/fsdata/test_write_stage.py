@@ -77,11 +77,12 @@ def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, monkeyp
         assert got[rel] == sha, rel
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("compression,threads", [(None, 1), ("zstd", 1), (None, 3)])
 @pytest.mark.parametrize("epochs", [1, 2])
-def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch, compression, epochs):
+def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch, compression, threads, epochs):
+    """Also with 3 gather threads, each spilling its own file per group (rows arrive in any order)."""
     whole = tmp_path / "whole"
-    fsdata.balance(samples, whole, _settings(epochs=epochs))
+    fsdata.balance(samples, whole, _settings(epochs=epochs, num_threads=1))
     seen: list[int] = []
     groups = L._rank_groups
 
@@ -93,7 +94,7 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
     monkeypatch.setattr(L, "_rank_groups", spy)
     monkeypatch.setattr(L, "GATHER_BYTES", 20_000)  # about 2 ranks of this input per group
     split = tmp_path / "split"
-    fsdata.balance(samples, split, _settings(epochs=epochs, bucket_compression=compression, num_threads=1))
+    fsdata.balance(samples, split, _settings(epochs=epochs, bucket_compression=compression, num_threads=threads))
     assert seen and 1 < seen[0] <= 8
     assert _digests(split) == _digests(whole)
     assert not (split / ".buckets").exists()
@@ -110,3 +111,24 @@ def test_counts_and_loads_sum_costs_in_position_order(samples):
     assert np.array_equal(loads, want)  # bit for bit: the same summation order
     assert np.array_equal(counts, np.bincount(flat, minlength=S_ * R).reshape(S_, R))
     assert plan.counts_and_loads()[1] is loads  # computed once
+
+
+def test_gather_threads_over_row_group_units_write_the_same_bytes(samples, tmp_path, monkeypatch):
+    """One input file of 15 row groups read as 8 units by 2 and by 3 gather threads, spilled or
+    not: the same bytes as one thread reading the whole file."""
+    one = tmp_path / "in" / "part.parquet"
+    one.parent.mkdir()
+    pq.write_table(pq.read_table(sorted(samples.glob("*.parquet"))), one, row_group_size=100)
+    ref = tmp_path / "ref"
+    fsdata.balance(one.parent, ref, _settings(num_threads=1))
+    units = L._read_units(open_samples(one.parent))
+    monkeypatch.setattr(L, "GATHER_UNIT_ROWS", 200)
+    units_small, rows = L._read_units(open_samples(one.parent))
+    assert len(units[0]) == 1 and len(units_small) == 8 and rows == 1500
+    assert [u[2] for u in units_small] == list(range(0, 1500, 200))
+    for threads, budget in [(2, None), (3, 20_000)]:
+        if budget is not None:
+            monkeypatch.setattr(L, "GATHER_BYTES", budget)
+        out = tmp_path / f"t{threads}"
+        fsdata.balance(one.parent, out, _settings(num_threads=threads))
+        assert _digests(out) == _digests(ref)
