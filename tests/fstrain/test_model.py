@@ -201,3 +201,22 @@ def test_per_sample_negative_logits_jagged_equal_the_gather():
     g_ref = torch.autograd.grad(ref.square().sum(), (user, neg))
     for a, b in zip(g_fast, g_ref):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5, 0.1, 1e-7, 0.9999])
+def test_keyed_dropout_cpu_kernel_has_the_bits_of_the_tensor_expression(p):
+    """The Numba keep mask used on CPU equals the int64 tensor expression (used on other devices)
+    bit for bit, for several sites, widths and drop probabilities."""
+    from fstrain.models import dropout as D
+
+    g = torch.Generator().manual_seed(0)
+    keys = D.token_keys(7, 11, torch.randint(0, 10**6, (2000,), generator=g),
+                        torch.randint(0, 200, (2000,), generator=g))
+    for site, width in [(0, 52), (3, 64), (123456, 7)]:
+        cols = torch.arange(width, dtype=torch.int64) * D._GOLDEN + D._i64(site * D._M1)
+        u = D._shr(D.mix64(keys[:, None] + cols[None, :]), 40).to(torch.float32) * (1.0 / (1 << 24))
+        want = u >= p
+        got = D.keep_mask(keys, width, site, p)
+        assert got.dtype == torch.bool and got.shape == (2000, width)
+        assert torch.equal(got, want)
+        assert abs(want.float().mean().item() - (1 - p)) < 0.01
