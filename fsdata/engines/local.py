@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 #: stage (:func:`write_ranks`): ranks are written in groups whose rows fit it; the first group
 #: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
 #: read of the input. Peak memory grows with it and with the plan (28 bytes per input row per epoch):
-#: 4.6 GiB peak RSS at 20M samples (docs/results/bench_offline_stage.md).
+#: 2.7 GiB peak RSS at 20M samples (docs/results/bench_offline_stage.md).
 GATHER_BYTES = 1024**3
 #: Rows the write stage gathers into rank order at once (:func:`_write_group`): one gather per block
 #: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
