@@ -38,7 +38,7 @@ from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
-from fsdata.engines.routing import input_columns, split_by_group
+from fsdata.engines.routing import input_columns, row_group_chunks, split_by_group
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
 from fsdata.samples.io import SampleSource
@@ -126,28 +126,10 @@ def _open_parquet(path: str) -> pq.ParquetFile:
 
 def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], int]:
     """The input cut into units a gather thread reads alone: ``(file, row groups, first row)``,
-    consecutive row groups of one file of about :data:`GATHER_UNIT_ROWS` rows, from the footers;
-    and the input's rows."""
-    units, offset = [], 0
-    for path in src.files:
-        try:
-            md = _open_parquet(path).metadata
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(f"input file {path}: cannot read rows ({str(e).splitlines()[0]}); "
-                             "the file is corrupt or truncated: regenerate it") from None
-        groups: list[int] = []
-        rows = 0
-        for g in range(md.num_row_groups):
-            groups.append(g)
-            rows += md.row_group(g).num_rows
-            if rows >= GATHER_UNIT_ROWS:
-                units.append((path, groups, offset))
-                offset += rows
-                groups, rows = [], 0
-        if groups:
-            units.append((path, groups, offset))
-            offset += rows
-    return units, offset
+    runs of whole row groups of one file of about :data:`GATHER_UNIT_ROWS` rows
+    (:func:`fsdata.engines.routing.row_group_chunks`, the Ray engine's chunks); and the input's rows."""
+    chunks = row_group_chunks(src.files, GATHER_UNIT_ROWS)
+    return [(c.path, list(c.row_groups), c.offset) for c in chunks], sum(c.num_rows for c in chunks)
 
 
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,

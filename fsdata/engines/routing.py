@@ -6,9 +6,13 @@ pieces).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from fsdata import fsio
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
 from fsdata.shards.writer import check_seq_len
@@ -71,3 +75,53 @@ def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_
     cuts = np.searchsorted(group[order], np.arange(num_groups + 1), side="left")
     return [table.take(pa.array(order[cuts[g]:cuts[g + 1]])) if cuts[g + 1] > cuts[g] else None
             for g in range(num_groups)]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Chunk:
+    """A run of whole row groups of one input file: the unit of the Ray engine's
+    lengths and partition tasks and of the local engine's gather threads.
+
+    Attributes:
+        path: the input file (local path or URI).
+        row_groups: row-group indices, consecutive.
+        offset: global input-row index of the chunk's first row (input order = file order, then row order).
+        num_rows: rows in the chunk.
+    """
+
+    path: str
+    row_groups: tuple[int, ...]
+    offset: int
+    num_rows: int
+
+
+def row_group_chunks(files: list[str], chunk_rows: int) -> list[Chunk]:
+    """Cut the input into chunks of whole row groups of one file, about ``chunk_rows`` rows each
+    (footers only; empty row groups are skipped).
+
+    Raises:
+        InputError: a file's footer cannot be read.
+    """
+    chunks: list[Chunk] = []
+    offset = 0
+    for path in files:
+        fs, inner = fsio.resolve_fs(path)
+        try:
+            with fs.open_input_file(inner) as f:
+                meta = pq.ParquetFile(f).metadata
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"input file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
+                             "it is corrupt or truncated: regenerate it") from None
+        groups: list[int] = []
+        rows = 0
+        for rg in range(meta.num_row_groups):
+            groups.append(rg)
+            rows += meta.row_group(rg).num_rows
+            if rows >= chunk_rows or rg == meta.num_row_groups - 1:
+                if rows:
+                    chunks.append(Chunk(path=path, row_groups=tuple(groups), offset=offset, num_rows=rows))
+                offset += rows
+                groups, rows = [], 0
+    return chunks
+
+

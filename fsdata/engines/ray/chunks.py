@@ -9,8 +9,6 @@ driver raises the local engine's errors, word for word (:func:`check_lengths`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +16,7 @@ import pyarrow.parquet as pq
 
 from fsdata import fsio
 from fsdata.engines.ray.session import node_id
+from fsdata.engines.routing import Chunk, row_group_chunks
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource, check_lengths_and_ids, unknown_null_columns
@@ -26,52 +25,14 @@ from fsdata.samples.io import SampleSource, check_lengths_and_ids, unknown_null_
 CHUNK_ROWS = 262_144
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Chunk:
-    """A run of whole row groups of one input file: the unit of the lengths and partition tasks.
-
-    Attributes:
-        path: the input file (local path or URI).
-        row_groups: row-group indices, consecutive.
-        offset: global input-row index of the chunk's first row (input order = file order, then row order).
-        num_rows: rows in the chunk.
-    """
-
-    path: str
-    row_groups: tuple[int, ...]
-    offset: int
-    num_rows: int
-
-
 def make_chunks(files: list[str], chunk_rows: int | None = None) -> list[Chunk]:
     """Cut the input into chunks of whole row groups, about ``chunk_rows`` rows each (default
-    :data:`CHUNK_ROWS`; footers only).
+    :data:`CHUNK_ROWS`; :func:`fsdata.engines.routing.row_group_chunks`).
 
     Raises:
         InputError: a file's footer cannot be read.
     """
-    chunk_rows = chunk_rows or CHUNK_ROWS
-    chunks: list[Chunk] = []
-    offset = 0
-    for path in files:
-        fs, inner = fsio.resolve_fs(path)
-        try:
-            with fs.open_input_file(inner) as f:
-                meta = pq.ParquetFile(f).metadata
-        except (pa.ArrowException, OSError) as e:
-            raise InputError(f"input file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
-                             "it is corrupt or truncated: regenerate it") from None
-        groups: list[int] = []
-        rows = 0
-        for rg in range(meta.num_row_groups):
-            groups.append(rg)
-            rows += meta.row_group(rg).num_rows
-            if rows >= chunk_rows or rg == meta.num_row_groups - 1:
-                if rows:
-                    chunks.append(Chunk(path=path, row_groups=tuple(groups), offset=offset, num_rows=rows))
-                offset += rows
-                groups, rows = [], 0
-    return chunks
+    return row_group_chunks(files, chunk_rows or CHUNK_ROWS)
 
 
 def open_chunk(chunk: Chunk) -> pq.ParquetFile:
