@@ -405,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--object-store-mb", type=int, default=2048, help="Ray object store size (MiB)")
     p.add_argument("--work", default="bench-output/engines-work")
     p.add_argument("--out", default="bench-output")
-    p.add_argument("--bucket-compression", default="none", choices=["none", "lz4", "zstd"],
-                   help="passed to both engines (local: temporary buckets; ray: object-store pieces)")
+    p.add_argument("--bucket-compression", default="zstd", choices=["none", "lz4", "zstd"],
+                   help="passed to both engines (local: temporary buckets; ray: object-store pieces); "
+                        "default: fsdata's (zstd)")
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--plan-window", type=int, default=None,
                    help="--plan-window K passed to both engines (default: fsdata's)")
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"JSON: {out / 'bench_offline_stage.json'}")
         return 0
     rows = []
-    json_path = out / ("bench_engines.json" if a.bucket_compression == "none" else
+    json_path = out / ("bench_engines.json" if a.bucket_compression == "zstd" else
                        f"bench_engines-{a.bucket_compression}.json")
     for n in [int(x) for x in a.sizes.split(",") if x]:
         rows.append(bench_size(n, a, work))

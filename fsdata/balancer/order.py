@@ -23,7 +23,7 @@ distribution: a uniformly random-looking order); the manifest records ``shuffle`
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from fsdata.errors import ConfigError
 
@@ -44,15 +44,16 @@ def _half_bits(num_samples: int) -> int:
     return (bits + 1) // 2
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _positions(rows, n, h, keys):
-    """``P(rows)``: the Feistel network over ``2h`` bits, cycle-walked into ``[0, n)``."""
+    """``P(rows)``: the Feistel network over ``2h`` bits, cycle-walked into ``[0, n)``; every row
+    independently (numba threads: the same values on any thread count)."""
     mask = np.uint64((1 << h) - 1)
     sh = np.uint64(h)
     g, m1, m2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
     s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
     out = np.empty(rows.shape[0], dtype=np.int64)
-    for i in range(rows.shape[0]):
+    for i in prange(rows.shape[0]):
         x = np.uint64(rows[i])
         while True:  # cycle-walking: expected passes <= 4 (the domain is < 4n)
             left = x >> sh
@@ -70,6 +71,15 @@ def _positions(rows, n, h, keys):
                 break
         out[i] = np.int64(x)
     return out
+
+
+@njit(cache=True, parallel=True)
+def _invert(pos):
+    """``order`` with ``order[pos[i]] = i`` (``pos`` a permutation: no two threads write one slot)."""
+    order = np.empty(pos.shape[0], dtype=np.int64)
+    for i in prange(pos.shape[0]):
+        order[pos[i]] = i
+    return order
 
 
 def shuffled_positions(rows: np.ndarray, num_samples: int, seed: int) -> np.ndarray:
@@ -99,9 +109,7 @@ def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
         shape ``[N]``, int64, a permutation of ``[0, N)``.
     """
     pos = shuffled_positions(np.arange(num_samples, dtype=np.int64), num_samples, seed)
-    order = np.empty(num_samples, dtype=np.int64)
-    order[pos] = np.arange(num_samples, dtype=np.int64)
-    return order
+    return _invert(pos)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

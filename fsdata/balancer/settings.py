@@ -44,10 +44,11 @@ class BalanceSettings:
             change the output).
         progress: show progress bars (does not change the output).
         bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
-            groups to when the input's decoded rows exceed :data:`fsdata.engines.local.GATHER_BYTES`:
-            None (fastest;
-            temporary disk about the decoded size of the spilled rows), ``lz4`` or ``zstd`` (about
-            the input's Parquet size; keeps the bytes written under twice the output's).
+            groups to when the input's rows exceed :data:`fsdata.engines.local.GATHER_BYTES` (the
+            Ray engine: of its object-store pieces): ``zstd`` (the default; None in 0.3.0: the
+            bytes written stay under twice the output's; at 20M samples 1.76x for about 4 s more
+            than None, docs/results/bench_offline_stage.md), ``lz4``, or None (``none``: the
+            fastest, temporary disk about the held size of the spilled rows).
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
@@ -80,7 +81,7 @@ class BalanceSettings:
     planning memory per window (the Ray engine plans one window per task)."""
     num_threads: int = 2
     progress: bool = True
-    bucket_compression: Literal["lz4", "zstd"] | None = None
+    bucket_compression: Literal["lz4", "zstd"] | None = "zstd"
     overwrite: bool = False
     engine: str = "local"
     ray_address: str | None = None

@@ -6,10 +6,13 @@
 2. **write** (:func:`write_ranks`): read the input once, in record batches (``--num-threads``
    threads, each reading its units of row groups), and gather every row (once per epoch) to its
    rank group: ranks are cut into contiguous groups whose rows take at most :data:`GATHER_BYTES`
-   decoded; the first group stays in memory, the others are spilled to temporary Arrow IPC files,
-   one per group and thread (``--bucket-compression`` is their codec; nothing is spilled when
-   the whole input fits). Then per group: one permutation into (rank, step, position) order from
-   the plan (no sort), one gather per block of ranks, and each rank file written (threads) by
+   as held (64-bit integer columns whose values fit held as 32-bit ones, :func:`_narrow_types`;
+   each batch's rows of a group in destination order); the first group stays in memory, the
+   others are spilled to temporary Arrow IPC files, one per group and thread
+   (``--bucket-compression`` is their codec, zstd by default; nothing is spilled when the whole
+   input fits). Then per group: one permutation into (rank, step, position) order from the plan
+   (no sort), one gather per block of ranks cast back to the rank-file types, ``step`` and
+   ``rank`` from the plan, and each rank file written (threads) by
    :func:`fsdata.shards.writer.write_rank`.
 3. **finalize** (:func:`fsdata.shards.finalize.finalize`), run by :meth:`fsdata.engines.base.Engine.run`.
 
@@ -38,9 +41,10 @@ from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
-from fsdata.engines.routing import input_columns, row_group_chunks, split_by_group
+from fsdata.engines.routing import input_columns, row_group_chunks
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
+from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource
 from fsdata.shards import writer
 from fsdata.shards.manifest import FileEntry
@@ -49,11 +53,11 @@ from fsdata.shards.writer import output_schema
 
 log = logging.getLogger(__name__)
 
-#: Decoded bytes of input rows (Arrow, in memory) gathered at a time by the local engine's write
-#: stage (:func:`write_ranks`): ranks are written in groups whose rows fit it; the first group
-#: stays in memory, the others are spilled to one temporary Arrow IPC file each during the single
-#: read of the input. Peak memory grows with it and with the plan (28 bytes per input row per epoch):
-#: 2.7 GiB peak RSS at 20M samples (docs/results/bench_offline_stage.md).
+#: Bytes of input rows as held in memory (Arrow, integer columns narrowed where they fit) gathered
+#: at a time by the local engine's write stage (:func:`write_ranks`): ranks are written in groups
+#: whose rows fit it; the first group stays in memory, the others are spilled to temporary Arrow IPC
+#: files during the single read of the input. Peak memory grows with it and with the plan (28 bytes
+#: per input row per epoch): 2.5 GiB peak RSS at 20M samples (docs/results/bench_offline_stage.md).
 GATHER_BYTES = 1024**3
 #: Rows the write stage gathers into rank order at once (:func:`_write_group`): one gather per block
 #: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
@@ -65,10 +69,9 @@ GATHER_UNIT_ROWS = 1 << 18
 _DEST = "__fsdata_destination"
 
 
-def _decoded_row_bytes(src: SampleSource, schema: pa.Schema) -> float:
-    """Mean decoded (Arrow) bytes per input row, from the Parquet footers only: values x width per
-    fixed-width leaf column plus 4-byte list offsets, else the column's uncompressed size."""
-    total = 0
+def _footers(src: SampleSource):
+    """Every row group's column chunks of the input, from the Parquet footers only:
+    ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk."""
     for path in src.files:
         fs, where = fsio.filesystem_and_path(path)
         md = pq.ParquetFile(where, filesystem=fs).metadata
@@ -76,14 +79,52 @@ def _decoded_row_bytes(src: SampleSource, schema: pa.Schema) -> float:
             rg = md.row_group(g)
             for j in range(rg.num_columns):
                 c = rg.column(j)
-                top = src.rename.get(c.path_in_schema.split(".")[0], c.path_in_schema.split(".")[0])
-                t = schema.field(top).type if top in schema.names else None
-                leaf = t.value_type if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) else t
-                width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
-                total += c.num_values * width if width else c.total_uncompressed_size
-                if leaf is not t:
-                    total += 4 * rg.num_rows
-    return (total + 16 * src.num_rows) / max(src.num_rows, 1)  # + the step, rank and destination columns
+                top = c.path_in_schema.split(".")[0]
+                yield src.rename.get(top, top), c
+
+
+def _leaf(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+
+
+def _narrow_types(src: SampleSource, schema: pa.Schema) -> dict[str, pa.DataType]:
+    """The input columns the write stage holds and spills as 32-bit integers: 64-bit integer
+    columns (or lists of them) whose values all lie in int32's range by the Parquet footers'
+    statistics (a column without statistics in some row group is kept as it is). Cast back to
+    the schema's type before a rank file is encoded, so the output does not change; the held and
+    spilled rows take about half the bytes (docs/results/bench_offline_stage.md)."""
+    lo: dict[str, int] = {}
+    hi: dict[str, int] = {}
+    bad: set[str] = set()
+    for name, c in _footers(src):
+        st = c.statistics
+        if st is None or not st.has_min_max or not isinstance(st.min, int):
+            bad.add(name)
+            continue
+        lo[name] = min(lo.get(name, st.min), st.min)
+        hi[name] = max(hi.get(name, st.max), st.max)
+    out = {}
+    for f in schema:
+        leaf = _leaf(f.type)
+        if (f.name in lo and f.name not in bad and pa.types.is_int64(leaf)
+                and -(2**31) <= lo[f.name] and hi[f.name] < 2**31):
+            out[f.name] = pa.list_(pa.int32()) if leaf is not f.type else pa.int32()
+    return out
+
+
+def _held_row_bytes(src: SampleSource, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
+    """Mean bytes per input row as the write stage holds it (Arrow, in memory), from the Parquet
+    footers only: values x width per fixed-width leaf column (4 for a narrowed one) plus 4-byte
+    list offsets, else the column's uncompressed size; plus the 4- or 8-byte destination."""
+    total = 0
+    for name, c in _footers(src):
+        t = narrow.get(name, schema.field(name).type if name in schema.names else None)
+        leaf = _leaf(t) if t is not None else None
+        width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
+        total += c.num_values * width if width else c.total_uncompressed_size
+    rows = max(src.num_rows, 1)
+    lists = sum(1 for f in schema if _leaf(f.type) is not f.type)
+    return total / rows + 4 * lists + 8
 
 
 def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
@@ -132,23 +173,57 @@ def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], in
     return [(c.path, list(c.row_groups), c.offset) for c in chunks], sum(c.num_rows for c in chunks)
 
 
-def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndarray, group_of_row: np.ndarray,
-            num_groups: int, spill_dir: Path | None, progress: bool, compression: str | None,
+def _route(columns: list, held_schema: pa.Schema, dest: np.ndarray, group_start: np.ndarray) -> list[pa.Table | None]:
+    """One record batch's kept rows, split by rank group, each group's rows sorted by destination.
+
+    Args:
+        columns: the batch's input columns in ``held_schema`` order (without the destination).
+        held_schema: the held/spilled schema (input columns, narrowed, then the destination).
+        dest: shape ``[n]`` int64, each row's destination (:func:`_destinations`; -1: dropped).
+        group_start: shape ``[G + 1]`` int64, the first destination of each rank group, then the total.
+
+    Returns:
+        ``G`` entries: group ``g``'s rows with their destination column, in destination order, or
+        None when it has none. Each entry owns its buffers (one ``take`` per group: a slice would
+        keep every group's rows alive with the first group's, which stays in memory). In
+        destination order, the later gather into rank order reads each batch's rows forwards
+        (at 2M rows: 0.47 CPU s against 0.99 in arrival order, docs/results/bench_offline_stage.md).
+    """
+    order = np.argsort(dest)
+    order = order[np.searchsorted(dest[order], 0, side="left"):]  # without the dropped rows
+    d = dest[order]
+    cuts = np.searchsorted(d, group_start, side="left")
+    dtype = held_schema.field(_DEST).type
+    out: list[pa.Table | None] = []
+    base = pa.Table.from_arrays(columns, names=held_schema.names[:-1])
+    for g in range(len(group_start) - 1):
+        if cuts[g + 1] <= cuts[g]:
+            out.append(None)
+            continue
+        sel = order[cuts[g]:cuts[g + 1]]
+        piece = base.take(pa.array(sel))
+        out.append(piece.append_column(held_schema.field(_DEST), pa.array(d[cuts[g]:cuts[g + 1]], type=dtype)))
+    return out
+
+
+def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: pa.Schema, dest: np.ndarray,
+            group_start: np.ndarray, spill_dir: Path | None, progress: bool, compression: str | None,
             num_threads: int = 1) -> list[pa.Table]:
-    """Read the input once: every kept row (once per epoch) with its ``step``, ``rank`` and
-    destination (:func:`_destinations`); group 0's rows are returned, the others' appended to
-    ``spill_dir/group-XXXXX-T.arrow`` (one file per group and gather thread).
+    """Read the input once: every kept row (once per epoch) with its destination
+    (:func:`_destinations`), in ``held_schema`` (the input columns, 64-bit integer columns that fit
+    narrowed to 32 bits, :func:`_narrow_types`); group 0's rows are returned, the others' appended
+    to ``spill_dir/group-XXXXX-T.arrow`` (one file per group and gather thread). ``step`` and
+    ``rank`` are not carried: the plan gives them again from the destination.
 
     ``num_threads`` threads read units of row groups (:func:`_read_units`) side by side (Arrow's
     decoding, ``take`` and IPC writes release the GIL); the rows of a group arrive in any order,
-    which :func:`_write_group` undoes from their destinations, so the output does not change.
+    which :func:`_group_writer` undoes from their destinations, so the output does not change.
 
     Raises:
         InputError: a file fails to read, or its rows are not the plan's.
     """
     E = plan.epochs
     N = len(plan.sample_id) // E  # input rows; entry e*N + i is row i in epoch e
-    ipc_schema = schema.append(pa.field(_DEST, pa.int64()))
     options = pa.ipc.IpcWriteOptions(compression=compression)
     units, total = _read_units(src)
     if total < N:
@@ -159,6 +234,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
     resident: list[pa.Table] = []
     stop = threading.Event()
     bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
+    input_types = [held_schema.field(i).type for i in range(len(held_schema) - 1)]
 
     def read(t: int) -> None:
         for path, row_groups, offset in units[t::T]:
@@ -172,13 +248,9 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
                     offset += n
                     cols = input_columns(batch, schema, path, expected_ids=plan.sample_id[idx],
                                          has_seq_len=src.has_seq_len)
+                    cols = [c if c.type == ty else c.cast(ty) for c, ty in zip(cols, input_types, strict=True)]
                     for e in range(E):  # each input row once per epoch, with that epoch's place
-                        eidx = idx + e * N
-                        # a dropped row (dest -1) rides along in its group, unused
-                        pieces = split_by_group([*cols, pa.array(plan.step[eidx], type=pa.int32()),
-                                                 pa.array(plan.rank[eidx], type=pa.int32()),
-                                                 pa.array(dest[eidx], type=pa.int64())],
-                                                ipc_schema, group_of_row[eidx], num_groups)
+                        pieces = _route(cols, held_schema, dest[idx + e * N], group_start)
                         for k, piece in enumerate(pieces):
                             if piece is None:
                                 continue
@@ -187,7 +259,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, dest: np.ndar
                                 continue
                             w = writers[t].get(k)
                             if w is None:
-                                w = writers[t][k] = pa.ipc.new_file(str(spill_dir / _spill_name(k, t)), ipc_schema,
+                                w = writers[t][k] = pa.ipc.new_file(str(spill_dir / _spill_name(k, t)), held_schema,
                                                                     options=options)
                             w.write_table(piece)
                     bar.update(n)
@@ -233,28 +305,30 @@ def _spill_name(group: int, thread: int | str) -> str:
     return f"group-{group:05d}-{thread}.arrow"
 
 
-def _group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, plan: PlanTable,
-                  out: Path | str, schema: pa.Schema, digest: str):
-    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``): one
-    permutation into (rank, step, position) order. Returns a function that writes one block of
-    ranks ``(i, j)`` with one gather (:data:`GATHER_BLOCK_ROWS`), sliced into ranks, and returns
-    their :class:`~fsdata.shards.manifest.FileEntry` records."""
+def _group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, counts: np.ndarray,
+                  plan: PlanTable, out: Path | str, schema: pa.Schema, digest: str):
+    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``, in the held
+    schema): one permutation into (rank, step, position) order. Returns a function that writes one
+    block of ranks ``(i, j)`` with one gather (:data:`GATHER_BLOCK_ROWS`), cast back to the
+    rank-file schema's types and sliced into ranks, each with its ``step`` (from ``counts``, the
+    plan's ``[S x R]`` per-(step, rank) counts) and ``rank`` columns, and returns their
+    :class:`~fsdata.shards.manifest.FileEntry` records."""
     a, b = ranks
     base = int(rank_start[a])
     table = pa.concat_tables(batches)
     batches.clear()
-    d = table.column(_DEST).to_numpy()
-    kept = np.flatnonzero(d >= 0)
-    if len(kept) != rank_start[b] - base:
-        raise AssertionError(f"ranks {a}..{b - 1} received {len(kept)} rows, the plan gives {rank_start[b] - base}")
-    perm = np.empty(len(kept), dtype=np.int64)  # perm[i]: the table row of output row base + i
-    perm[d[kept] - base] = kept
+    d = table.column(_DEST).to_numpy().astype(np.int64, copy=False)
+    if len(d) != rank_start[b] - base:
+        raise AssertionError(f"ranks {a}..{b - 1} received {len(d)} rows, the plan gives {rank_start[b] - base}")
+    perm = np.empty(len(d), dtype=np.int64)  # perm[i]: the table row of output row base + i
+    perm[d - base] = np.arange(len(d), dtype=np.int64)
     table = table.drop_columns([_DEST])
+    input_schema = pa.schema(list(schema)[:-2])
+    steps = np.arange(plan.num_steps, dtype=np.int32)
 
     # Polars' gather takes about half the CPU of Arrow's take on list columns (measured); used for
     # integer and integer-list columns, which it hands back with the same values
-    simple = all(pa.types.is_integer(t) or ((pa.types.is_list(t) or pa.types.is_large_list(t))
-                                            and pa.types.is_integer(t.value_type)) for t in table.schema.types)
+    simple = all(pa.types.is_integer(_leaf(t)) for t in table.schema.types)
     # Polars gathers from the chunks as read (no combined copy of the group: less memory and CPU,
     # docs/results/bench_offline_stage.md); Arrow's take from one combined table
     source = pl.from_arrow(table, rechunk=False) if simple else table.combine_chunks()
@@ -265,9 +339,15 @@ def _group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: n
         lo = int(rank_start[i]) - base
         idx = perm[lo:int(rank_start[j]) - base]
         rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
-        return [writer.write_rank(r, rows.slice(int(rank_start[r]) - base - lo, int(rank_start[r + 1] - rank_start[r])),
-                                  out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True)
-                for r in range(i, j)]
+        rows = rows.cast(input_schema)  # narrowed columns back to 64 bits: the same values
+        files = []
+        for r in range(i, j):
+            part = rows.slice(int(rank_start[r]) - base - lo, int(rank_start[r + 1] - rank_start[r]))
+            step = np.repeat(steps, counts[:, r])
+            part = part.append_column(schema.field(S.STEP), pa.array(step, type=pa.int32()))
+            part = part.append_column(schema.field(S.RANK), pa.array(np.full(len(step), r, dtype=np.int32)))
+            files.append(writer.write_rank(r, part, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True))
+        return files
 
     return block
 
@@ -330,11 +410,11 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
     dest, rank_start = _destinations(plan)
-    groups = _rank_groups(rank_start, _decoded_row_bytes(src, schema), GATHER_BYTES)
-    group_of_rank = np.zeros(plan.num_ranks, dtype=np.int32)
-    for k, (a, b) in enumerate(groups):
-        group_of_rank[a:b] = k
-    group_of_row = group_of_rank[np.maximum(plan.rank, 0)]
+    narrow = _narrow_types(src, schema)
+    held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
+                            + [pa.field(_DEST, pa.int32() if len(dest) < 2**31 else pa.int64())])
+    groups = _rank_groups(rank_start, _held_row_bytes(src, schema, narrow), GATHER_BYTES)
+    group_start = np.array([rank_start[a] for a, _ in groups] + [rank_start[-1]], dtype=np.int64)
     spill_dir: Path | None = None
     _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills
     if len(groups) > 1:
@@ -344,10 +424,11 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
             spill_dir = out / ".buckets"
             spill_dir.mkdir()
     try:
-        resident = _gather(src, plan, schema, dest, group_of_row, len(groups), spill_dir, settings.progress,
+        resident = _gather(src, plan, schema, held_schema, dest, group_start, spill_dir, settings.progress,
                            settings.bucket_compression, settings.num_threads)
-        del dest, group_of_row
+        del dest
         digest = plan_digest(plan)
+        counts, _ = plan.counts_and_loads()
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
         with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
@@ -360,7 +441,7 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
                         with pa.OSFile(str(path), "rb") as f:
                             batches.append(pa.ipc.open_file(f).read_all())
                         path.unlink()  # read, not memory-mapped: mapped pages count in RSS (+1 GB at 5M, measured)
-                block = _group_writer(batches, ranks, rank_start, plan, out, schema, digest)
+                block = _group_writer(batches, ranks, rank_start, counts, plan, out, schema, digest)
                 del batches
                 files += _collect([ex.submit(block, br) for br in _rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)],
                                   bar)

@@ -236,7 +236,10 @@ def check_lengths_and_ids(path: str, lengths: np.ndarray, ids: np.ndarray, *, nu
     Raises:
         InputError: nulls, an empty history, misaligned timestamps, or a repeated ``sample_id``.
     """
-    _, duplicates = sorted_unique(ids) if len(ids) else (None, 0)
+    # ids in increasing order (as fsdata convert and synth write them) have no duplicate: one
+    # compare instead of a sort of N ids (20M: 0.03 s against 1.5 s, docs/results/bench_offline_stage.md)
+    increasing = len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1]))
+    duplicates = 0 if increasing else sorted_unique(ids)[1]
     check_input_counts(path, nulls=nulls, num_empty=int((lengths == 0).sum()) if len(lengths) else 0,
                        timestamp_mismatches=timestamp_mismatches, num_duplicate_ids=duplicates)
 

@@ -17,13 +17,13 @@ import json
 from pathlib import Path
 from numba.core.registry import CPUDispatcher
 import fsdata
-from fsdata.balancer import compose, cost_budget, order, partition_fast
+from fsdata.balancer import bubble, compose, cost_budget, order, partition_fast, windows
 from tests.fsdata.helpers import write_samples
 inp = write_samples(Path({inp!r}), n=600, seed=2)
 fsdata.balance(inp, {out!r}, fsdata.BalanceSettings(num_ranks=2, batch_size_per_rank=8, overwrite=True,
                                                     progress=False))
 stats = {{}}
-for mod in (compose, cost_budget, order, partition_fast):
+for mod in (bubble, compose, cost_budget, order, partition_fast, windows):
     for name, f in vars(mod).items():
         if isinstance(f, CPUDispatcher):
             stats[f"{{mod.__name__}}.{{name}}"] = [sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values())]

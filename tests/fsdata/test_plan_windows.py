@@ -138,3 +138,26 @@ def test_what_the_plan_window_changes_under_auto():
         assert p.plan_window == k
         seen_cpsat.add(info["cpsat_steps"])
     assert len(seen_cpsat) > 1  # K does change how many steps CP-SAT refines: recorded in the manifest
+
+
+def test_threaded_kernels_equal_the_numpy_they_replace():
+    """The plan's numba kernels on threads give numpy's values: rows sorted as ``np.sort(axis=1)``
+    (with ties), and each sample's index in its (step, rank) batch and the batch counts as a
+    stable sort by (step, rank) and a bincount."""
+    from fsdata.balancer.bubble import sort_rows
+    from fsdata.balancer.windows import _batch_positions
+
+    rng = np.random.default_rng(0)
+    c = rng.random((50, 512)) * 100
+    c[:, :10] = 3.0
+    assert np.array_equal(sort_rows(c), np.sort(c, axis=1))
+    Sw, R, B = 40, 16, 8
+    ranks = np.stack([rng.permutation(np.repeat(np.arange(R), B)) for _ in range(Sw)]).astype(np.int32)
+    key = (np.arange(Sw, dtype=np.int64)[:, None] * R + ranks).ravel()
+    order = np.argsort(key, kind="stable")
+    want = np.empty(len(key), dtype=np.int64)
+    for a in range(0, len(key), B):  # each (step, rank) batch holds B consecutive sorted entries
+        want[order[a:a + B]] = np.arange(B)
+    pos, counts = _batch_positions(ranks, R)
+    assert np.array_equal(pos.ravel(), want)
+    assert np.array_equal(counts, np.bincount(key, minlength=Sw * R).reshape(Sw, R))

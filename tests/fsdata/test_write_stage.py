@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -56,12 +57,15 @@ def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, monkeyp
     settings = _settings(epochs=epochs)
     out = tmp_path / "out"
     fsdata.balance(samples, out, settings)
+    _assert_write_rank_of_each_ranks_rows(samples, out, settings, tmp_path / "ref")
+
+
+def _assert_write_rank_of_each_ranks_rows(samples: Path, out: Path, settings: BalanceSettings, ref: Path) -> None:
     src = open_samples(samples)
     plan = make_plan_table(src, settings)
     table = pq.read_table(sorted(str(p) for p in samples.glob("*.parquet")))
     schema = W.output_schema(src)
     N = table.num_rows
-    ref = tmp_path / "ref"
     ref.mkdir()
     digest = plan_digest(plan)
     for r in range(settings.num_ranks):
@@ -75,6 +79,44 @@ def test_rank_files_are_write_rank_of_each_ranks_rows(samples, tmp_path, monkeyp
     got = _digests(out)
     for rel, sha in _digests(ref).items():
         assert got[rel] == sha, rel
+
+
+@pytest.mark.parametrize("variant", ["ids beyond int32", "no statistics"])
+def test_integer_columns_are_held_narrowed_only_when_the_footers_prove_they_fit(samples, tmp_path, monkeypatch,
+                                                                                 variant):
+    """The write stage holds and spills 64-bit integer columns as 32-bit ones when the Parquet
+    statistics show every value fits (``_narrow_types``), and casts them back: the rank files are
+    the same bytes either way. A column with a value past int32, or an input without statistics,
+    is held as it is."""
+    files = sorted(samples.glob("*.parquet"))
+    narrow = L._narrow_types(open_samples(samples), W.output_schema(open_samples(samples)))
+    assert {S.SAMPLE_ID, S.ITEM_IDS, S.TARGET_ITEM_ID} <= set(narrow)
+    assert narrow[S.ITEM_IDS] == pa.list_(pa.int32()) and narrow[S.SAMPLE_ID] == pa.int32()
+    inp = tmp_path / "in"
+    inp.mkdir()
+    big = 2**40
+    for p in files:
+        t = pq.read_table(p)
+        if variant == "ids beyond int32":
+            i = t.schema.get_field_index(S.ITEM_IDS)
+            items = t.column(i).combine_chunks()
+            shifted = pa.ListArray.from_arrays(items.offsets, pc.add(items.values, big))
+            t = t.set_column(i, t.schema.field(i), shifted)
+            t = t.set_column(t.schema.get_field_index(S.SAMPLE_ID), S.SAMPLE_ID,
+                             pc.add(t.column(S.SAMPLE_ID), big))
+            pq.write_table(t, inp / p.name)
+        else:
+            pq.write_table(t, inp / p.name, write_statistics=False)
+    got = L._narrow_types(open_samples(inp), W.output_schema(open_samples(inp)))
+    if variant == "ids beyond int32":
+        assert S.ITEM_IDS not in got and S.SAMPLE_ID not in got and S.TARGET_ITEM_ID in got
+    else:
+        assert got == {}
+    monkeypatch.setattr(L, "GATHER_BYTES", 20_000)  # spilled too
+    settings = _settings(epochs=2)
+    out = tmp_path / "out"
+    fsdata.balance(inp, out, settings)
+    _assert_write_rank_of_each_ranks_rows(inp, out, settings, tmp_path / "ref")
 
 
 @pytest.mark.parametrize("compression,threads", [(None, 1), ("zstd", 1), (None, 3)])
