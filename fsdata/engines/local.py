@@ -69,9 +69,11 @@ GATHER_UNIT_ROWS = 1 << 18
 _DEST = "__fsdata_destination"
 
 
-def _footers(src: SampleSource):
-    """Every row group's column chunks of the input, from the Parquet footers only:
+def _footers(src: SampleSource) -> list[tuple[str, pq.ColumnChunkMetaData]]:
+    """Every row group's column chunks of the input, from the Parquet footers only (one read of
+    each footer, shared by :func:`_narrow_types` and :func:`_held_row_bytes`):
     ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk."""
+    out = []
     for path in src.files:
         fs, where = fsio.filesystem_and_path(path)
         md = pq.ParquetFile(where, filesystem=fs).metadata
@@ -80,14 +82,15 @@ def _footers(src: SampleSource):
             for j in range(rg.num_columns):
                 c = rg.column(j)
                 top = c.path_in_schema.split(".")[0]
-                yield src.rename.get(top, top), c
+                out.append((src.rename.get(top, top), c))
+    return out
 
 
 def _leaf(t: pa.DataType) -> pa.DataType:
     return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
 
 
-def _narrow_types(src: SampleSource, schema: pa.Schema) -> dict[str, pa.DataType]:
+def _narrow_types(footers: list, schema: pa.Schema) -> dict[str, pa.DataType]:
     """The input columns the write stage holds and spills as 32-bit integers: 64-bit integer
     columns (or lists of them) whose values all lie in int32's range by the Parquet footers'
     statistics (a column without statistics in some row group is kept as it is). Cast back to
@@ -96,7 +99,7 @@ def _narrow_types(src: SampleSource, schema: pa.Schema) -> dict[str, pa.DataType
     lo: dict[str, int] = {}
     hi: dict[str, int] = {}
     bad: set[str] = set()
-    for name, c in _footers(src):
+    for name, c in footers:
         st = c.statistics
         if st is None or not st.has_min_max or not isinstance(st.min, int):
             bad.add(name)
@@ -112,17 +115,17 @@ def _narrow_types(src: SampleSource, schema: pa.Schema) -> dict[str, pa.DataType
     return out
 
 
-def _held_row_bytes(src: SampleSource, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
+def _held_row_bytes(footers: list, num_rows: int, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
     """Mean bytes per input row as the write stage holds it (Arrow, in memory), from the Parquet
     footers only: values x width per fixed-width leaf column (4 for a narrowed one) plus 4-byte
     list offsets, else the column's uncompressed size; plus the 4- or 8-byte destination."""
     total = 0
-    for name, c in _footers(src):
+    for name, c in footers:
         t = narrow.get(name, schema.field(name).type if name in schema.names else None)
         leaf = _leaf(t) if t is not None else None
         width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
         total += c.num_values * width if width else c.total_uncompressed_size
-    rows = max(src.num_rows, 1)
+    rows = max(num_rows, 1)
     lists = sum(1 for f in schema if _leaf(f.type) is not f.type)
     return total / rows + 4 * lists + 8
 
@@ -419,10 +422,11 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
     dest, rank_start = _destinations(plan)
-    narrow = _narrow_types(src, schema)
+    footers = _footers(src)
+    narrow = _narrow_types(footers, schema)
     held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
                             + [pa.field(_DEST, pa.int32() if len(dest) < 2**31 else pa.int64())])
-    groups = _rank_groups(rank_start, _held_row_bytes(src, schema, narrow), GATHER_BYTES)
+    groups = _rank_groups(rank_start, _held_row_bytes(footers, src.num_rows, schema, narrow), GATHER_BYTES)
     group_start = np.array([rank_start[a] for a, _ in groups] + [rank_start[-1]], dtype=np.int64)
     spill_dir: Path | None = None
     _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills

@@ -1,7 +1,7 @@
-"""The per-batch routing every engine's write stage does, once: check a record batch of input rows
-against the plan, cast it to the rank-file schema, attach the plan's columns, and split the rows
-into rank groups (the local engine's in-memory / spilled groups, the Ray engine's object-store
-pieces).
+"""The per-batch routing of the write stage: check a record batch of input rows against the plan
+and cast it to the rank-file schema (both engines, :func:`input_columns`), and split rows with the
+plan's columns into rank groups (the Ray engine's object-store pieces, :func:`split_by_group`; the
+local engine splits its narrowed rows by destination, ``fsdata.engines.local._route``).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_
 
     Returns:
         ``G`` entries: the rows of group ``g`` in input order, or None when it has none. Each entry
-        owns its buffers (one ``take`` per group, not slices of one taken table): the local engine
-        keeps the first group's pieces in memory, and a slice would keep the whole batch, every
-        group's rows, alive with it (at 20M samples the stage peaked at 12.5 GiB that way).
+        owns its buffers (one ``take`` per group, not slices of one taken table): a piece kept in
+        memory would otherwise keep the whole batch, every group's rows, alive with it (the local
+        engine's write stage once peaked at 12.5 GiB at 20M samples that way).
     """
     table = pa.Table.from_arrays(columns, schema=out_schema)
     if num_groups == 1 and not (group < 0).any():

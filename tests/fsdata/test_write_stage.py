@@ -89,7 +89,7 @@ def test_integer_columns_are_held_narrowed_only_when_the_footers_prove_they_fit(
     the same bytes either way. A column with a value past int32, or an input without statistics,
     is held as it is."""
     files = sorted(samples.glob("*.parquet"))
-    narrow = L._narrow_types(open_samples(samples), W.output_schema(open_samples(samples)))
+    narrow = L._narrow_types(L._footers(open_samples(samples)), W.output_schema(open_samples(samples)))
     assert {S.SAMPLE_ID, S.ITEM_IDS, S.TARGET_ITEM_ID} <= set(narrow)
     assert narrow[S.ITEM_IDS] == pa.list_(pa.int32()) and narrow[S.SAMPLE_ID] == pa.int32()
     inp = tmp_path / "in"
@@ -107,7 +107,7 @@ def test_integer_columns_are_held_narrowed_only_when_the_footers_prove_they_fit(
             pq.write_table(t, inp / p.name)
         else:
             pq.write_table(t, inp / p.name, write_statistics=False)
-    got = L._narrow_types(open_samples(inp), W.output_schema(open_samples(inp)))
+    got = L._narrow_types(L._footers(open_samples(inp)), W.output_schema(open_samples(inp)))
     if variant == "ids beyond int32":
         assert S.ITEM_IDS not in got and S.SAMPLE_ID not in got and S.TARGET_ITEM_ID in got
     else:
