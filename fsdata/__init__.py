@@ -19,11 +19,28 @@ Python API (docs/fsdata.md, "Python API")::
 ``fsdata`` does not import torch.
 """
 
+from __future__ import annotations
+
+import importlib
+
 from fsdata._version import __version__
-from fsdata.engines import balance
-from fsdata.errors import FsdataError
-from fsdata.shards.manifest import Manifest
-from fsdata.balancer.settings import BalanceSettings
 
 __all__ = ["BalanceSettings", "FsdataError", "Manifest", "__version__", "balance"]
+
+# The public names load on first use (PEP 562), so that importing the package does not load
+# pyarrow: ``fsdata.cli`` sets Arrow's allocator options (they are read when pyarrow loads) first.
+_LAZY = {"balance": "fsdata.engines", "FsdataError": "fsdata.errors", "Manifest": "fsdata.shards.manifest",
+         "BalanceSettings": "fsdata.balancer.settings"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fsdata' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
 

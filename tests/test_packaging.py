@@ -150,3 +150,26 @@ def test_blocking_really_blocks():
     """The block above must be able to fail: fstrain.data needs torch, so it cannot import."""
     r = _run(_BLOCK.format(blocked=("torch",)) + "import fstrain.data\n")
     assert r.returncode != 0 and "import of torch halted" in r.stderr, r.stderr[-2000:]
+
+
+_ALLOCATOR_RUN = """
+import os, sys
+import fsdata
+assert "pyarrow" not in sys.modules, "importing fsdata loaded pyarrow"
+import fsdata.cli
+import pyarrow as pa
+print(os.environ.get("MIMALLOC_PURGE_DELAY"), pa.default_memory_pool().backend_name, fsdata.BalanceSettings.__name__)
+"""
+
+
+def test_cli_sets_arrows_allocator_before_pyarrow_loads():
+    """Importing the package does not load pyarrow, so ``fsdata.cli`` can set mimalloc's purge
+    delay (read when pyarrow loads) first; the public names still resolve; a user's value wins."""
+    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_PURGE_DELAY"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _ALLOCATOR_RUN], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[0] == "-1" and r.stdout.split()[2] == "BalanceSettings", r.stdout
+    r = subprocess.run([sys.executable, "-c", _ALLOCATOR_RUN], capture_output=True, text=True,
+                       env={**env, "MIMALLOC_PURGE_DELAY": "10"}, timeout=300)
+    assert r.returncode == 0 and r.stdout.split()[0] == "10", (r.stdout, r.stderr[-2000:])

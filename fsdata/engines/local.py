@@ -445,17 +445,21 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
         files: list[FileEntry] = []
         bar = tqdm(total=plan.num_ranks, unit="rank", desc="write rank files", disable=not settings.progress)
         with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
+            pending: list = []  # the previous group's block futures
+            reads: list = []
             for k, ranks in enumerate(groups):
-                if k == 0:
-                    batches = resident
-                else:  # each gather thread's file of the group read (and decompressed) on its own thread
-                    batches = [f.result() for f in [ex.submit(_read_spill, path)
-                                                    for path in sorted(spill_dir.glob(_spill_name(k, "*")))]]
+                # group k's spill files were queued behind group k-1's blocks: they are read while
+                # its last blocks finish, and its permutation is built before they are collected
+                batches = resident if k == 0 else [f.result() for f in reads]
                 block = _group_writer(batches, ranks, rank_start, counts, plan, out, schema, digest)
                 del batches
-                files += _collect([ex.submit(block, br) for br in _rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)],
-                                  bar)
+                files += _collect(pending, bar)
+                pending = [ex.submit(block, br) for br in _rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)]
                 del block
+                # each gather thread's file of the next group read (and decompressed) on its own thread
+                reads = ([ex.submit(_read_spill, path) for path in sorted(spill_dir.glob(_spill_name(k + 1, "*")))]
+                         if k + 1 < len(groups) else [])
+            files += _collect(pending, bar)
         bar.close()
     finally:
         if spill_dir is not None:
