@@ -184,9 +184,9 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if a.print_config:
         sys.stdout.write(to_yaml(cfg))
         return 0
-    from fstrain.components.heap import fix_mmap_threshold
+    from fstrain.components.heap import configure_heap
 
-    fix_mmap_threshold()  # resident memory stays flat over long runs (fstrain/components/heap.py)
+    configure_heap()  # the step's tensors from the heap, trimmed every 50 steps (fstrain/components/heap.py)
     if cfg.shards is None:
         parser.error("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
     cfg.check()

@@ -34,6 +34,7 @@ from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.components.checkpoint import resume_checkpoint, save_checkpoint
+from fstrain.components.heap import HeapTrimmer
 from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.negatives import attach_negatives
@@ -238,6 +239,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     from tqdm import tqdm
 
     total_steps = manifest.num_steps - start if max_steps is None else min(max_steps, manifest.num_steps - start)
+    heap = HeapTrimmer()  # resident memory flat over long runs (fstrain/components/heap.py)
     bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
                file=sys.stderr)
     for item in source:
@@ -264,6 +266,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         steplog.add(batch_step, loss_sum, n, timing)
         bar.update(1)
         guard.step(step)
+        heap.step(step)
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_samples += num_samples
