@@ -186,7 +186,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     from fstrain.components.heap import configure_heap
 
-    configure_heap()  # the step's tensors from the heap, trimmed every 50 steps (fstrain/components/heap.py)
+    configure_heap()  # the step's tensors from the heap, trimmed every 10 steps (fstrain/components/heap.py)
     if cfg.shards is None:
         parser.error("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
     cfg.check()

@@ -1,4 +1,4 @@
-"""Keep a long CPU training run's resident memory flat under glibc's allocator, without paying for
+"""Keep a long CPU training run's resident memory bounded under glibc's allocator, without paying for
 it in page faults.
 
 A training step allocates and frees many tensors of a few MiB whose sizes change with every jagged
