@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--plan-window", type=int, default=None,
                    help="--plan-window K passed to both engines (default: fsdata's)")
-    p.add_argument("--engines", default="local,ray",
+    p.add_argument("--engines", default="local,ray", choices=["local,ray", "ray", "copy,local"],
                    help="local,ray (both: byte identity checked), ray, or copy,local (against a Polars copy)")
     p.add_argument("--rounds", type=int, default=2, help="copy,local: copy and balance alternated this many times")
     p.add_argument("--cost-model", default="quadratic", help="copy,local: --cost-model (default L^2 + 64L)")

@@ -106,8 +106,12 @@ def step_lower_bound(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank
         shape ``[S]``, float64: ``max(sum / R, max + sum of the B-1 smallest)`` (BACKGROUND.md).
     """
     c = sort_rows(step_costs)
-    avg = c.sum(axis=1) / num_ranks
-    heavy = c[:, -1] + c[:, : batch_size_per_rank - 1].sum(axis=1)
+    return _simple_from_sorted(c, num_ranks, batch_size_per_rank)
+
+
+def _simple_from_sorted(asc: np.ndarray, R: int, B: int) -> np.ndarray:
+    avg = asc.sum(axis=1) / R
+    heavy = asc[:, -1] + asc[:, : B - 1].sum(axis=1)
     return np.maximum(avg, heavy)
 
 
@@ -131,15 +135,37 @@ def step_proven_bound(step_costs: np.ndarray, num_ranks: int, batch_size_per_ran
     Raises:
         ValueError: ``step_costs`` is not ``[S x R*B]``.
     """
+    return step_bounds(step_costs, num_ranks, batch_size_per_rank)[0]
+
+
+def step_bounds(step_costs: np.ndarray, num_ranks: int, batch_size_per_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both bounds of each step from one sort of its costs: ``(step_proven_bound, step_lower_bound)``.
+
+    The same values as the two functions (the sorting of each step's costs is their main cost,
+    shared here).
+
+    Args:
+        step_costs: shape ``[S x (R*B)]``, float; the costs of each step's samples.
+        num_ranks: R.
+        batch_size_per_rank: B.
+
+    Returns:
+        Two arrays of shape ``[S]``, float64: the pigeonhole and the simple bound.
+
+    Raises:
+        ValueError: ``step_costs`` is not ``[S x R*B]``.
+    """
     c = np.asarray(step_costs, dtype=np.float64)
     R, B = int(num_ranks), int(batch_size_per_rank)
     if c.ndim != 2 or c.shape[1] != R * B:
         raise ValueError(f"step_costs has shape {c.shape}; expected [steps x {R * B}]")
     n = R * B
     out = np.zeros(c.shape[0])
+    simple = np.zeros(c.shape[0])
     per = max(1, (1 << 22) // max(n, 1))  # ~4M samples per chunk bounds the temporaries
     for a in range(0, c.shape[0], per):
         asc = sort_rows(c[a:a + per])
+        simple[a:a + per] = _simple_from_sorted(asc, R, B)
         pre = np.zeros((asc.shape[0], n + 1))
         np.cumsum(asc, axis=1, out=pre[:, 1:])
         best = pre[:, n] / R
@@ -148,7 +174,7 @@ def step_proven_bound(step_costs: np.ndarray, num_ranks: int, batch_size_per_ran
             lo = n - ((k - 1) * R + 1)
             best = np.maximum(best, pre[:, lo + k] - pre[:, lo] + pre[:, B - k])
         out[a:a + per] = best
-    return out
+    return out, simple
 
 
 #: Names of the bounds :func:`lower_bound_bubble` can compute (module docstring).

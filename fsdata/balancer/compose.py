@@ -144,7 +144,8 @@ def check_window(compose_window: int) -> None:
 
 
 def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,
-                  compose_window: int, seed: int = 0, first_window: int = 0, return_info: bool = False):
+                  compose_window: int, seed: int = 0, first_window: int = 0, return_info: bool = False,
+                  input_bound: np.ndarray | None = None):
     """Regroup the samples of each window of ``W`` global batches into ``W`` new global batches.
 
     Args:
@@ -158,7 +159,9 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
             randomness from ``default_rng([seed, tag, first_window + w])``, so composing a run's
             windows in separate calls (one per plan window, :func:`fsdata.balancer.plan.plan_one_window`)
             gives the same steps as one call over all of them.
-
+        input_bound: shape ``[S]``, float64, optional: the proven bound of each input step
+            (:func:`fsdata.balancer.bubble.step_proven_bound` of ``costs[steps]``) when the caller
+            has it already; computed here otherwise (the same result either way).
         return_info: also return ``{"algorithm", "compose_window", "num_windows", "windows_composed",
             "heavy_steps", "sub_window_sizes_used"}``: windows regrouped, steps built around heavy
             samples (the rest are stratified mixes), windows composed with each sub-window size.
@@ -191,7 +194,8 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
     for w0 in range(0, S, W):
         Wn = min(W, S - w0)
         a, b = w0 * n, (w0 + Wn) * n
-        before = _bound_gap(c[a:b].reshape(Wn, n), R, B)
+        before = _bound_gap(c[a:b].reshape(Wn, n), R, B,
+                            None if input_bound is None else input_bound[w0:w0 + Wn])
         if Wn == 1 or before <= MIN_BOUND_GAIN:
             continue  # nothing to gain: the window keeps its random global batches
         # one stream per window, independent of the shuffle and of the other windows
@@ -251,9 +255,10 @@ def _stable_argsort_desc(values: np.ndarray) -> np.ndarray:
     return np.argsort(-values, kind="stable")
 
 
-def _bound_gap(step_costs: np.ndarray, R: int, B: int) -> float:
-    """Proven run-bubble bound of a window's steps, ``sum(LB - mean) / sum(LB)``."""
-    lb = step_proven_bound(step_costs, R, B)
+def _bound_gap(step_costs: np.ndarray, R: int, B: int, lb: np.ndarray | None = None) -> float:
+    """Proven run-bubble bound of a window's steps, ``sum(LB - mean) / sum(LB)`` (``lb``: their
+    proven bounds where known)."""
+    lb = step_proven_bound(step_costs, R, B) if lb is None else np.asarray(lb, dtype=np.float64)
     mean = step_costs.sum(axis=1) / R
     lb = np.maximum(lb, mean)
     total = float(lb.sum())

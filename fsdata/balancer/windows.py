@@ -210,9 +210,10 @@ def plan_one_window(costs: np.ndarray, rows: np.ndarray, window: int, layout: Pl
         un_bound = bubble.step_proven_bound(step_costs, R, B)
         local, compose_info = compose_steps(local, costs, num_ranks=R, batch_size_per_rank=B,
                                             compose_window=layout.compose_window, seed=seed,
-                                            first_window=s0 // layout.compose_window, return_info=True)
+                                            first_window=s0 // layout.compose_window, return_info=True,
+                                            input_bound=un_bound)
         step_costs = costs[local]
-    step_bound = bubble.step_proven_bound(step_costs, R, B)
+    step_bound, step_bound_simple = bubble.step_bounds(step_costs, R, B)  # one sort for both
     p = _window_partitioner(partitioner, strategy, Sw, layout.num_steps)
     ranks = p.partition(step_costs, R, B, step_bound=step_bound).astype(np.int32)
     flat = local.ravel()
@@ -228,7 +229,7 @@ def plan_one_window(costs: np.ndarray, rows: np.ndarray, window: int, layout: Pl
     loads = per_rank_loads(step_costs, ranks, R)
     return WindowPlan(index=int(window), rows=rows, step=step, rank=rank, position=position, loads=loads,
                       counts=counts, baseline_loads=baseline_loads, step_mean=step_costs.sum(axis=1) / R,
-                      step_bound=step_bound, step_bound_simple=bubble.step_lower_bound(step_costs, R, B),
+                      step_bound=step_bound, step_bound_simple=step_bound_simple,
                       uncomposed_mean=un_mean, uncomposed_bound=un_bound, partition_info=dict(p.info),
                       compose_info=compose_info)
 

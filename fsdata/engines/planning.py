@@ -107,8 +107,10 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
             rows = rows[np.argsort(plan.step[rows], kind="stable")]
             sc = costs[rows].reshape(S, R * B)
             del rows
-        bound.append(bubble.step_proven_bound(sc, R, B))
-        bound_simple.append(bubble.step_lower_bound(sc, R, B))
+        proven, simple = bubble.step_bounds(sc, R, B)  # one sort for both
+        bound.append(proven)
+        bound_simple.append(simple)
+        del proven, simple
         mean.append(sc.sum(axis=1) / R)
         epoch_steps.append(int(S))
         offset += S

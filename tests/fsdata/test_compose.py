@@ -229,3 +229,31 @@ def test_cpsat_exact_bound_between_pigeonhole_and_optimum(R, B, seed):
     assert bubble.step_proven_bound(c[None, :], R, B)[0] <= b <= opt * (1 + 1e-12)
     if optimal:  # floor-scaled costs: within the rounding of the scale
         assert b >= opt * (1 - 1e-5)
+
+
+def test_one_sort_for_both_bounds_and_a_given_input_bound_change_nothing():
+    """``step_bounds`` gives each bound's own values (simple: the formula on ``np.sort``), across
+    its chunk boundary; composing with the caller's bound of the input steps gives the same steps."""
+    R, B = 16, 4
+    c = _heavy_costs(R * B * 300, 5)
+    sc = c.reshape(300, R * B).copy()
+    sc[3] = 1.0
+    sc[3, : R + 1] = 100.0  # R + 1 giants: some rank holds two, so the proven bound is the higher one
+    proven, simple = bubble.step_bounds(sc, R, B)
+    asc = np.sort(sc, axis=1)
+    np.testing.assert_array_equal(simple, np.maximum(asc.sum(axis=1) / R, asc[:, -1] + asc[:, : B - 1].sum(axis=1)))
+    np.testing.assert_array_equal(simple, bubble.step_lower_bound(sc, R, B))
+    np.testing.assert_array_equal(proven, bubble.step_proven_bound(sc, R, B))
+    for a, b in ((0, 1), (17, 170)):  # rows bounded alone give the same values as inside the whole
+        np.testing.assert_array_equal(bubble.step_bounds(sc[a:b], R, B)[0], proven[a:b])
+    assert (proven >= simple).all() and proven[3] == 202.0 > simple[3]
+    big = np.random.default_rng(0).random((70_000, 64))  # more than one ~4M-sample chunk
+    p_big, s_big = bubble.step_bounds(big, 16, 4)
+    np.testing.assert_array_equal(s_big, bubble.step_lower_bound(big, 16, 4))
+    np.testing.assert_array_equal(p_big[65_000:], bubble.step_bounds(big[65_000:], 16, 4)[0])
+    steps, _ = shuffled_steps(len(c), R, B, 9)
+    plain = compose_steps(steps, c, num_ranks=R, batch_size_per_rank=B, compose_window=16, seed=9)
+    given_bound = compose_steps(steps, c, num_ranks=R, batch_size_per_rank=B, compose_window=16, seed=9,
+                                input_bound=bubble.step_proven_bound(c[steps], R, B))
+    np.testing.assert_array_equal(plain, given_bound)
+    assert not np.array_equal(plain, steps)
