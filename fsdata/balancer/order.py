@@ -74,12 +74,34 @@ def _positions(rows, n, h, keys):
 
 
 @njit(cache=True, parallel=True)
-def _invert(pos):
-    """``order`` with ``order[pos[i]] = i`` (``pos`` a permutation: no two threads write one slot)."""
-    order = np.empty(pos.shape[0], dtype=np.int64)
-    for i in prange(pos.shape[0]):
-        order[pos[i]] = i
-    return order
+def _inverse_positions(n, h, keys):
+    """``P^-1(p)`` for every position ``p`` in ``[0, n)``: the Feistel rounds undone in reverse key
+    order, cycle-walked back into ``[0, n)`` (the forward walk's chain read backwards: its middle
+    links lie outside ``[0, n)``). Writes in position order: no random-access scatter."""
+    mask = np.uint64((1 << h) - 1)
+    sh = np.uint64(h)
+    g, m1, m2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
+    out = np.empty(np.int64(n), dtype=np.int64)
+    nk = keys.shape[0]
+    for p in prange(np.int64(n)):
+        x = np.uint64(p)
+        while True:
+            left = x >> sh
+            right = x & mask
+            for j in range(nk - 1, -1, -1):
+                z = (left ^ keys[j]) + g  # the round function of the forward pass, on its left half
+                z = (z ^ (z >> s30)) * m1
+                z = (z ^ (z >> s27)) * m2
+                z = z ^ (z >> s31)
+                t = right ^ (z & mask)
+                right = left
+                left = t
+            x = (left << sh) | right
+            if x < n:
+                break
+        out[p] = np.int64(x)
+    return out
 
 
 def shuffled_positions(rows: np.ndarray, num_samples: int, seed: int) -> np.ndarray:
@@ -108,8 +130,11 @@ def shuffled_order(num_samples: int, seed: int) -> np.ndarray:
     Returns:
         shape ``[N]``, int64, a permutation of ``[0, N)``.
     """
-    pos = shuffled_positions(np.arange(num_samples, dtype=np.int64), num_samples, seed)
-    return _invert(pos)
+    if num_samples <= 0:
+        return np.empty(0, dtype=np.int64)
+    # computed by the inverse network, position by position: the same permutation as inverting
+    # shuffled_positions(arange(N)) (tested), without its random-access scatter
+    return _inverse_positions(np.uint64(num_samples), _half_bits(num_samples), _round_keys(seed))
 
 
 def epoch_seed(seed: int, epoch: int) -> int:

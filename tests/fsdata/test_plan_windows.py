@@ -31,6 +31,17 @@ def test_positions_of_any_subset_match_the_whole():
     assert np.array_equal(order[whole], np.arange(n))
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 17, 1000, 65_536, 65_537])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_order_by_the_inverse_network_inverts_the_positions(n, seed):
+    """shuffled_order runs the Feistel network backwards (cycle-walked); it is the inverse of the
+    forward positions at sizes whose domain 4^h is barely or far above n."""
+    pos = shuffled_positions(np.arange(n), n, seed)
+    order = shuffled_order(n, seed)
+    assert order.dtype == np.int64 and len(order) == n
+    assert np.array_equal(order[pos], np.arange(n))
+
+
 def test_seed_changes_the_order_and_it_is_not_trivial():
     n = 10_000
     a, b = shuffled_order(n, 0), shuffled_order(n, 1)
