@@ -34,7 +34,8 @@ from fsdata.balancer.partition import per_rank_loads
 from fsdata.balancer.partitioners import Partitioner
 from fsdata.balancer.policies import (BATCH_POLICIES, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, REMAINDER_POLICIES,
                                       STRATEGIES, check_policies, check_settings)
-from fsdata.balancer.windows import PlanLayout, WindowPlan, WindowTotals, combine_windows, plan_layout, plan_one_window
+from fsdata.balancer.windows import (PlanLayout, WindowPlan, WindowTotals, combine_windows, plan_layout, plan_one_window,
+                                     scatter_window)
 from fsdata.errors import ConfigError, setting
 
 __all__ = ["BATCH_POLICIES", "DEFAULT_PARTITIONER", "DEFAULT_PLAN_WINDOW", "HIGH_BUBBLE_WARNING_THRESHOLD",
@@ -222,8 +223,7 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
             a, b = layout.window_positions(w)
             rows = order[a:b]
             wp = plan_one_window(costs[rows], rows, w, layout, seed=seed, strategy=strategy, partitioner=partitioner)
-            step[rows], rank[rows], position[rows] = wp.step, wp.rank, wp.position
-            order_key[rows] = np.where(wp.step >= 0, np.arange(a, b), -1)
+            scatter_window(wp, a, step, rank, position, order_key)
             windows.append(wp.summary())
         del order
         totals = combine_windows(windows, layout, compose_window)

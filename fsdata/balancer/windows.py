@@ -155,6 +155,34 @@ def _window_partitioner(partitioner: str | Partitioner, strategy: str, steps_in_
 
 
 @njit(cache=True, parallel=True)
+def _scatter(rows, first_position, wstep, wrank, wpos, step, rank, position, order_key):
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        step[r] = wstep[i]
+        rank[r] = wrank[i]
+        position[r] = wpos[i]
+        order_key[r] = first_position + i if wstep[i] >= 0 else -1
+
+
+def scatter_window(wp: WindowPlan, first_position: int, step: np.ndarray, rank: np.ndarray, position: np.ndarray,
+                   order_key: np.ndarray) -> None:
+    """Write a window's plan into the run's per-input-row arrays, in one pass on numba threads.
+
+    ``step[rows] = wp.step``, ``rank[rows] = wp.rank``, ``position[rows] = wp.position`` and
+    ``order_key[rows]`` = the row's shuffled position (``first_position + i``; -1 where the row is
+    dropped), with ``rows = wp.rows`` (distinct input rows: no two threads write one entry).
+
+    Args:
+        wp: the window's :class:`WindowPlan`.
+        first_position: the window's first shuffled position (:meth:`PlanLayout.window_positions`).
+        step, rank, position: shape ``[N]`` int32, written in place.
+        order_key: shape ``[N]`` int64, written in place.
+    """
+    _scatter(np.ascontiguousarray(wp.rows, dtype=np.int64), np.int64(first_position), wp.step, wp.rank, wp.position,
+             step, rank, position, order_key)
+
+
+@njit(cache=True, parallel=True)
 def _batch_positions(ranks, R):
     """Each sample's index in its (step, rank) batch, in the step's position order, and the
     per-(step, rank) counts: ``([Sw x n] int32, [Sw x R] int32)`` for ``ranks`` ``[Sw x n]``
@@ -205,15 +233,19 @@ def plan_one_window(costs: np.ndarray, rows: np.ndarray, window: int, layout: Pl
     baseline_loads = per_rank_loads(step_costs, baseline_ranks, R)
     compose_info = None
     un_mean = un_bound = None
+    bounds = None
     if layout.compose_window > 1 and strategy == "balanced":
         un_mean = step_costs.sum(axis=1) / R
-        un_bound = bubble.step_proven_bound(step_costs, R, B)
+        bounds = bubble.step_bounds(step_costs, R, B)  # one sort for both bounds
+        un_bound = bounds[0]
         local, compose_info = compose_steps(local, costs, num_ranks=R, batch_size_per_rank=B,
                                             compose_window=layout.compose_window, seed=seed,
                                             first_window=s0 // layout.compose_window, return_info=True,
                                             input_bound=un_bound)
-        step_costs = costs[local]
-    step_bound, step_bound_simple = bubble.step_bounds(step_costs, R, B)  # one sort for both
+        if compose_info["windows_composed"]:  # else every step is the input's: the same bounds
+            step_costs = costs[local]
+            bounds = None
+    step_bound, step_bound_simple = bounds if bounds is not None else bubble.step_bounds(step_costs, R, B)
     p = _window_partitioner(partitioner, strategy, Sw, layout.num_steps)
     ranks = p.partition(step_costs, R, B, step_bound=step_bound).astype(np.int32)
     flat = local.ravel()
