@@ -37,6 +37,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import platform
@@ -124,7 +125,11 @@ def global_batches_digest(shards: Path) -> str:
 
 
 def load_reusable(paths: list[str]) -> list[dict]:
-    """Trained runs (with a ``global_batches_sha256``) of earlier JSONs of this benchmark.
+    """Runs with figures and a ``global_batches_sha256`` of earlier JSONs of this benchmark.
+
+    A run that itself took another run's figures (``reused_from``) is a source too and keeps that
+    origin, so a committed table regenerates from its own JSON (its figures came from a trained run
+    with the same recipe, seed, epochs and global batches).
 
     Raises:
         SystemExit: a file is missing or is not JSON (one line naming it).
@@ -137,15 +142,17 @@ def load_reusable(paths: list[str]) -> list[dict]:
             raise SystemExit(f"--reuse {path}: cannot read it as this benchmark's JSON ({e.__class__.__name__}: "
                              f"{e}); pass a bench_quality_*.json this benchmark wrote") from None
         for r in doc.get("runs", []):
-            if r.get("global_batches_sha256") and not r.get("reused_from") and "ndcg@10" in r:
+            if r.get("global_batches_sha256") and "ndcg@10" in r:
                 runs.append(r | {"source_json": str(path)})
     return runs
 
 
 def find_identical(pool: list[dict], recipe: str, seed: int, epochs: int, digest: str) -> dict | None:
-    """A trained run of ``pool`` with the same recipe, seed, epochs and global batches, or None."""
-    return next((r for r in pool if (r["recipe"], r["seed"], r["epochs"], r.get("global_batches_sha256"))
-                 == (recipe, seed, epochs, digest) and not r.get("reused_from") and "ndcg@10" in r), None)
+    """A run of ``pool`` with the same recipe, seed, epochs and global batches, or None; a trained run
+    before one that reused another's figures."""
+    same = [r for r in pool if (r["recipe"], r["seed"], r["epochs"], r.get("global_batches_sha256"))
+            == (recipe, seed, epochs, digest) and "ndcg@10" in r]
+    return min(same, key=lambda r: bool(r.get("reused_from")), default=None)
 
 
 _RESULT_FIELDS = ("ndcg@10", "hr@10", "ndcg@50", "hr@50", "mrr", "best_ndcg@10", "best_epoch", "curve",
@@ -156,7 +163,8 @@ def _reuse(rec: dict, twin: dict) -> dict:
     label = (f"{twin.get('strategy') or 'reproduce'} R={twin.get('ranks', 1)} B={twin.get('batch_size_per_rank', '')}"
              f" seed {twin['seed']}").replace(" B= ", " ")
     rec.update({k: twin[k] for k in _RESULT_FIELDS if k in twin})
-    rec["reused_from"] = label + (f" ({Path(twin['source_json']).name})" if twin.get("source_json") else "")
+    rec["reused_from"] = twin.get("reused_from") or (
+        label + (f" ({Path(twin['source_json']).name})" if twin.get("source_json") else ""))
     return rec
 
 
@@ -347,6 +355,8 @@ def per_user_vs_per_event(a: argparse.Namespace, work: Path, log: Path) -> dict:
     runs = []
     for name in a.recipes.split(","):
         recipe = RECIPES[name]
+        if a.eval_every_epochs:
+            recipe = dataclasses.replace(recipe, eval_every_epochs=a.eval_every_epochs)
         epochs = a.epochs or recipe.epochs
         for kind in ("per-user", "per-event"):
             samples, ev = convert(recipe, work, log, samples=kind)
@@ -376,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recipes", default=None, help=f"comma-separated, of {', '.join(RECIPES)} (default: per mode)")
     p.add_argument("--seeds", default="0")
     p.add_argument("--epochs", type=int, default=None, help="override the recipes' epochs")
+    p.add_argument("--eval-every-epochs", type=int, default=None,
+                   help="--per-user-vs-per-event: evaluate every N epochs (default: the recipe's), for the curve")
     p.add_argument("--rank-batches", default="16x8,8x32", help="--parity: RxB settings (default 16x8,8x32)")
     p.add_argument("--strategies", default=",".join(PARITY_STRATEGIES),
                    help=f"--parity: comma-separated, of {', '.join(PARITY_STRATEGIES)} (default: all)")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.quality_convergence import find_identical, global_batches_digest, load_reusable
+from benchmarks.quality_convergence import _reuse, find_identical, global_batches_digest, load_reusable
 from fsdata.cli import main as fsdata_main
 from tests.fsdata.helpers import write_samples
 
@@ -41,8 +41,15 @@ def test_reuse_needs_same_recipe_seed_epochs_and_batches(tmp_path):
     path = tmp_path / "bench_quality_parity.json"
     path.write_text(json.dumps({"runs": runs}))
     pool = load_reusable([str(path)])
-    assert len(pool) == 1  # a reused run is never a source
+    assert len(pool) == 2  # a reused run is a source too (a committed table regenerates from itself)
     assert find_identical(pool, "ml-1m-sasrec", 1, 100, "a" * 64)["ndcg@10"] == 0.15
+    twin = find_identical(pool, "ml-1m-sasrec", 2, 100, "b" * 64)
+    assert _reuse({}, twin)["reused_from"] == "shuffle R=16 B=8 seed 2"  # the origin, not the table
+    assert _reuse({}, pool[0])["reused_from"] == "shuffle R=16 B=8 seed 1 (bench_quality_parity.json)"
+    # a trained run wins over one that reused figures for the same batches
+    trained = runs[1] | {"reused_from": None, "ndcg@10": 0.17}
+    path.write_text(json.dumps({"runs": runs + [trained]}))
+    assert find_identical(load_reusable([str(path)]), "ml-1m-sasrec", 2, 100, "b" * 64)["ndcg@10"] == 0.17
     assert find_identical(pool, "ml-1m-sasrec", 1, 50, "a" * 64) is None
     assert find_identical(pool, "ml-1m-sasrec", 2, 100, "a" * 64) is None
     assert find_identical(pool, "sports-sasrec", 1, 100, "a" * 64) is None
