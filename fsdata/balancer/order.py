@@ -44,14 +44,21 @@ def _half_bits(num_samples: int) -> int:
     return (bits + 1) // 2
 
 
+@njit(cache=True, inline="always")
+def _round_function(half, key):
+    """The Feistel round function: the SplitMix64 finalizer of ``half ^ key`` (uint64)."""
+    z = (half ^ key) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 @njit(cache=True, parallel=True)
 def _positions(rows, n, h, keys):
     """``P(rows)``: the Feistel network over ``2h`` bits, cycle-walked into ``[0, n)``; every row
     independently (numba threads: the same values on any thread count)."""
     mask = np.uint64((1 << h) - 1)
     sh = np.uint64(h)
-    g, m1, m2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
     out = np.empty(rows.shape[0], dtype=np.int64)
     for i in prange(rows.shape[0]):
         x = np.uint64(rows[i])
@@ -59,11 +66,7 @@ def _positions(rows, n, h, keys):
             left = x >> sh
             right = x & mask
             for k in keys:
-                z = (right ^ k) + g  # SplitMix64 finalizer of right ^ key
-                z = (z ^ (z >> s30)) * m1
-                z = (z ^ (z >> s27)) * m2
-                z = z ^ (z >> s31)
-                t = left ^ (z & mask)
+                t = left ^ (_round_function(right, k) & mask)
                 left = right
                 right = t
             x = (left << sh) | right
@@ -80,8 +83,6 @@ def _inverse_positions(n, h, keys):
     links lie outside ``[0, n)``). Writes in position order: no random-access scatter."""
     mask = np.uint64((1 << h) - 1)
     sh = np.uint64(h)
-    g, m1, m2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-    s30, s27, s31 = np.uint64(30), np.uint64(27), np.uint64(31)
     out = np.empty(np.int64(n), dtype=np.int64)
     nk = keys.shape[0]
     for p in prange(np.int64(n)):
@@ -90,11 +91,7 @@ def _inverse_positions(n, h, keys):
             left = x >> sh
             right = x & mask
             for j in range(nk - 1, -1, -1):
-                z = (left ^ keys[j]) + g  # the round function of the forward pass, on its left half
-                z = (z ^ (z >> s30)) * m1
-                z = (z ^ (z >> s27)) * m2
-                z = z ^ (z >> s31)
-                t = right ^ (z & mask)
+                t = right ^ (_round_function(left, keys[j]) & mask)
                 right = left
                 left = t
             x = (left << sh) | right
