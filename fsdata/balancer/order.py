@@ -53,51 +53,46 @@ def _round_function(half, key):
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, parallel=True)
-def _positions(rows, n, h, keys):
-    """``P(rows)``: the Feistel network over ``2h`` bits, cycle-walked into ``[0, n)``; every row
-    independently (numba threads: the same values on any thread count)."""
+@njit(cache=True, inline="always")
+def _walk(x, n, h, keys, inverse):
+    """The Feistel network over ``2h`` bits applied to ``x`` (``inverse``: undone, the rounds in
+    reverse key order) until the value falls in ``[0, n)`` (cycle walking: read backwards, the
+    forward chain's middle links lie outside ``[0, n)``, so the inverse walk retraces it)."""
     mask = np.uint64((1 << h) - 1)
     sh = np.uint64(h)
-    out = np.empty(rows.shape[0], dtype=np.int64)
-    for i in prange(rows.shape[0]):
-        x = np.uint64(rows[i])
-        while True:  # cycle-walking: expected passes <= 4 (the domain is < 4n)
-            left = x >> sh
-            right = x & mask
-            for k in keys:
-                t = left ^ (_round_function(right, k) & mask)
+    nk = keys.shape[0]
+    while True:  # expected passes <= 4 (the domain is < 4n)
+        left = x >> sh
+        right = x & mask
+        for j in range(nk):
+            if inverse:
+                t = right ^ (_round_function(left, keys[nk - 1 - j]) & mask)
+                right = left
+                left = t
+            else:
+                t = left ^ (_round_function(right, keys[j]) & mask)
                 left = right
                 right = t
-            x = (left << sh) | right
-            if x < n:
-                break
-        out[i] = np.int64(x)
+        x = (left << sh) | right
+        if x < n:
+            return x
+
+
+@njit(cache=True, parallel=True)
+def _positions(rows, n, h, keys):
+    """``P(rows)``: every row independently (numba threads: the same values on any thread count)."""
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    for i in prange(rows.shape[0]):
+        out[i] = np.int64(_walk(np.uint64(rows[i]), n, h, keys, False))
     return out
 
 
 @njit(cache=True, parallel=True)
 def _inverse_positions(n, h, keys):
-    """``P^-1(p)`` for every position ``p`` in ``[0, n)``: the Feistel rounds undone in reverse key
-    order, cycle-walked back into ``[0, n)`` (the forward walk's chain read backwards: its middle
-    links lie outside ``[0, n)``). Writes in position order: no random-access scatter."""
-    mask = np.uint64((1 << h) - 1)
-    sh = np.uint64(h)
+    """``P^-1(p)`` for every position ``p`` in ``[0, n)``, in position order: no random-access scatter."""
     out = np.empty(np.int64(n), dtype=np.int64)
-    nk = keys.shape[0]
     for p in prange(np.int64(n)):
-        x = np.uint64(p)
-        while True:
-            left = x >> sh
-            right = x & mask
-            for j in range(nk - 1, -1, -1):
-                t = right ^ (_round_function(left, keys[j]) & mask)
-                right = left
-                left = t
-            x = (left << sh) | right
-            if x < n:
-                break
-        out[p] = np.int64(x)
+        out[p] = np.int64(_walk(np.uint64(p), n, h, keys, True))
     return out
 
 
