@@ -6,7 +6,7 @@
 2. **write** (:func:`write_ranks`): read the input once, in record batches (``--num-threads``
    threads, each reading its units of row groups), and gather every row (once per epoch) to its
    rank group: ranks are cut into contiguous groups whose rows take at most :data:`GATHER_BYTES`
-   as held (64-bit integer columns whose values fit held as 32-bit ones, :func:`_narrow_types`;
+   as held (64-bit integer columns whose values fit held as 32-bit ones, :func:`narrow_types`;
    each batch's rows of a group in destination order); the first group stays in memory, the
    others are spilled to temporary Arrow IPC files, one per group and thread
    (``--bucket-compression`` is their codec, zstd by default; nothing is spilled when the whole
@@ -31,9 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from fsdata import fsio
@@ -41,12 +39,12 @@ from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
-from fsdata.engines.routing import input_columns, row_group_chunks
+from fsdata.engines.routing import (DESTINATION, destinations, footers, group_writer, held_row_bytes, input_columns,
+                                    narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
+                                    row_group_chunks)
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
-from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource
-from fsdata.shards import writer
 from fsdata.shards.manifest import FileEntry
 from fsdata.shards.plan_file import PlanTable, plan_digest
 from fsdata.shards.writer import output_schema
@@ -66,68 +64,6 @@ GATHER_BLOCK_ROWS = 1 << 16
 #: Input rows a gather thread of the write stage reads as one unit (whole row groups of one file;
 #: :func:`_read_units`).
 GATHER_UNIT_ROWS = 1 << 18
-_DEST = "__fsdata_destination"
-
-
-def _footers(src: SampleSource) -> list[tuple[str, pq.ColumnChunkMetaData]]:
-    """Every row group's column chunks of the input, from the Parquet footers only (one read of
-    each footer, shared by :func:`_narrow_types` and :func:`_held_row_bytes`):
-    ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk."""
-    out = []
-    for path in src.files:
-        fs, where = fsio.filesystem_and_path(path)
-        md = pq.ParquetFile(where, filesystem=fs).metadata
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            for j in range(rg.num_columns):
-                c = rg.column(j)
-                top = c.path_in_schema.split(".")[0]
-                out.append((src.rename.get(top, top), c))
-    return out
-
-
-def _leaf(t: pa.DataType) -> pa.DataType:
-    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
-
-
-def _narrow_types(footers: list, schema: pa.Schema) -> dict[str, pa.DataType]:
-    """The input columns the write stage holds and spills as 32-bit integers: 64-bit integer
-    columns (or lists of them) whose values all lie in int32's range by the Parquet footers'
-    statistics (a column without statistics in some row group is kept as it is). Cast back to
-    the schema's type before a rank file is encoded, so the output does not change; the held and
-    spilled rows take about half the bytes (docs/results/bench_offline_stage.md)."""
-    lo: dict[str, int] = {}
-    hi: dict[str, int] = {}
-    bad: set[str] = set()
-    for name, c in footers:
-        st = c.statistics
-        if st is None or not st.has_min_max or not isinstance(st.min, int):
-            bad.add(name)
-            continue
-        lo[name] = min(lo.get(name, st.min), st.min)
-        hi[name] = max(hi.get(name, st.max), st.max)
-    out = {}
-    for f in schema:
-        leaf = _leaf(f.type)
-        if (f.name in lo and f.name not in bad and pa.types.is_int64(leaf)
-                and -(2**31) <= lo[f.name] and hi[f.name] < 2**31):
-            out[f.name] = pa.list_(pa.int32()) if leaf is not f.type else pa.int32()
-    return out
-
-
-def _held_row_bytes(footers: list, num_rows: int, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
-    """Mean bytes per input row as the write stage holds it (Arrow, in memory), from the Parquet
-    footers only: values x width per fixed-width leaf column (4 for a narrowed one) plus 4-byte
-    list offsets, else the column's uncompressed size; plus the 4- or 8-byte destination."""
-    total = 0
-    for name, c in footers:
-        t = narrow.get(name, schema.field(name).type if name in schema.names else None)
-        leaf = _leaf(t) if t is not None else None
-        width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
-        total += c.num_values * width if width else c.total_uncompressed_size
-    rows = max(num_rows, 1)
-    lists = sum(1 for f in schema if _leaf(f.type) is not f.type)
-    return total / rows + 4 * lists + 8
 
 
 def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
@@ -139,12 +75,8 @@ def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
     """
     S_, R = plan.num_steps, plan.num_ranks
     counts, _ = plan.counts_and_loads()
-    by_rank = np.ascontiguousarray(counts.T, dtype=np.int64).ravel()  # (rank, step) order
-    starts = np.zeros(S_ * R + 1, dtype=np.int64)
-    np.cumsum(by_rank, out=starts[1:])
-    dest = np.full(len(plan.step), -1, dtype=np.int64)
-    kept = plan.step >= 0
-    dest[kept] = starts[plan.rank[kept].astype(np.int64) * S_ + plan.step[kept]] + plan.position[kept]
+    starts = rank_step_starts(counts)
+    dest = destinations(starts, S_, plan.step, plan.rank, plan.position)
     return dest, starts[::S_] if S_ else np.zeros(R + 1, dtype=np.int64)
 
 
@@ -161,13 +93,6 @@ def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> lis
     return groups
 
 
-def _open_parquet(path: str) -> pq.ParquetFile:
-    """One input file (a local file memory-mapped: measured at less CPU than ``pq.read_table`` and
-    than Polars' batches for list columns)."""
-    fs, where = fsio.filesystem_and_path(path)
-    return pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
-
-
 def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], int]:
     """The input cut into units a gather thread reads alone: ``(file, row groups, first row)``,
     runs of whole row groups of one file of about :data:`GATHER_UNIT_ROWS` rows
@@ -176,51 +101,18 @@ def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], in
     return [(c.path, list(c.row_groups), c.offset) for c in chunks], sum(c.num_rows for c in chunks)
 
 
-def _route(columns: list, held_schema: pa.Schema, dest: np.ndarray, group_start: np.ndarray) -> list[pa.Table | None]:
-    """One record batch's kept rows, split by rank group, each group's rows sorted by destination.
-
-    Args:
-        columns: the batch's input columns in ``held_schema`` order (without the destination).
-        held_schema: the held/spilled schema (input columns, narrowed, then the destination).
-        dest: shape ``[n]`` int64, each row's destination (:func:`_destinations`; -1: dropped).
-        group_start: shape ``[G + 1]`` int64, the first destination of each rank group, then the total.
-
-    Returns:
-        ``G`` entries: group ``g``'s rows with their destination column, in destination order, or
-        None when it has none. Each entry owns its buffers (one ``take`` per group: a slice would
-        keep every group's rows alive with the first group's, which stays in memory). In
-        destination order, the later gather into rank order reads each batch's rows forwards
-        (at 2M rows: 0.47 CPU s against 0.99 in arrival order, docs/results/bench_offline_stage.md).
-    """
-    order = np.argsort(dest)
-    order = order[np.searchsorted(dest[order], 0, side="left"):]  # without the dropped rows
-    d = dest[order]
-    cuts = np.searchsorted(d, group_start, side="left")
-    dtype = held_schema.field(_DEST).type
-    out: list[pa.Table | None] = []
-    base = pa.Table.from_arrays(columns, names=held_schema.names[:-1])
-    for g in range(len(group_start) - 1):
-        if cuts[g + 1] <= cuts[g]:
-            out.append(None)
-            continue
-        sel = order[cuts[g]:cuts[g + 1]]
-        piece = base.take(pa.array(sel))
-        out.append(piece.append_column(held_schema.field(_DEST), pa.array(d[cuts[g]:cuts[g + 1]], type=dtype)))
-    return out
-
-
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: pa.Schema, dest: np.ndarray,
             group_start: np.ndarray, spill_dir: Path | None, progress: bool, compression: str | None,
             num_threads: int = 1) -> list[pa.Table]:
     """Read the input once: every kept row (once per epoch) with its destination
     (:func:`_destinations`), in ``held_schema`` (the input columns, 64-bit integer columns that fit
-    narrowed to 32 bits, :func:`_narrow_types`); group 0's rows are returned, the others' appended
+    narrowed to 32 bits, :func:`narrow_types`); group 0's rows are returned, the others' appended
     to ``spill_dir/group-XXXXX-T.arrow`` (one file per group and gather thread). ``step`` and
     ``rank`` are not carried: the plan gives them again from the destination.
 
     ``num_threads`` threads read units of row groups (:func:`_read_units`) side by side (Arrow's
     decoding, ``take`` and IPC writes release the GIL); the rows of a group arrive in any order,
-    which :func:`_group_writer` undoes from their destinations, so the output does not change.
+    which :func:`group_writer` undoes from their destinations, so the output does not change.
 
     Raises:
         InputError: a file fails to read, or its rows are not the plan's.
@@ -244,7 +136,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
             if stop.is_set():
                 return
             try:
-                for batch in _open_parquet(path).iter_batches(batch_size=65536, row_groups=row_groups,
+                for batch in open_parquet(path).iter_batches(batch_size=65536, row_groups=row_groups,
                                                               use_threads=False):
                     n = batch.num_rows
                     idx = np.arange(offset, min(offset + n, N))
@@ -253,7 +145,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
                                          has_seq_len=src.has_seq_len)
                     cols = [c if c.type == ty else c.cast(ty) for c, ty in zip(cols, input_types, strict=True)]
                     for e in range(E):  # each input row once per epoch, with that epoch's place
-                        pieces = _route(cols, held_schema, dest[idx + e * N], group_start)
+                        pieces = route_by_destination(cols, held_schema, dest[idx + e * N], group_start)
                         for k, piece in enumerate(pieces):
                             if piece is None:
                                 continue
@@ -317,53 +209,6 @@ def _spill_name(group: int, thread: int | str) -> str:
     return f"group-{group:05d}-{thread}.arrow"
 
 
-def _group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, counts: np.ndarray,
-                  plan: PlanTable, out: Path | str, schema: pa.Schema, digest: str):
-    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``, in the held
-    schema): one permutation into (rank, step, position) order. Returns a function that writes one
-    block of ranks ``(i, j)`` with one gather (:data:`GATHER_BLOCK_ROWS`), cast back to the
-    rank-file schema's types and sliced into ranks, each with its ``step`` (from ``counts``, the
-    plan's ``[S x R]`` per-(step, rank) counts) and ``rank`` columns, and returns their
-    :class:`~fsdata.shards.manifest.FileEntry` records."""
-    a, b = ranks
-    base = int(rank_start[a])
-    table = pa.concat_tables(batches)
-    batches.clear()
-    d = table.column(_DEST).to_numpy().astype(np.int64, copy=False)
-    if len(d) != rank_start[b] - base:
-        raise AssertionError(f"ranks {a}..{b - 1} received {len(d)} rows, the plan gives {rank_start[b] - base}")
-    perm = np.empty(len(d), dtype=np.int64)  # perm[i]: the table row of output row base + i
-    perm[d - base] = np.arange(len(d), dtype=np.int64)
-    table = table.drop_columns([_DEST])
-    input_schema = pa.schema(list(schema)[:-2])
-    steps = np.arange(plan.num_steps, dtype=np.int32)
-
-    # Polars' gather takes about half the CPU of Arrow's take on list columns (measured); used for
-    # integer and integer-list columns, which it hands back with the same values
-    simple = all(pa.types.is_integer(_leaf(t)) for t in table.schema.types)
-    # Polars gathers from the chunks as read (no combined copy of the group: less memory and CPU,
-    # docs/results/bench_offline_stage.md); Arrow's take from one combined table
-    source = pl.from_arrow(table, rechunk=False) if simple else table.combine_chunks()
-    del table
-
-    def block(ranks: tuple[int, int]) -> list[FileEntry]:
-        i, j = ranks
-        lo = int(rank_start[i]) - base
-        idx = perm[lo:int(rank_start[j]) - base]
-        rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
-        rows = rows.cast(input_schema)  # narrowed columns back to 64 bits: the same values
-        files = []
-        for r in range(i, j):
-            part = rows.slice(int(rank_start[r]) - base - lo, int(rank_start[r + 1] - rank_start[r]))
-            step = np.repeat(steps, counts[:, r])
-            part = part.append_column(schema.field(S.STEP), pa.array(step, type=pa.int32()))
-            part = part.append_column(schema.field(S.RANK), pa.array(np.full(len(step), r, dtype=np.int32)))
-            files.append(writer.write_rank(r, part, out, schema, plan.num_steps, plan_digest=digest, sorted_rows=True))
-        return files
-
-    return block
-
-
 def _collect(futures: list, bar) -> list[FileEntry]:
     """The records of the submitted blocks, in submission (rank) order."""
     files = []
@@ -372,18 +217,6 @@ def _collect(futures: list, bar) -> list[FileEntry]:
         files += infos
         bar.update(len(infos))
     return files
-
-
-def _rank_blocks(rank_start: np.ndarray, a: int, b: int, rows: int) -> list[tuple[int, int]]:
-    """Consecutive rank ranges ``[i, j)`` covering ``[a, b)``, each of at least ``rows`` rows
-    (whole ranks; the last one may hold fewer)."""
-    blocks, i = [], a
-    while i < b:
-        j = int(np.searchsorted(rank_start, rank_start[i] + rows, side="left"))
-        j = min(max(j, i + 1), b)
-        blocks.append((i, j))
-        i = j
-    return blocks
 
 
 _BUCKETS_PREFIX = "fsdata-buckets-"
@@ -422,11 +255,11 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     remote = fsio.is_remote(output)
     out = output if remote else Path(output)
     dest, rank_start = _destinations(plan)
-    footers = _footers(src)
-    narrow = _narrow_types(footers, schema)
+    meta = footers(src)
+    narrow = narrow_types(meta, schema)
     held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
-                            + [pa.field(_DEST, pa.int32() if len(dest) < 2**31 else pa.int64())])
-    groups = _rank_groups(rank_start, _held_row_bytes(footers, src.num_rows, schema, narrow), GATHER_BYTES)
+                            + [pa.field(DESTINATION, pa.int32() if len(dest) < 2**31 else pa.int64())])
+    groups = _rank_groups(rank_start, held_row_bytes(meta, src.num_rows, schema, narrow), GATHER_BYTES)
     group_start = np.array([rank_start[a] for a, _ in groups] + [rank_start[-1]], dtype=np.int64)
     spill_dir: Path | None = None
     _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills
@@ -451,10 +284,10 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
                 # group k's spill files were queued behind group k-1's blocks: they are read while
                 # its last blocks finish, and its permutation is built before they are collected
                 batches = resident if k == 0 else [f.result() for f in reads]
-                block = _group_writer(batches, ranks, rank_start, counts, plan, out, schema, digest)
+                block = group_writer(batches, ranks, rank_start, counts, plan.num_steps, out, schema, digest)
                 del batches
                 files += _collect(pending, bar)
-                pending = [ex.submit(block, br) for br in _rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)]
+                pending = [ex.submit(block, br) for br in rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)]
                 del block
                 # each gather thread's file of the next group read (and decompressed) on its own thread
                 reads = ([ex.submit(_read_spill, path) for path in sorted(spill_dir.glob(_spill_name(k + 1, "*")))]

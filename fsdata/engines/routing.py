@@ -1,20 +1,27 @@
-"""The per-batch routing of the write stage: check a record batch of input rows against the plan
-and cast it to the rank-file schema (both engines, :func:`input_columns`), and split rows with the
-plan's columns into rank groups (the Ray engine's object-store pieces, :func:`split_by_group`; the
-local engine splits its narrowed rows by destination, ``fsdata.engines.local._route``).
+"""The write stage's routing, shared by both engines: check a record batch of input rows against
+the plan and cast it to the rank-file schema (:func:`input_columns`); hold 64-bit integer columns
+whose values fit as 32-bit ones (:func:`narrow_types`); split rows by rank group in destination
+order (:func:`route_by_destination`: the local engine's in-memory and spilled groups, the Ray
+engine's object-store pieces); and gather a rank group's rows into rank files with one permutation
+from the plan, no sort (:func:`group_writer`), so both engines write the same bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fsdata import fsio
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
+from fsdata.samples.io import SampleSource
+from fsdata.shards import writer
+from fsdata.shards.manifest import FileEntry
 from fsdata.shards.writer import check_seq_len
 
 
@@ -52,29 +59,204 @@ def input_columns(batch: pa.RecordBatch, schema: pa.Schema, path: str, *, expect
     return [batch.column(i).cast(schema.field(i).type) for i in range(len(schema) - 2)]
 
 
-def split_by_group(columns: list, out_schema: pa.Schema, group: np.ndarray, num_groups: int) -> list[pa.Table | None]:
-    """The rows of one batch, split by rank group.
+#: Name of the held column with each row's destination (:func:`destinations`).
+DESTINATION = "__fsdata_destination"
+
+
+def rank_step_starts(counts: np.ndarray) -> np.ndarray:
+    """First row of every (rank, step) in the concatenation of the rank files (rank 0's rows by
+    step, then rank 1's, ...).
 
     Args:
-        columns: the batch's columns in ``out_schema`` order (input columns, then the plan's).
-        out_schema: their schema.
-        group: shape ``[n]``, the rank group of each row, ``0 .. num_groups-1``; -1 drops the row.
-        num_groups: G.
+        counts: shape ``[S x R]``, the plan's samples per (step, rank).
 
     Returns:
-        ``G`` entries: the rows of group ``g`` in input order, or None when it has none. Each entry
-        owns its buffers (one ``take`` per group, not slices of one taken table): a piece kept in
-        memory would otherwise keep the whole batch, every group's rows, alive with it (the local
-        engine's write stage once peaked at 12.5 GiB at 20M samples that way).
+        Shape ``[R*S + 1]`` int64: entry ``r*S + s`` is the first row of rank ``r``'s step ``s``,
+        the last the total; every ``S``-th entry is a rank's first row.
     """
-    table = pa.Table.from_arrays(columns, schema=out_schema)
-    if num_groups == 1 and not (group < 0).any():
-        return [table]
-    order = np.argsort(group, kind="stable")
-    order = order[np.searchsorted(group[order], 0, side="left"):]  # without the dropped rows
-    cuts = np.searchsorted(group[order], np.arange(num_groups + 1), side="left")
-    return [table.take(pa.array(order[cuts[g]:cuts[g + 1]])) if cuts[g + 1] > cuts[g] else None
-            for g in range(num_groups)]
+    by_rank = np.ascontiguousarray(counts.T, dtype=np.int64).ravel()  # (rank, step) order
+    starts = np.zeros(len(by_rank) + 1, dtype=np.int64)
+    np.cumsum(by_rank, out=starts[1:])
+    return starts
+
+
+def destinations(starts: np.ndarray, num_steps: int, step: np.ndarray, rank: np.ndarray,
+                 position: np.ndarray) -> np.ndarray:
+    """Each plan entry's row in the concatenation of the rank files (inside a rank by step, then position).
+
+    Args:
+        starts: :func:`rank_step_starts` of the plan's counts.
+        num_steps: S.
+        step, rank, position: shape ``[n]``, the plan's entries (step -1: dropped).
+
+    Returns:
+        Shape ``[n]`` int64, -1 for a dropped entry.
+    """
+    dest = np.full(len(step), -1, dtype=np.int64)
+    kept = step >= 0
+    dest[kept] = starts[rank[kept].astype(np.int64) * num_steps + step[kept]] + position[kept]
+    return dest
+
+
+def footers(src: SampleSource) -> list[tuple[str, pq.ColumnChunkMetaData]]:
+    """Every row group's column chunks of the input, from the Parquet footers only (one read of
+    each footer, shared by :func:`narrow_types` and :func:`held_row_bytes`):
+    ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk."""
+    out = []
+    for path in src.files:
+        fs, where = fsio.filesystem_and_path(path)
+        md = pq.ParquetFile(where, filesystem=fs).metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            for j in range(rg.num_columns):
+                c = rg.column(j)
+                top = c.path_in_schema.split(".")[0]
+                out.append((src.rename.get(top, top), c))
+    return out
+
+
+def leaf_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+
+
+def narrow_types(footers: list, schema: pa.Schema) -> dict[str, pa.DataType]:
+    """The input columns the write stage holds and spills as 32-bit integers: 64-bit integer
+    columns (or lists of them) whose values all lie in int32's range by the Parquet footers'
+    statistics (a column without statistics in some row group is kept as it is). Cast back to
+    the schema's type before a rank file is encoded, so the output does not change; the held and
+    spilled rows take about half the bytes (docs/results/bench_offline_stage.md)."""
+    lo: dict[str, int] = {}
+    hi: dict[str, int] = {}
+    bad: set[str] = set()
+    for name, c in footers:
+        st = c.statistics
+        if st is None or not st.has_min_max or not isinstance(st.min, int):
+            bad.add(name)
+            continue
+        lo[name] = min(lo.get(name, st.min), st.min)
+        hi[name] = max(hi.get(name, st.max), st.max)
+    out = {}
+    for f in schema:
+        leaf = leaf_type(f.type)
+        if (f.name in lo and f.name not in bad and pa.types.is_int64(leaf)
+                and -(2**31) <= lo[f.name] and hi[f.name] < 2**31):
+            out[f.name] = pa.list_(pa.int32()) if leaf is not f.type else pa.int32()
+    return out
+
+
+def held_row_bytes(footers: list, num_rows: int, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
+    """Mean bytes per input row as the write stage holds it (Arrow, in memory), from the Parquet
+    footers only: values x width per fixed-width leaf column (4 for a narrowed one) plus 4-byte
+    list offsets, else the column's uncompressed size; plus the 4- or 8-byte destination."""
+    total = 0
+    for name, c in footers:
+        t = narrow.get(name, schema.field(name).type if name in schema.names else None)
+        leaf = leaf_type(t) if t is not None else None
+        width = leaf.bit_width // 8 if leaf is not None and pa.types.is_primitive(leaf) and leaf.bit_width >= 8 else 0
+        total += c.num_values * width if width else c.total_uncompressed_size
+    rows = max(num_rows, 1)
+    lists = sum(1 for f in schema if leaf_type(f.type) is not f.type)
+    return total / rows + 4 * lists + 8
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    """One input file (a local file memory-mapped: measured at less CPU than ``pq.read_table`` and
+    than Polars' batches for list columns)."""
+    fs, where = fsio.filesystem_and_path(path)
+    return pq.ParquetFile(where, memory_map=True) if fs is None else pq.ParquetFile(where, filesystem=fs)
+
+
+def route_by_destination(columns: list, held_schema: pa.Schema, dest: np.ndarray,
+                         group_start: np.ndarray) -> list[pa.Table | None]:
+    """One record batch's kept rows, split by rank group, each group's rows sorted by destination.
+
+    Args:
+        columns: the batch's input columns in ``held_schema`` order (without the destination).
+        held_schema: the held/spilled schema (input columns, narrowed, then the destination).
+        dest: shape ``[n]`` int64, each row's destination (:func:`_destinations`; -1: dropped).
+        group_start: shape ``[G + 1]`` int64, the first destination of each rank group, then the total.
+
+    Returns:
+        ``G`` entries: group ``g``'s rows with their destination column, in destination order, or
+        None when it has none. Each entry owns its buffers (one ``take`` per group: a slice would
+        keep every group's rows alive with the first group's, which stays in memory). In
+        destination order, the later gather into rank order reads each batch's rows forwards
+        (at 2M rows: 0.47 CPU s against 0.99 in arrival order, docs/results/bench_offline_stage.md).
+    """
+    order = np.argsort(dest)
+    order = order[np.searchsorted(dest[order], 0, side="left"):]  # without the dropped rows
+    d = dest[order]
+    cuts = np.searchsorted(d, group_start, side="left")
+    dtype = held_schema.field(DESTINATION).type
+    out: list[pa.Table | None] = []
+    base = pa.Table.from_arrays(columns, names=held_schema.names[:-1])
+    for g in range(len(group_start) - 1):
+        if cuts[g + 1] <= cuts[g]:
+            out.append(None)
+            continue
+        sel = order[cuts[g]:cuts[g + 1]]
+        piece = base.take(pa.array(sel))
+        out.append(piece.append_column(held_schema.field(DESTINATION), pa.array(d[cuts[g]:cuts[g + 1]], type=dtype)))
+    return out
+
+
+def group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, counts: np.ndarray,
+                 num_steps: int, out: Path | str, schema: pa.Schema, digest: str):
+    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``, in the held
+    schema): one permutation into (rank, step, position) order. Returns a function that writes one
+    block of ranks ``(i, j)`` with one gather (:data:`fsdata.engines.local.GATHER_BLOCK_ROWS` rows), cast back to the
+    rank-file schema's types and sliced into ranks, each with its ``step`` (from ``counts``, the
+    plan's ``[S x R]`` per-(step, rank) counts; ``num_steps`` = S) and ``rank`` columns, and returns their
+    :class:`~fsdata.shards.manifest.FileEntry` records."""
+    a, b = ranks
+    base = int(rank_start[a])
+    table = pa.concat_tables(batches)
+    batches.clear()
+    d = table.column(DESTINATION).to_numpy().astype(np.int64, copy=False)
+    if len(d) != rank_start[b] - base:
+        raise AssertionError(f"ranks {a}..{b - 1} received {len(d)} rows, the plan gives {rank_start[b] - base}")
+    perm = np.empty(len(d), dtype=np.int64)  # perm[i]: the table row of output row base + i
+    perm[d - base] = np.arange(len(d), dtype=np.int64)
+    table = table.drop_columns([DESTINATION])
+    input_schema = pa.schema(list(schema)[:-2])
+    steps = np.arange(num_steps, dtype=np.int32)
+
+    # Polars' gather takes about half the CPU of Arrow's take on list columns (measured); used for
+    # integer and integer-list columns, which it hands back with the same values
+    simple = all(pa.types.is_integer(leaf_type(t)) for t in table.schema.types)
+    # Polars gathers from the chunks as read (no combined copy of the group: less memory and CPU,
+    # docs/results/bench_offline_stage.md); Arrow's take from one combined table
+    source = pl.from_arrow(table, rechunk=False) if simple else table.combine_chunks()
+    del table
+
+    def block(ranks: tuple[int, int]) -> list[FileEntry]:
+        i, j = ranks
+        lo = int(rank_start[i]) - base
+        idx = perm[lo:int(rank_start[j]) - base]
+        rows = source[idx].to_arrow() if simple else source.take(pa.array(idx))
+        rows = rows.cast(input_schema)  # narrowed columns back to 64 bits: the same values
+        files = []
+        for r in range(i, j):
+            part = rows.slice(int(rank_start[r]) - base - lo, int(rank_start[r + 1] - rank_start[r]))
+            step = np.repeat(steps, counts[:, r])
+            part = part.append_column(schema.field(S.STEP), pa.array(step, type=pa.int32()))
+            part = part.append_column(schema.field(S.RANK), pa.array(np.full(len(step), r, dtype=np.int32)))
+            files.append(writer.write_rank(r, part, out, schema, num_steps, plan_digest=digest, sorted_rows=True))
+        return files
+
+    return block
+
+
+def rank_blocks(rank_start: np.ndarray, a: int, b: int, rows: int) -> list[tuple[int, int]]:
+    """Consecutive rank ranges ``[i, j)`` covering ``[a, b)``, each of at least ``rows`` rows
+    (whole ranks; the last one may hold fewer)."""
+    blocks, i = [], a
+    while i < b:
+        j = int(np.searchsorted(rank_start, rank_start[i] + rows, side="left"))
+        j = min(max(j, i + 1), b)
+        blocks.append((i, j))
+        i = j
+    return blocks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

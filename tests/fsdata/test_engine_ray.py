@@ -108,6 +108,23 @@ def test_byte_identical_other_policies_and_row_groups(local_ray, small_chunks, t
     assert _digests(loc) == _digests(ray_out)
 
 
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_compressed_pieces_byte_identical(local_ray, small_chunks, tmp_path, monkeypatch, codec):
+    """Pieces stored as compressed Arrow IPC (forced: the rows here always fit the object store)."""
+    monkeypatch.setattr(ray_engine.write, "STORE_FRACTION", 0.0)
+    inp = write_samples(tmp_path / "in", n=1500, num_files=2, seed=4)
+    loc, ray_out, _ = _both(inp, tmp_path, num_ranks=4, batch_size_per_rank=32, bucket_compression=codec)
+    assert _digests(loc) == _digests(ray_out)
+
+
+def test_pieces_compressed_only_when_they_would_not_fit_the_object_store():
+    codec = ray_engine.write.piece_compression
+    assert codec("zstd", 1e9, 8e9) is None  # fits: compressing would only cost CPU
+    assert codec("zstd", 7e9, 8e9) == "zstd"  # past 75% of the store: compressed, Ray spills less
+    assert codec("lz4", 1e9, None) == "lz4"  # store size unknown: as asked
+    assert codec(None, 7e9, 8e9) is None
+
+
 def test_one_group_one_chunk(local_ray, tmp_path):
     """Default chunk/group sizes on a tiny input: one chunk, one rank group per CPU."""
     inp = write_samples(tmp_path / "in.parquet", n=700, seed=5)
@@ -131,12 +148,17 @@ def _err(capsys, argv) -> tuple[int, str]:
     return rc, capsys.readouterr().err.strip()
 
 
-@pytest.mark.parametrize("breakage", ["duplicate_id", "empty_history", "null_target", "seq_len_wrong"])
+@pytest.mark.parametrize("breakage", ["duplicate_id", "duplicate_id_across_chunks", "empty_history", "null_target",
+                                      "seq_len_wrong"])
 def test_bad_input_same_error_line_no_output(local_ray, small_chunks, tmp_path, capsys, breakage):
     t = pq.read_table(write_samples(tmp_path / "w.parquet", n=600, seed=1))
     if breakage == "duplicate_id":
         ids = t.column(S.SAMPLE_ID).to_numpy().copy()
         ids[500] = ids[3]
+        t = t.set_column(0, S.SAMPLE_ID, pa.array(ids))
+    elif breakage == "duplicate_id_across_chunks":  # every chunk's ids increase; rows 199 and 200 repeat one
+        ids = np.arange(600, dtype=np.int64)
+        ids[200:] -= 1
         t = t.set_column(0, S.SAMPLE_ID, pa.array(ids))
     elif breakage == "empty_history":
         items = t.column(S.ITEM_IDS).to_pylist()
@@ -160,6 +182,15 @@ def test_bad_input_same_error_line_no_output(local_ray, small_chunks, tmp_path, 
     assert "Traceback" not in err_r and "Ray" not in err_r
     assert not (tmp_path / "ray").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".ray")]
     assert inp.read_bytes() == before
+
+
+def test_unordered_unique_ids_byte_identical(local_ray, small_chunks, tmp_path):
+    """Ids in no order (the duplicate check then routes them to hashed buckets) balance as locally."""
+    t = pq.read_table(write_samples(tmp_path / "w.parquet", n=600, seed=2))
+    ids = np.random.default_rng(0).permutation(10_000)[:600].astype(np.int64)
+    inp = _write_row_groups(tmp_path / "in.parquet", t.set_column(0, S.SAMPLE_ID, pa.array(ids)), rows_per_group=200)
+    loc, ray_out, _ = _both(inp, tmp_path, num_ranks=4, batch_size_per_rank=8, seed=3)
+    assert _digests(loc) == _digests(ray_out)
 
 
 def test_existing_output_refused(local_ray, tmp_path, capsys):

@@ -18,6 +18,7 @@ from fsdata.samples import schema as S
 from fsdata.samples.io import open_samples
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines import local as L
+from fsdata.engines import routing
 from fsdata.engines.planning import make_plan_table
 from fsdata.shards import writer as W
 from fsdata.shards.plan_file import plan_digest
@@ -85,11 +86,11 @@ def _assert_write_rank_of_each_ranks_rows(samples: Path, out: Path, settings: Ba
 def test_integer_columns_are_held_narrowed_only_when_the_footers_prove_they_fit(samples, tmp_path, monkeypatch,
                                                                                  variant):
     """The write stage holds and spills 64-bit integer columns as 32-bit ones when the Parquet
-    statistics show every value fits (``_narrow_types``), and casts them back: the rank files are
+    statistics show every value fits (``narrow_types``), and casts them back: the rank files are
     the same bytes either way. A column with a value past int32, or an input without statistics,
     is held as it is."""
     files = sorted(samples.glob("*.parquet"))
-    narrow = L._narrow_types(L._footers(open_samples(samples)), W.output_schema(open_samples(samples)))
+    narrow = routing.narrow_types(routing.footers(open_samples(samples)), W.output_schema(open_samples(samples)))
     assert {S.SAMPLE_ID, S.ITEM_IDS, S.TARGET_ITEM_ID} <= set(narrow)
     assert narrow[S.ITEM_IDS] == pa.list_(pa.int32()) and narrow[S.SAMPLE_ID] == pa.int32()
     inp = tmp_path / "in"
@@ -107,7 +108,7 @@ def test_integer_columns_are_held_narrowed_only_when_the_footers_prove_they_fit(
             pq.write_table(t, inp / p.name)
         else:
             pq.write_table(t, inp / p.name, write_statistics=False)
-    got = L._narrow_types(L._footers(open_samples(inp)), W.output_schema(open_samples(inp)))
+    got = routing.narrow_types(routing.footers(open_samples(inp)), W.output_schema(open_samples(inp)))
     if variant == "ids beyond int32":
         assert S.ITEM_IDS not in got and S.SAMPLE_ID not in got and S.TARGET_ITEM_ID in got
     else:

@@ -14,19 +14,27 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pyarrow as pa
 
 from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.balancer.order import shuffled_positions
 from fsdata.balancer.plan import Plan, check_policies, check_settings, combine_windows, plan_layout, plan_one_window
 from fsdata.balancer.settings import BalanceSettings, plan_costs
-from fsdata.engines.ray.chunks import Chunk, check_lengths, lengths_task
+from fsdata.engines.ray.chunks import Chunk, check_lengths, lengths_task, open_chunk
 from fsdata.engines.ray.session import get
 from fsdata.errors import ConfigError, InputError, setting
+from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource, check_input_counts, sorted_unique
 from fsdata.shards.plan_file import PlanTable, plan_table_from_plan
 
 #: Rows per duplicate-``sample_id`` bucket task (ids are routed to buckets by a hash of the id).
 ID_BUCKET_ROWS = 4_000_000
+
+
+def _small_ints(values: np.ndarray, bound: int) -> np.ndarray:
+    """``values`` (all in ``0 .. bound-1``) as int16 when ``bound`` fits: NumPy's stable sort of
+    16-bit integers is a radix sort, O(n), against a merge sort of int64 (same order)."""
+    return values.astype(np.int16) if bound <= np.iinfo(np.int16).max else values
 
 
 def _id_bucket(ids: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -40,16 +48,17 @@ def _id_bucket(ids: np.ndarray, num_buckets: int) -> np.ndarray:
 
 
 def _windowed_lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_timestamps: bool,
-                           cost_model, layout, seed: int, num_id_buckets: int) -> list:
+                           cost_model, layout, seed: int) -> list:
     """Lengths, costs and shuffled positions of one chunk, routed to plan windows (a Ray task with
-    ``num_returns = 1 + num_windows + num_id_buckets``).
+    ``num_returns = 1 + num_windows``).
 
     Returns:
-        ``[stats, *window_pieces, *id_pieces]``: ``stats`` holds the validation counts (``nulls``,
-        ``num_empty``, ``tlen_mismatch``), ``node``, and the dropped rows (``dropped_rows``,
-        ``dropped_ids``: positions past the last whole step); window piece ``w``:
-        ``(positions int64, costs float64, rows int64)`` of the chunk's rows in plan window ``w``;
-        id piece ``b``: the chunk's ``sample_id`` values in duplicate bucket ``b``.
+        ``[stats, *window_pieces]``: ``stats`` holds the validation counts (``nulls``,
+        ``num_empty``, ``tlen_mismatch``), ``node``, the dropped rows (``dropped_rows``,
+        ``dropped_ids``: positions past the last whole step), and whether the chunk's ``sample_id``
+        values are strictly increasing (``ids_increasing``) with the first and last (``id_first``,
+        ``id_last``; None for an empty chunk); window piece ``w``: ``(positions int64, costs
+        float64, rows int64)`` of the chunk's rows in plan window ``w``.
     """
     part = lengths_task(chunk, rename, has_seq_len, has_timestamps)
     lengths, ids = part["lengths"], part["ids"]
@@ -58,16 +67,48 @@ def _windowed_lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bo
     pos = shuffled_positions(rows, layout.num_samples, seed)
     dropped = pos >= layout.num_steps * layout.per_step
     stats = {"nulls": part["nulls"], "num_empty": int((lengths == 0).sum()), "tlen_mismatch": part["tlen_mismatch"],
-             "node": part["node"], "dropped_rows": rows[dropped], "dropped_ids": ids[dropped]}
+             "node": part["node"], "dropped_rows": rows[dropped], "dropped_ids": ids[dropped],
+             "ids_increasing": bool(len(ids) < 2 or np.all(ids[1:] > ids[:-1])),
+             "id_first": int(ids[0]) if len(ids) else None, "id_last": int(ids[-1]) if len(ids) else None}
     win = layout.window_of(pos)
-    order = np.argsort(win, kind="stable")
+    order = np.argsort(_small_ints(win, layout.num_windows), kind="stable")
     cuts = np.searchsorted(win[order], np.arange(layout.num_windows + 1), side="left")
     windows = [(pos[o], costs[o], rows[o]) for o in (order[cuts[w]:cuts[w + 1]] for w in range(layout.num_windows))]
+    return [stats, *windows]
+
+
+def _id_buckets_task(chunk: Chunk, rename: dict[str, str], num_id_buckets: int) -> list:
+    """The chunk's ``sample_id`` values routed to duplicate buckets (a Ray task with
+    ``num_returns = num_id_buckets``; run only when the ids are not increasing over the input).
+
+    Returns:
+        Per bucket ``b``, int64 ``[n_b]``: the chunk's ids in bucket ``b`` (:func:`_id_bucket`).
+    """
+    theirs = {v: k for k, v in rename.items()}
+    try:
+        ids = (open_chunk(chunk).read_row_groups(list(chunk.row_groups), columns=[theirs.get(S.SAMPLE_ID, S.SAMPLE_ID)])
+               .column(0).cast(pa.int64()).fill_null(0).to_numpy())
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"input {chunk.path}: cannot read ({str(e).splitlines()[0]}); "
+                         "the file is corrupt or not Parquet: regenerate it") from None
     bucket = _id_bucket(ids, num_id_buckets)
     border = np.argsort(bucket, kind="stable")
     bcuts = np.searchsorted(bucket[border], np.arange(num_id_buckets + 1), side="left")
-    id_pieces = [ids[border[bcuts[b]:bcuts[b + 1]]] for b in range(num_id_buckets)]
-    return [stats, *windows, *id_pieces]
+    out = [ids[border[bcuts[b]:bcuts[b + 1]]] for b in range(num_id_buckets)]
+    return out if num_id_buckets > 1 else out[0]
+
+
+def _ids_increasing(stats: list[dict]) -> bool:
+    """The input's ``sample_id`` values are strictly increasing (chunk by chunk, in input order), so
+    none repeats (the local engine's shortcut, :func:`fsdata.samples.io.check_lengths_and_ids`)."""
+    last = None
+    for st in stats:
+        if st["id_first"] is None:
+            continue
+        if not st["ids_increasing"] or (last is not None and st["id_first"] <= last):
+            return False
+        last = st["id_last"]
+    return True
 
 
 def _duplicates_task(*pieces: np.ndarray) -> int:
@@ -96,15 +137,18 @@ def _plan_window_task(window: int, layout, seed: int, strategy: str, partitioner
     costs = np.concatenate([p[1] for p in pieces])
     rows = np.concatenate([p[2] for p in pieces])
     del pieces
-    order = np.argsort(pos, kind="stable")
     p0, p1 = layout.window_positions(window)
-    if len(order) != p1 - p0 or not np.array_equal(pos[order], np.arange(p0, p1)):
+    if len(pos) != p1 - p0 or (len(pos) and (pos.min() != p0 or pos.max() != p1 - 1)):
+        raise AssertionError(f"plan window {window}: positions are not exactly {p0}..{p1 - 1}")
+    order = np.full(len(pos), -1, dtype=np.int64)  # positions are a permutation of p0..p1-1: no sort
+    order[pos - p0] = np.arange(len(pos), dtype=np.int64)
+    if (order < 0).any():  # a repeated position leaves another one empty
         raise AssertionError(f"plan window {window}: positions are not exactly {p0}..{p1 - 1}")
     wp = plan_one_window(costs[order], rows[order], window, layout, seed=seed, strategy=strategy,
                          partitioner=partitioner)
     del pos, costs, rows, order
     chunk_of = np.searchsorted(chunk_starts, wp.rows, side="right") - 1
-    o = np.argsort(chunk_of, kind="stable")
+    o = np.argsort(_small_ints(chunk_of, len(chunk_starts)), kind="stable")
     cuts = np.searchsorted(chunk_of[o], np.arange(len(chunk_starts)), side="left")
     out = [(wp.rows[i], wp.step[i], wp.rank[i], wp.position[i]) for i in (o[cuts[c]:cuts[c + 1]]
                                                                        for c in range(len(chunk_starts) - 1))]
@@ -139,18 +183,24 @@ def plan_windowed(ray, src: SampleSource, settings: BalanceSettings, chunks: lis
     layout = plan_layout(N, R, B, compose=settings.strategy == "balanced" and settings.batch_policy == "fixed",
                          compose_window=settings.compose_window, plan_window=settings.plan_window)
     nw = layout.num_windows
-    nb = max(num_cpus, -(-N // ID_BUCKET_ROWS))
-    lengths_fn = ray.remote(num_cpus=1, num_returns=1 + nw + nb)(_windowed_lengths_task)
+    lengths_fn = ray.remote(num_cpus=1, num_returns=1 + nw)(_windowed_lengths_task)
     cost_model = cost_model or load_cost_model(settings.cost_model)
     outs = [lengths_fn.remote(c, src.rename, src.has_seq_len, src.has_timestamps, cost_model, layout,
-                              settings.seed, nb) for c in chunks]
+                              settings.seed) for c in chunks]
     stats = get(ray, [o[0] for o in outs])
     nulls = {c: 0 for c in src.columns}
     for st in stats:
         for c, k in st["nulls"].items():
             nulls[c] = nulls.get(c, 0) + k
-    dup_fn = ray.remote(num_cpus=1)(_duplicates_task)
-    dups = get(ray, [dup_fn.remote(*[o[1 + nw + b] for o in outs]) for b in range(nb)])
+    dups = [0]
+    if not _ids_increasing(stats):  # ids in any order: equal ids meet in hashed buckets
+        nb = max(num_cpus, -(-N // ID_BUCKET_ROWS))
+        ids_fn = ray.remote(num_cpus=1, num_returns=nb)(_id_buckets_task)
+        routed = [ids_fn.remote(c, src.rename, nb) for c in chunks]
+        routed = [[r] if nb == 1 else r for r in routed]
+        dup_fn = ray.remote(num_cpus=1)(_duplicates_task)
+        dups = get(ray, [dup_fn.remote(*[r[b] for r in routed]) for b in range(nb)])
+        del routed
     check_input_counts(src.path, nulls=nulls, num_empty=sum(st["num_empty"] for st in stats),
                        timestamp_mismatches=sum(st["tlen_mismatch"] for st in stats), num_duplicate_ids=sum(dups))
     dropped_rows = np.concatenate([st["dropped_rows"] for st in stats])

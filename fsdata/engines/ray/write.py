@@ -1,13 +1,16 @@
 """The Ray engine's write stage (the counterpart of :func:`fsdata.engines.local.write_ranks`).
 
-* **partition** (a task per chunk): read the chunk's rows, check them against the plan, cast and
-  route them to ``G`` *rank groups* (contiguous rank ranges;
-  :mod:`fsdata.engines.routing`, the local engine's routing): ``G`` objects per task in the Ray
+* **partition** (a task per chunk): read the chunk's rows, check them against the plan, hold them
+  as the local engine does (64-bit integer columns that fit narrowed to 32 bits, with each row's
+  destination in the concatenation of the rank files instead of its step, rank and position) and
+  route them to ``G`` *rank groups* (contiguous rank ranges) in destination order
+  (:mod:`fsdata.engines.routing`, the local engine's routing): ``G`` objects per task in the Ray
   object store (spilled to disk by Ray when full; ``--bucket-compression lz4|zstd`` stores them
   as compressed Arrow IPC).
-* **write** (a task per rank group): gather the group's pieces from every chunk and call
-  :func:`fsdata.shards.writer.write_rank` once per rank, the function the local engine calls, so
-  the rank files are byte-identical.
+* **write** (a task per rank group): gather the group's pieces from every chunk into rank order
+  with one permutation from the plan (:func:`fsdata.engines.routing.group_writer`, the local
+  engine's function, which calls :func:`fsdata.shards.writer.write_rank` once per rank), so the
+  rank files are byte-identical.
 * **verify** (a task per rank group): re-read each written file's ``step`` column and bytes: rows
   ordered by step, the plan's count per step, the SHA-256 returned by the writer.
 """
@@ -21,26 +24,29 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fsdata import fsio
-from fsdata.engines.ray.chunks import Chunk, make_chunks, open_chunk
+from fsdata.engines.ray.chunks import Chunk, make_chunks
 from fsdata.engines.ray.session import get, node_id, ray_session
-from fsdata.engines.routing import input_columns, rows_differ, split_by_group
+from fsdata.engines.local import GATHER_BLOCK_ROWS
+from fsdata.engines.routing import (DESTINATION, destinations, footers, group_writer, held_row_bytes, input_columns,
+                                    narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
+                                    rows_differ)
 from fsdata.errors import InputError, VerifyError
 from fsdata.samples import schema as S
-from fsdata.shards import writer
 from fsdata.shards.manifest import sha256_file
-from fsdata.shards.plan_file import POSITION, plan_digest
+from fsdata.shards.plan_file import plan_digest
 from fsdata.shards.writer import output_schema
 
 log = logging.getLogger("fsdata.engines.ray")
 
 #: Target rows per rank group (the rows one write task holds at once).
-GROUP_ROWS = 262_144
+GROUP_ROWS = 1 << 20
+#: Fraction of the cluster's object store the pieces may take uncompressed (:func:`piece_compression`).
+STORE_FRACTION = 0.75
 #: Rows per record batch when a partition task streams a chunk.
-BATCH_ROWS = 32_768
+BATCH_ROWS = 65_536
 
 
 def _pack(table: pa.Table, compression: str | None) -> pa.Table | bytes:
@@ -60,8 +66,9 @@ def _unpack(piece: pa.Table | bytes | pa.Buffer) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(piece) if isinstance(piece, bytes) else piece).read_all()
 
 
-def _partition_windowed_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has_seq_len: bool,
-                             group_bounds: np.ndarray, compression: str | None, *plan_pieces: tuple) -> list:
+def _partition_windowed_task(chunk: Chunk, schema: pa.Schema, held_schema: pa.Schema, has_seq_len: bool,
+                             starts: np.ndarray, num_steps: int, group_start: np.ndarray, compression: str | None,
+                             *plan_pieces: tuple) -> list:
     """:func:`_partition_task` with the chunk's plan gathered from every plan window's task.
 
     Raises:
@@ -79,48 +86,49 @@ def _partition_windowed_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, 
     if covered != n or (step == -2).any():
         raise AssertionError(f"chunk at row {chunk.offset}: plan windows cover {covered} of its {n} rows")
     del plan_pieces
-    return _partition_task(chunk, schema, rename, has_seq_len, None, step, rank, position, group_bounds, compression)
+    return _partition_task(chunk, schema, held_schema, has_seq_len, None, destinations(starts, num_steps, step, rank,
+                                                                                       position),
+                           group_start, compression)
 
 
-def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has_seq_len: bool,
-                    sample_id: np.ndarray, step: np.ndarray, rank: np.ndarray, position: np.ndarray,
-                    group_bounds: np.ndarray, compression: str | None = None) -> list[pa.Table | bytes]:
-    """Split one chunk's rows into rank groups (runs as a Ray task with ``num_returns=G``).
+def _partition_task(chunk: Chunk, schema: pa.Schema, held_schema: pa.Schema, has_seq_len: bool,
+                    sample_id: np.ndarray | None, dest: np.ndarray, group_start: np.ndarray,
+                    compression: str | None = None) -> list[pa.Table | bytes]:
+    """Split one chunk's rows into rank groups (runs as a Ray task with ``num_returns=G``): the
+    local engine's routing (:func:`fsdata.engines.routing.route_by_destination`).
 
     Args:
         chunk: the rows to read.
         schema: the rank-file schema (:func:`fsdata.shards.writer.output_schema`).
-        rename: ``{their_name: contract_name}``.
+        held_schema: the input columns as held (:func:`fsdata.engines.routing.narrow_types`), then
+            the destination column.
         has_seq_len: check ``seq_len`` against ``len(item_ids)`` as the local engine does.
-        sample_id, step, rank, position: the plan's entries for the chunk's rows, shape ``[n]``
-            (``sample_id`` None: the plan was made from this very read, nothing to check).
-        group_bounds: shape ``[G+1]``, group ``g`` holds ranks ``group_bounds[g] .. group_bounds[g+1]-1``.
+        sample_id: shape ``[n]`` int64, the plan's ``sample_id`` of the chunk's rows (None: the plan
+            was made from this very read, nothing to check).
+        dest: shape ``[n]`` int64, each row's destination (:func:`fsdata.engines.routing.destinations`; -1: dropped).
+        group_start: shape ``[G+1]`` int64, the first destination of each rank group, then the total.
         compression: None, or ``lz4``/``zstd`` to store the pieces as compressed Arrow IPC.
 
     Returns:
-        ``G`` tables (rank-file columns plus ``position``; IPC bytes when compressed), the chunk's
-        rows of each group.
+        ``G`` tables in ``held_schema`` (IPC bytes when compressed), the chunk's rows of each group
+        in destination order.
     """
-    G = len(group_bounds) - 1
-    out_schema = schema.append(pa.field(POSITION, pa.int32()))
-    group_of_rank = np.repeat(np.arange(G, dtype=np.int64), np.diff(group_bounds))
+    G = len(group_start) - 1
+    input_types = [held_schema.field(i).type for i in range(len(held_schema) - 1)]
     pieces: list[list[pa.Table]] = [[] for _ in range(G)]
     start = 0
     try:
-        pf = open_chunk(chunk)
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=list(chunk.row_groups)):
+        pf = open_parquet(chunk.path)
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=list(chunk.row_groups), use_threads=False):
             n = batch.num_rows
             sl = slice(start, start + n)
             start += n
-            if start > len(step):
+            if start > len(dest):
                 raise rows_differ(chunk.path)
             cols = input_columns(batch, schema, chunk.path, expected_ids=None if sample_id is None else sample_id[sl],
                                  has_seq_len=has_seq_len)
-            r = rank[sl]
-            group = np.where(r >= 0, group_of_rank[np.maximum(r, 0)], -1)  # a dropped row goes nowhere
-            routed = split_by_group([*cols, pa.array(step[sl], type=pa.int32()), pa.array(r, type=pa.int32()),
-                                     pa.array(position[sl], type=pa.int32())], out_schema, group, G)
-            for g, piece in enumerate(routed):
+            cols = [c if c.type == ty else c.cast(ty) for c, ty in zip(cols, input_types, strict=True)]
+            for g, piece in enumerate(route_by_destination(cols, held_schema, dest[sl], group_start)):
                 if piece is not None:
                     pieces[g].append(piece)
     except (pa.ArrowException, OSError) as e:
@@ -129,21 +137,23 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, rename: dict[str, str], has
     if start != chunk.num_rows:
         raise InputError(f"input file {chunk.path}: read {start} rows where its footer says {chunk.num_rows}; "
                          "the file changed while balancing: rerun")
-    del rename
-    out = [_pack((pa.concat_tables(p) if p else out_schema.empty_table()).combine_chunks(), compression)
-           for p in pieces]
+    out = [_pack(pa.concat_tables(p) if p else held_schema.empty_table(), compression) for p in pieces]
     return out if len(out) > 1 else out[0]  # one rank group: Ray's num_returns=1 stores the value itself
 
 
-def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tuple[int, int], plan_digest: str,
-                      *pieces: pa.Table) -> list:
-    """Write the rank files of ranks ``ranks[0] .. ranks[1]-1`` (runs as a Ray task).
+def _write_group_task(output: str, schema: pa.Schema, held_schema: pa.Schema, num_steps: int, ranks: tuple[int, int],
+                      rank_start: np.ndarray, counts: np.ndarray, plan_digest: str, *pieces: pa.Table) -> list:
+    """Write the rank files of ranks ``ranks[0] .. ranks[1]-1`` (runs as a Ray task): the local
+    engine's :func:`fsdata.engines.routing.group_writer`, one block of ranks at a time.
 
     Args:
         output: the (temporary) OUTPUT folder on shared storage.
         schema: the rank-file schema.
+        held_schema: the pieces' schema (:func:`_partition_task`).
         num_steps: S.
         ranks: ``(first, end)`` of the group.
+        rank_start: shape ``[R+1]`` int64, the first destination of every rank, then the total.
+        counts: shape ``[S x R]``, the plan's samples per (step, rank).
         plan_digest: recorded in every rank file (:func:`fsdata.shards.plan_file.plan_digest`).
         pieces: the group's rows from every chunk (resolved from the object store by Ray).
 
@@ -151,17 +161,13 @@ def _write_group_task(output: str, schema: pa.Schema, num_steps: int, ranks: tup
         ``(entries, node)``: one :class:`~fsdata.shards.manifest.FileEntry` per rank of the group, by
         rank, and the Ray node id the task ran on.
     """
-    pieces = [t for t in map(_unpack, pieces) if t.num_rows]
-    table = pa.concat_tables(pieces) if pieces else schema.append(pa.field(POSITION, pa.int32())).empty_table()
+    tables = [t for t in map(_unpack, pieces) if t.num_rows] or [held_schema.empty_table()]
     del pieces
-    table = table.take(pc.sort_indices(table, sort_keys=[(S.RANK, "ascending")]))
-    r = table.column(S.RANK).to_numpy()
-    first, end = ranks
-    cuts = np.searchsorted(r, np.arange(first, end + 1), side="left")
+    block = group_writer(tables, ranks, rank_start, counts, num_steps, output, schema, plan_digest)
+    del tables
     entries = []
-    for i, rank in enumerate(range(first, end)):
-        entries.append(writer.write_rank(rank, table.slice(cuts[i], cuts[i + 1] - cuts[i]), output, schema, num_steps,
-                                  plan_digest=plan_digest))
+    for br in rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS):
+        entries += block(br)
     return entries, node_id()
 
 
@@ -194,6 +200,24 @@ def _verify_group_task(output: str, entries: list, counts: np.ndarray) -> int:
             raise VerifyError(f"rank {e.rank}: {path} changed after it was written")
         total += len(step)
     return total
+
+
+def piece_compression(codec: str | None, held_bytes: float, object_store_bytes: float | None) -> str | None:
+    """The codec of the partition tasks' object-store pieces: ``codec`` (``--bucket-compression``)
+    only when the rows as held would not fit :data:`STORE_FRACTION` of the cluster's object store,
+    else None. Ray spills objects to disk once its store is about 80% full; while the pieces fit,
+    compressing them only costs CPU (zstd: 134 s against 118 s at 20M on 2 cores,
+    docs/results/bench_offline_stage.md). The output is the same either way.
+
+    Args:
+        codec: ``lz4``, ``zstd`` or None.
+        held_bytes: bytes of the rows as held (:func:`fsdata.engines.routing.held_row_bytes` x rows).
+        object_store_bytes: the cluster's object store (``ray.cluster_resources()["object_store_memory"]``;
+            None: unknown, then ``codec``).
+    """
+    if codec is None or (object_store_bytes and held_bytes <= STORE_FRACTION * object_store_bytes):
+        return None
+    return codec
 
 
 def group_bounds(num_ranks: int, rows_written: int, num_cpus: int, group_rows: int | None = None) -> np.ndarray:
@@ -239,29 +263,42 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     counts, _ = plan.counts_and_loads()
     output = fsio.normalize(output)
     out = output if fsio.is_remote(output) else str(Path(output).resolve())
+    starts = rank_step_starts(counts)
+    rank_start = starts[::plan.num_steps] if plan.num_steps else np.zeros(plan.num_ranks + 1, dtype=np.int64)
+    meta = footers(src)
+    narrow = narrow_types(meta, schema)
+    held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
+                            + [pa.field(DESTINATION, pa.int32() if rank_start[-1] < 2**31 else pa.int64())])
+    held_bytes = held_row_bytes(meta, src.num_rows, schema, narrow) * int(rank_start[-1])
     with ray_session(settings.ray_address) as ray:
-        num_cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        resources = ray.cluster_resources()
+        num_cpus = max(1, int(resources.get("CPU", 1)))
+        compression = piece_compression(settings.bucket_compression, held_bytes, resources.get("object_store_memory"))
         bounds = group_bounds(plan.num_ranks, int(counts.sum()), num_cpus)
+        group_start = rank_start[bounds]
         G = len(bounds) - 1
-        schema_ref = ray.put(schema)
+        schema_ref, held_ref = ray.put(schema), ray.put(held_schema)
+        starts_ref, rank_start_ref, counts_ref = ray.put(starts), ray.put(rank_start), ray.put(counts)
         pieces = []
         if chunk_plans is not None:
             part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_windowed_task)
             for c, refs_c in zip(chunks, chunk_plans):
-                refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, bounds, settings.bucket_compression,
-                                      *refs_c)
+                refs = part_fn.remote(c, schema_ref, held_ref, src.has_seq_len, starts_ref, plan.num_steps, group_start,
+                                      compression, *refs_c)
                 pieces.append([refs] if G == 1 else refs)
         else:
             part_fn = ray.remote(num_cpus=1, num_returns=G)(_partition_task)
             for c in chunks:
                 sl = slice(c.offset, c.offset + c.num_rows)
-                refs = part_fn.remote(c, schema_ref, src.rename, src.has_seq_len, plan.sample_id[sl], plan.step[sl],
-                                      plan.rank[sl], plan.position[sl], bounds, settings.bucket_compression)
+                dest = destinations(starts, plan.num_steps, plan.step[sl], plan.rank[sl], plan.position[sl])
+                refs = part_fn.remote(c, schema_ref, held_ref, src.has_seq_len, plan.sample_id[sl], dest, group_start,
+                                      compression)
                 pieces.append([refs] if G == 1 else refs)
         write_fn = ray.remote(num_cpus=1)(_write_group_task)
         digest = plan_digest(plan)
-        write_refs = [write_fn.remote(out, schema_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])), digest,
-                                      *[p[g] for p in pieces]) for g in range(G)]
+        write_refs = [write_fn.remote(out, schema_ref, held_ref, plan.num_steps, (int(bounds[g]), int(bounds[g + 1])),
+                                      rank_start_ref, counts_ref, digest, *[p[g] for p in pieces])
+                      for g in range(G)]
         del pieces
         written = get(ray, write_refs)
         groups = [g for g, _ in written]
@@ -272,6 +309,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         get(ray, [verify_fn.remote(out, groups[g], counts[:, bounds[g]:bounds[g + 1]]) for g in range(G)])
     if timings is not None:
         timings.update(write_ranks=t1 - t0, verify=time.perf_counter() - t1)
-    log.info("ray engine: %d chunks, %d rank groups", len(chunks), G)
+    log.info("ray engine: %d chunks, %d rank groups, object-store pieces %s", len(chunks), G,
+             compression or "uncompressed")
     return [e for g in groups for e in g]
 
