@@ -45,10 +45,12 @@ class BalanceSettings:
         progress: show progress bars (does not change the output).
         bucket_compression: codec of the temporary Arrow IPC files the write stage spills rank
             groups to when the input's rows exceed :data:`fsdata.engines.local.GATHER_BYTES` (the
-            Ray engine: of its object-store pieces): ``zstd`` (the default; None in 0.3.0: the
-            bytes written stay under twice the output's; at 20M samples 1.76x for about 4 s more
-            than None, docs/results/bench_offline_stage.md), ``lz4``, or None (``none``: the
-            fastest, temporary disk about the held size of the spilled rows).
+            Ray engine: of its object-store pieces, when they would not fit 75% of the cluster's
+            object store, :func:`fsdata.engines.ray.write.piece_compression`): ``zstd`` (the
+            default; None in 0.3.0: the bytes written stay under twice the output's; at 20M
+            samples 1.76x for about 4 s more than None, docs/results/bench_offline_stage.md),
+            ``lz4``, or None (``none``: the fastest, temporary disk about the held size of the
+            spilled rows).
         overwrite: replace an existing OUTPUT atomically.
         num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
             ``DeprecationWarning``) and is reset to None.
