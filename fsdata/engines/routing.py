@@ -116,6 +116,7 @@ def footers(src: SampleSource) -> list[tuple[str, pq.ColumnChunkMetaData]]:
 
 
 def leaf_type(t: pa.DataType) -> pa.DataType:
+    """The value type of a list type, else ``t`` itself."""
     return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
 
 
@@ -202,12 +203,30 @@ def route_by_destination(columns: list, held_schema: pa.Schema, dest: np.ndarray
 
 def group_writer(batches: list[pa.Table], ranks: tuple[int, int], rank_start: np.ndarray, counts: np.ndarray,
                  num_steps: int, out: Path | str, schema: pa.Schema, digest: str):
-    """Prepare the rank files of ``ranks`` from their rows (any order, with ``_dest``, in the held
-    schema): one permutation into (rank, step, position) order. Returns a function that writes one
-    block of ranks ``(i, j)`` with one gather (:data:`fsdata.engines.local.GATHER_BLOCK_ROWS` rows), cast back to the
-    rank-file schema's types and sliced into ranks, each with its ``step`` (from ``counts``, the
-    plan's ``[S x R]`` per-(step, rank) counts; ``num_steps`` = S) and ``rank`` columns, and returns their
-    :class:`~fsdata.shards.manifest.FileEntry` records."""
+    """Prepare the rank files of ranks ``ranks[0] .. ranks[1]-1`` from their rows: one permutation
+    into (rank, step, position) order from the destinations (no sort).
+
+    Args:
+        batches: the group's rows in any order, in the held schema (input columns, narrowed, then
+            :data:`DESTINATION`); emptied (the rows then live in the returned function).
+        ranks: ``(a, b)``, the group's first rank and one past its last.
+        rank_start: shape ``[R+1]`` int64, the first destination of every rank, then the total.
+        counts: shape ``[S x R]``, the plan's samples per (step, rank).
+        num_steps: S.
+        out: the OUTPUT folder (or URI prefix).
+        schema: the rank-file schema (:func:`fsdata.shards.writer.output_schema`).
+        digest: the plan digest recorded in every rank file.
+
+    Returns:
+        A function of a block of ranks ``(i, j)`` inside ``(a, b)`` that gathers the block's rows at
+        once (callers cut blocks of about :data:`fsdata.engines.local.GATHER_BLOCK_ROWS` rows with
+        :func:`rank_blocks`), casts them back to the rank-file types, adds each rank's ``step``
+        and ``rank`` columns, writes every rank file with :func:`fsdata.shards.writer.write_rank`
+        and returns their :class:`~fsdata.shards.manifest.FileEntry` records, by rank.
+
+    Raises:
+        AssertionError: the group received another number of rows than the plan gives it.
+    """
     a, b = ranks
     base = int(rank_start[a])
     table = pa.concat_tables(batches)
