@@ -39,7 +39,7 @@ from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
-from fsdata.engines.routing import (DESTINATION, destinations, footers, group_writer, held_row_bytes, input_columns,
+from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
                                     narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
                                     row_group_chunks)
 from fsdata.errors import InputError
@@ -257,8 +257,7 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
     dest, rank_start = _destinations(plan)
     meta = footers(src)
     narrow = narrow_types(meta, schema)
-    held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
-                            + [pa.field(DESTINATION, pa.int32() if len(dest) < 2**31 else pa.int64())])
+    held = held_schema(schema, narrow, len(dest))
     groups = _rank_groups(rank_start, held_row_bytes(meta, src.num_rows, schema, narrow), GATHER_BYTES)
     group_start = np.array([rank_start[a] for a, _ in groups] + [rank_start[-1]], dtype=np.int64)
     spill_dir: Path | None = None
@@ -270,7 +269,7 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, s
             spill_dir = out / ".buckets"
             spill_dir.mkdir()
     try:
-        resident = _gather(src, plan, schema, held_schema, dest, group_start, spill_dir, settings.progress,
+        resident = _gather(src, plan, schema, held, dest, group_start, spill_dir, settings.progress,
                            settings.bucket_compression, settings.num_threads)
         del dest
         digest = plan_digest(plan)

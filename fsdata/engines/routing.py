@@ -145,6 +145,14 @@ def narrow_types(footers: list, schema: pa.Schema) -> dict[str, pa.DataType]:
     return out
 
 
+def held_schema(schema: pa.Schema, narrow: dict[str, pa.DataType], num_destinations: int) -> pa.Schema:
+    """The schema rows are held and moved in by the write stage: the rank-file schema's input
+    columns (without ``step`` and ``rank``), narrowed by ``narrow`` (:func:`narrow_types`), then
+    :data:`DESTINATION` (int32 when ``num_destinations`` < 2**31, else int64)."""
+    return pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
+                     + [pa.field(DESTINATION, pa.int32() if num_destinations < 2**31 else pa.int64())])
+
+
 def held_row_bytes(footers: list, num_rows: int, schema: pa.Schema, narrow: dict[str, pa.DataType]) -> float:
     """Mean bytes per input row as the write stage holds it (Arrow, in memory), from the Parquet
     footers only: values x width per fixed-width leaf column (4 for a narrowed one) plus 4-byte

@@ -30,7 +30,7 @@ from fsdata import fsio
 from fsdata.engines.ray.chunks import Chunk, make_chunks
 from fsdata.engines.ray.session import get, node_id, ray_session
 from fsdata.engines.local import GATHER_BLOCK_ROWS
-from fsdata.engines.routing import (DESTINATION, destinations, footers, group_writer, held_row_bytes, input_columns,
+from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
                                     narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
                                     rows_differ)
 from fsdata.errors import InputError, VerifyError
@@ -267,8 +267,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     rank_start = starts[::plan.num_steps] if plan.num_steps else np.zeros(plan.num_ranks + 1, dtype=np.int64)
     meta = footers(src)
     narrow = narrow_types(meta, schema)
-    held_schema = pa.schema([pa.field(f.name, narrow.get(f.name, f.type)) for f in list(schema)[:-2]]
-                            + [pa.field(DESTINATION, pa.int32() if rank_start[-1] < 2**31 else pa.int64())])
+    held = held_schema(schema, narrow, int(rank_start[-1]))
     held_bytes = held_row_bytes(meta, src.num_rows, schema, narrow) * int(rank_start[-1])
     with ray_session(settings.ray_address) as ray:
         resources = ray.cluster_resources()
@@ -277,7 +276,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
         bounds = group_bounds(plan.num_ranks, int(counts.sum()), num_cpus)
         group_start = rank_start[bounds]
         G = len(bounds) - 1
-        schema_ref, held_ref = ray.put(schema), ray.put(held_schema)
+        schema_ref, held_ref = ray.put(schema), ray.put(held)
         starts_ref, rank_start_ref, counts_ref = ray.put(starts), ray.put(rank_start), ray.put(counts)
         pieces = []
         if chunk_plans is not None:
