@@ -40,8 +40,8 @@ from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
 from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
-                                    narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
-                                    row_group_chunks)
+                                    narrow_types, open_parquet, rank_blocks, rank_starts, rank_step_starts,
+                                    route_by_destination, row_group_chunks)
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
 from fsdata.samples.io import SampleSource
@@ -77,7 +77,7 @@ def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
     counts, _ = plan.counts_and_loads()
     starts = rank_step_starts(counts)
     dest = destinations(starts, S_, plan.step, plan.rank, plan.position)
-    return dest, starts[::S_] if S_ else np.zeros(R + 1, dtype=np.int64)
+    return dest, rank_starts(starts, S_, R)
 
 
 def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:

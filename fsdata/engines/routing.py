@@ -80,6 +80,12 @@ def rank_step_starts(counts: np.ndarray) -> np.ndarray:
     return starts
 
 
+def rank_starts(starts: np.ndarray, num_steps: int, num_ranks: int) -> np.ndarray:
+    """The first row of every rank in the concatenation of the rank files, then the total: shape
+    ``[R+1]`` int64, every ``S``-th entry of :func:`rank_step_starts`."""
+    return starts[::num_steps] if num_steps else np.zeros(num_ranks + 1, dtype=np.int64)
+
+
 def destinations(starts: np.ndarray, num_steps: int, step: np.ndarray, rank: np.ndarray,
                  position: np.ndarray) -> np.ndarray:
     """Each plan entry's row in the concatenation of the rank files (inside a rank by step, then position).

@@ -31,8 +31,8 @@ from fsdata.engines.ray.chunks import Chunk, make_chunks
 from fsdata.engines.ray.session import get, node_id, ray_session
 from fsdata.engines.local import GATHER_BLOCK_ROWS
 from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
-                                    narrow_types, open_parquet, rank_blocks, rank_step_starts, route_by_destination,
-                                    rows_differ)
+                                    narrow_types, open_parquet, rank_blocks, rank_starts, rank_step_starts,
+                                    route_by_destination, rows_differ)
 from fsdata.errors import InputError, VerifyError
 from fsdata.samples import schema as S
 from fsdata.shards.manifest import sha256_file
@@ -264,7 +264,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     output = fsio.normalize(output)
     out = output if fsio.is_remote(output) else str(Path(output).resolve())
     starts = rank_step_starts(counts)
-    rank_start = starts[::plan.num_steps] if plan.num_steps else np.zeros(plan.num_ranks + 1, dtype=np.int64)
+    rank_start = rank_starts(starts, plan.num_steps, plan.num_ranks)
     meta = footers(src)
     narrow = narrow_types(meta, schema)
     held = held_schema(schema, narrow, int(rank_start[-1]))
