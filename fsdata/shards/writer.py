@@ -5,9 +5,10 @@ with, so engines give byte-identical files.
 A rank file ``rank-XXXXX/part-00000.parquet`` holds the rank's rows in (step, position) order,
 with the input's columns (contract types for contract columns), then ``step`` int32 and ``rank``
 int32; the Parquet settings of :data:`RANK_FILE_PARQUET_OPTIONS` (format_version 3: LZ4,
-dictionary pages, column statistics), row groups of whole steps (:data:`ROW_GROUP_ROWS`), and the
-plan digest in its key-value metadata. The file is encoded in memory, hashed and written with one write
-(no re-read), to a local folder or a :mod:`pyarrow.fs` URI.
+dictionary pages of at most :data:`DICTIONARY_PAGE_BYTES`, column statistics), row groups of whole
+steps (:data:`ROW_GROUP_ROWS`), and the plan digest in its key-value metadata. The file is
+encoded in memory, hashed and written with one write (no re-read), to a local folder or a
+:mod:`pyarrow.fs` URI.
 """
 
 from __future__ import annotations
@@ -40,11 +41,24 @@ ROW_GROUP_ROWS = 16384
 #: more CPU (1.14x) and 2.2x the bytes: their histories repeat a small vocabulary. Column
 #: statistics stay on every column: readers resume at a step from ``step``'s and fstrain infers the
 #: item vocabulary from ``item_ids``' and ``target_item_id``'s (their cost is within the noise).
+#: Version 3's dictionary pages hold at most :data:`DICTIONARY_PAGE_BYTES` per column chunk.
 #: Version 2 is kept to describe (and test) outputs still read.
 RANK_FILE_PARQUET_OPTIONS: dict[int, dict] = {
     2: {"compression": "zstd", "use_dictionary": True, "write_statistics": True},
-    3: {"compression": "lz4", "use_dictionary": True, "write_statistics": True},
+    3: {"compression": "lz4", "use_dictionary": True, "write_statistics": True,
+        "dictionary_pagesize_limit": 256 * 1024},
 }
+#: Bytes a rank file's dictionary page may hold per column chunk (format_version 3): Parquet's
+#: standard fallback writes the rest of a column chunk as plain pages once its dictionary passes
+#: this size (PyArrow's default is 1 MiB). 256 KiB holds 32,768 distinct int64 values per row
+#: group (a row group is about :data:`ROW_GROUP_ROWS` samples): every column of the real datasets
+#: here (at most 18K items) keeps its whole dictionary and the bytes of a 1 MiB limit (tested). A
+#: larger vocabulary stops hashing values early: building a dictionary of up to 131K distinct
+#: ids costs about 45 ns per value more than plain pages, cache misses in the dictionary's hash
+#: table. Measured at 20M ``fsdata synth`` samples (100K uniform item ids, R=256, B=32): the
+#: whole ``fsdata balance`` in 0.76x the CPU seconds of the 1 MiB limit for 1.52x the bytes
+#: (docs/results/bench_offline_stage.md, "Dictionary pages of at most 256 KiB").
+DICTIONARY_PAGE_BYTES = RANK_FILE_PARQUET_OPTIONS[3]["dictionary_pagesize_limit"]
 
 
 def check_reserved_columns(src: SampleSource) -> None:

@@ -58,7 +58,8 @@ def test_rank_files_have_the_v3_parquet_settings(good):
     _, out = good
     m = Manifest.read(out)
     assert FORMAT_VERSION == 3 and m.format_version == 3
-    assert RANK_FILE_PARQUET_OPTIONS[3] == {"compression": "lz4", "use_dictionary": True, "write_statistics": True}
+    assert RANK_FILE_PARQUET_OPTIONS[3] == {"compression": "lz4", "use_dictionary": True, "write_statistics": True,
+                                            "dictionary_pagesize_limit": 256 * 1024}
     for r in range(R):
         md = pq.ParquetFile(m.rank_file(r)).metadata
         assert md.num_row_groups >= 1
