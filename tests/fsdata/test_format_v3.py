@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -18,6 +20,8 @@ from fsdata.samples.io import open_samples
 from fsdata.shards import writer
 from fsdata.shards.plan_file import PLAN_DIGEST_KEY
 from fsdata.shards.writer import RANK_FILE_PARQUET_OPTIONS
+from fsdata.samples import schema as S
+from tests.conftest import dataset_path
 from tests.fsdata.helpers import write_samples
 
 N, R, B = 600, 3, 8  # 25 steps; the input has N + 5 samples, 5 dropped
@@ -116,3 +120,80 @@ def test_fstrain_reads_v2_and_v3_alike(good, tmp_path, monkeypatch):
     k = N // (R * B) - 3
     tail = [x.sample_ids.tolist() for x in ShardReader(str(v2), 1, R, start_step=k, num_prefetch_batches=0)]
     assert tail == [x.sample_ids.tolist() for x in ShardReader(str(out), 1, R, num_prefetch_batches=0)][k:]
+
+
+def _one_rank(item_ids: pa.ListArray, steps: int) -> tuple[pa.Table, pa.Schema]:
+    """A rank's rows in the rank-file schema: ``item_ids`` cut into ``steps`` equal steps."""
+    n = len(item_ids)
+    schema = pa.schema([(S.SAMPLE_ID, pa.int64()), (S.USER_ID, pa.int64()), (S.ITEM_IDS, pa.list_(pa.int64())),
+                        (S.TARGET_ITEM_ID, pa.int64()), (S.STEP, pa.int32()), (S.RANK, pa.int32())])
+    ids = np.arange(n, dtype=np.int64)
+    table = pa.Table.from_arrays([pa.array(ids), pa.array(ids % 97), item_ids, pa.array(ids % 89),
+                                  pa.array(np.repeat(np.arange(steps, dtype=np.int32), n // steps)),
+                                  pa.array(np.zeros(n, dtype=np.int32))], schema=schema)
+    return table, schema
+
+
+def _write(tmp_path: Path, name: str, table: pa.Table, schema: pa.Schema, steps: int) -> bytes:
+    (tmp_path / name).mkdir()
+    rec = writer.write_rank(0, table, tmp_path / name, schema, steps, sorted_rows=True)
+    return (tmp_path / name / rec.path).read_bytes()
+
+
+def _dictionary_page_bytes(data: bytes, column: str) -> list[int]:
+    """Bytes of each row group's dictionary page of ``column`` (footer offsets)."""
+    md = pq.ParquetFile(pa.BufferReader(data)).metadata
+    out = []
+    for g in range(md.num_row_groups):
+        c = next(md.row_group(g).column(j) for j in range(md.num_columns)
+                 if md.row_group(g).column(j).path_in_schema.startswith(column))
+        assert c.has_dictionary_page
+        out.append(c.data_page_offset - c.dictionary_page_offset)
+    return out
+
+
+def test_dictionary_pages_stop_at_256_kib(tmp_path, monkeypatch):
+    """A row group with more distinct item ids than fit 256 KiB: its dictionary page stops there
+    and the rest of the column chunk is written as plain pages (Parquet's fallback); the rows
+    read back unchanged. With PyArrow's 1 MiB default the same page is larger (control)."""
+    assert writer.DICTIONARY_PAGE_BYTES == 256 * 1024
+    rng = np.random.default_rng(0)
+    steps, rows, per_row = 2, 8000, 10  # 80,000 ids per row group, nearly all distinct
+    values = rng.integers(-(2**62), 2**62, size=steps * rows * per_row, dtype=np.int64)  # incompressible
+    offsets = np.arange(0, len(values) + 1, per_row, dtype=np.int32)
+    table, schema = _one_rank(pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)), steps)
+    capped = _write(tmp_path, "capped", table, schema, steps)
+    # the writer checks the limit between batches of values, so a page may pass it by a few KiB
+    assert all(0 < b <= writer.DICTIONARY_PAGE_BYTES + 16 * 1024 for b in _dictionary_page_bytes(capped, S.ITEM_IDS))
+    assert pq.read_table(pa.BufferReader(capped)).equals(table)
+    monkeypatch.setitem(RANK_FILE_PARQUET_OPTIONS, 3, {k: v for k, v in RANK_FILE_PARQUET_OPTIONS[3].items()
+                                                       if k != "dictionary_pagesize_limit"})
+    default = _write(tmp_path, "default", table, schema, steps)
+    assert all(b > 2 * writer.DICTIONARY_PAGE_BYTES for b in _dictionary_page_bytes(default, S.ITEM_IDS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rel,fmt", [("ml-1m_ensfm/sequences.txt", "sequences"),
+                                     ("amazon-beauty_bert4rec/beauty.txt", "events"),
+                                     ("s3rec_toys_and_games/Toys_and_Games.txt", "sequences"),
+                                     ("s3rec_sports_and_outdoors/Sports_and_Outdoors.txt", "sequences")])
+def test_real_vocabularies_keep_the_bytes_of_a_1_mib_dictionary(tmp_path, monkeypatch, rel, fmt):
+    """The real datasets here (ml-1m: 3.7K items; Amazon Beauty, Toys and Games: 12K; Sports and
+    Outdoors: 18K, the largest) give the same rank-file bytes with the 256 KiB dictionary limit as
+    with PyArrow's 1 MiB default: every row group keeps its whole dictionary. Rows are drawn at
+    random from all users, as balance mixes them, so a row group sees most of the vocabulary."""
+    src = dataset_path(rel)
+    samples = tmp_path / "samples.parquet"
+    assert main(["convert", str(src), str(samples), "--format", fmt, "--samples", "per-event",
+                 "--max-seq-len", "64", "--no-progress"]) == 0
+    items = pq.read_table(samples, columns=[S.ITEM_IDS]).column(S.ITEM_IDS).combine_chunks()
+    steps, rows = 3, writer.ROW_GROUP_ROWS
+    pick = np.random.default_rng(1).choice(len(items), size=steps * rows, replace=False)
+    table, schema = _one_rank(items.take(pa.array(pick)), steps)
+    first = table.slice(0, rows).column(S.ITEM_IDS).combine_chunks().flatten().to_numpy()
+    distinct = len(np.unique(first))  # the first row group's vocabulary
+    assert distinct > 3000
+    capped = _write(tmp_path, "capped", table, schema, steps)
+    monkeypatch.setitem(RANK_FILE_PARQUET_OPTIONS, 3, {k: v for k, v in RANK_FILE_PARQUET_OPTIONS[3].items()
+                                                       if k != "dictionary_pagesize_limit"})
+    assert _write(tmp_path, "default", table, schema, steps) == capped, distinct
