@@ -57,7 +57,7 @@ RANK_FILE_PARQUET_OPTIONS: dict[int, dict] = {
 #: a dictionary of up to 131K distinct ids costs about 50 ns per value more than plain pages
 #: (cache misses in the dictionary's hash table, so the cost grows with the host's load). Measured at 20M ``fsdata synth`` samples (100K
 #: uniform item ids, R=256, B=32): the whole ``fsdata balance`` in 0.76-0.97x the CPU seconds of
-#: the 1 MiB limit (three pairs) for 1.52x the bytes (docs/results/bench_offline_stage.md,
+#: the 1 MiB limit (four pairs) for 1.52x the bytes (docs/results/bench_offline_stage.md,
 #: "Dictionary pages of at most 256 KiB").
 DICTIONARY_PAGE_BYTES = RANK_FILE_PARQUET_OPTIONS[3]["dictionary_pagesize_limit"]
 
