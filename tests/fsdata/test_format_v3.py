@@ -152,6 +152,12 @@ def _dictionary_page_bytes(data: bytes, column: str) -> list[int]:
     return out
 
 
+def _pyarrow_default_dictionary_limit(monkeypatch) -> None:
+    """Write version 3 rank files with PyArrow's default dictionary limit (1 MiB) for this test."""
+    monkeypatch.setitem(RANK_FILE_PARQUET_OPTIONS, 3, {k: v for k, v in RANK_FILE_PARQUET_OPTIONS[3].items()
+                                                       if k != "dictionary_pagesize_limit"})
+
+
 def test_dictionary_pages_stop_at_256_kib(tmp_path, monkeypatch):
     """A row group with more distinct item ids than fit 256 KiB: its dictionary page stops there
     and the rest of the column chunk is written as plain pages (Parquet's fallback); the rows
@@ -166,8 +172,7 @@ def test_dictionary_pages_stop_at_256_kib(tmp_path, monkeypatch):
     # the writer checks the limit between batches of values, so a page may pass it by a few KiB
     assert all(0 < b <= writer.DICTIONARY_PAGE_BYTES + 16 * 1024 for b in _dictionary_page_bytes(capped, S.ITEM_IDS))
     assert pq.read_table(pa.BufferReader(capped)).equals(table)
-    monkeypatch.setitem(RANK_FILE_PARQUET_OPTIONS, 3, {k: v for k, v in RANK_FILE_PARQUET_OPTIONS[3].items()
-                                                       if k != "dictionary_pagesize_limit"})
+    _pyarrow_default_dictionary_limit(monkeypatch)
     default = _write(tmp_path, "default", table, schema, steps)
     assert all(b > 2 * writer.DICTIONARY_PAGE_BYTES for b in _dictionary_page_bytes(default, S.ITEM_IDS))
 
@@ -194,6 +199,5 @@ def test_real_vocabularies_keep_the_bytes_of_a_1_mib_dictionary(tmp_path, monkey
     distinct = len(np.unique(first))  # the first row group's vocabulary
     assert distinct > 3000
     capped = _write(tmp_path, "capped", table, schema, steps)
-    monkeypatch.setitem(RANK_FILE_PARQUET_OPTIONS, 3, {k: v for k, v in RANK_FILE_PARQUET_OPTIONS[3].items()
-                                                       if k != "dictionary_pagesize_limit"})
+    _pyarrow_default_dictionary_limit(monkeypatch)
     assert _write(tmp_path, "default", table, schema, steps) == capped, distinct
