@@ -16,15 +16,26 @@ from fsdata import fsio  # noqa: E402
 from fsdata.cli import main  # noqa: E402
 from tests.faults import Harness  # noqa: E402
 from tests.fsdata.test_object_store import (  # noqa: E402,F401 (fixtures)
-    _BALANCE,
     _local_digests,
-    local_out,
     s3,
     s3_input,
     samples,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # a few minutes on a quiet 2-core machine
+
+# 2 ranks: every kind of write point (rank files, step stats, manifest, pointer, version prefixes)
+# with half the rank-file points of test_object_store.py's 4 ranks; each point costs a killed run, a
+# verify and often a restoring run on the S3 server
+_BALANCE = ["--ranks", "2", "--batch-size-per-rank", "16", "--seed", "3", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def local_out(samples, tmp_path_factory):  # noqa: F811
+    """The reference: the same balance on local paths."""
+    out = tmp_path_factory.mktemp("ref2") / "out"
+    assert main(["balance", str(samples), str(out), *_BALANCE]) == 0
+    return out
 
 
 def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the_new_one(
