@@ -11,6 +11,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("FREESCALE_DATASETS", REPO_ROOT.parent / "shared" / "datasets"))
 
 
+try:  # CI runs with HYPOTHESIS_PROFILE=ci (.ci/run): the same examples on every run, so a landing never
+    # depends on which random examples were drawn; elsewhere each run draws new ones
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+except ImportError:
+    pass
+
+
 def dataset_path(rel: str) -> Path:
     """Path of a file under ../shared/datasets, or skip the test with a clear message."""
     p = DATASETS / rel
