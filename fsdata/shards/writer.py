@@ -55,10 +55,10 @@ RANK_FILE_PARQUET_OPTIONS: dict[int, dict] = {
 #: and the item ids of the real datasets here (at most 18K items), keep their whole dictionary and
 #: the bytes of a 1 MiB limit (tested). A larger vocabulary stops hashing values early: building
 #: a dictionary of up to 131K distinct ids costs about 50 ns per value more than plain pages
-#: (cache misses in the dictionary's hash table, so the cost grows with the host's load). Measured at 20M ``fsdata synth`` samples (100K
-#: uniform item ids, R=256, B=32): the whole ``fsdata balance`` in 0.76-0.97x the CPU seconds of
-#: the 1 MiB limit (four pairs) for 1.52x the bytes (docs/results/bench_offline_stage.md,
-#: "Dictionary pages of at most 256 KiB").
+#: (cache misses in the dictionary's hash table, so the cost grows with the host's load).
+#: Measured at 20M ``fsdata synth`` samples (100K uniform item ids, R=256, B=32): the whole
+#: ``fsdata balance`` in 0.76-0.97x the CPU seconds of the 1 MiB limit (four pairs) for 1.52x the
+#: bytes (docs/results/bench_offline_stage.md, "Dictionary pages of at most 256 KiB").
 DICTIONARY_PAGE_BYTES = RANK_FILE_PARQUET_OPTIONS[3]["dictionary_pagesize_limit"]
 
 
