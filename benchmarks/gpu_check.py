@@ -1,34 +1,36 @@
-"""One GPU check: ``make gpu-check`` (``python -m benchmarks.gpu_check``): under 10 minutes on one H100
-for sections 1-5 and 7; section 6 trains ml-1m for 100 epochs (``--skip quality`` leaves it out).
+"""The GPU check: ``make gpu-check`` (``python -m benchmarks.gpu_check``), one prepared command for a lent GPU.
 
-Writes ``gpu_check.json`` and prints a table. Sections (each timed, each failure recorded, not fatal):
+Runs on an image with Python 3.12, torch, pyarrow, numba and pytest and nothing else (no torchrec,
+fbgemm-gpu, polars or ortools): the repository on ``PYTHONPATH``, its inputs in a git-ignored
+folder of the repository (``gpu-check-data/``, written by ``--prepare``; written on the spot
+when absent). Each section runs in its own process with a time limit (a crash or a hang in one
+costs only that section), inside an overall ``--budget-seconds``; ``gpu_check.json`` and
+``gpu_check.md`` (a table with date, device, command and load average) are rewritten after every
+section under ``--out``. A section that cannot run here says why in one line (``needs CUDA``,
+``needs torchrec``, ``needs 2+ GPUs``).
 
-1. ``tests``: every CUDA-marked test (``pytest -m gpu``), counts from its JUnit XML.
-2. ``contention``: bf16 GEMM TFLOP/s alone, during an SM-kernel copy (an elementwise copy
-   kernel between two device buffers, what NCCL's copy kernels do) and during a copy-engine copy
-   (``Tensor.copy_`` device -> pinned host, ``non_blocking`` on a side stream, i.e.
-   ``cudaMemcpyAsync``) of the same bytes per iteration. The contention the method removes,
-   measurable on one GPU. All timing by CUDA events.
-3. ``replay``: balanced vs shuffled shards, every rank's batch of every step timed on this GPU
-   (forward + backward, CUDA events, median of repeats), measured bubble of each and the
-   reduction; plus ``fstrain replay --device cuda`` on the same shards (its own clock).
-4. ``train``: ``fstrain train`` with world size 1 on this GPU for each pipeline (plain,
-   sparse-dist, pec, prioritized): steps/s.
-5. ``multi_gpu`` (2+ GPUs only): ``benchmarks.bench_alltoall`` GPU section (cuda-ce vs NCCL
-   all-to-all-v, GEMM contention) and 2-rank training with ``--backend cuda-ce`` vs ``nccl``
-   (exposed communication per step from ``summary.json``).
-6. ``quality``: the ml-1m SASRec row of the reproduction table (:mod:`benchmarks.quality_recipes`)
-   trained at world size 1 on this GPU (``benchmarks.bench_quality --reproduce --recipes
-   ml-1m-sasrec``; ``--quick``: 10 epochs): NDCG@10 / HR@10, wall time and tokens/s.
-7. ``shared_gpu``: whether two processes can form an ``fs_cuda_ce`` group on ONE GPU (for a
-   functional test of the copy-engine path on one-GPU machines); the outcome is recorded either
-   way (NCCL refuses two ranks on one device in most versions).
+Sections (docs/comm.md, "The GPU check"):
 
-Without CUDA it prints one line, ``gpu_check: no CUDA device ...``, and exits with status 2.
+1. ``tests``: the CUDA-marked tests (``pytest -m gpu`` on the test files that carry the mark), with
+   :mod:`benchmarks.gpu_tests_plugin`: a test needing torchrec, fbgemm-gpu, polars or ortools is
+   skipped with one line, not failed.
+2. ``sm_free``: a GEMM's slowdown while 1-64 MB transfers move by copy engine vs an SM copy kernel
+   (:mod:`benchmarks.gpu_sm_free`).
+3. ``cuda_ce_ipc``: ``cuda-ce``'s all-to-all-v between two processes on the one GPU through CUDA IPC,
+   equal byte for byte to a CPU reference (:mod:`benchmarks.gpu_ce_ipc`).
+4. ``calibrate_replay``: calibrate + replay with the torch-only model step at NVIDIA's setting
+   (Zipf 1.2 lengths, max 4096, R=16, B=32, HSTU-like layers): balanced vs shuffled slowest-rank
+   ms/step, measured bubble above its null control (:mod:`benchmarks.gpu_replay`).
+5. ``train``, ``multi_gpu``, ``quality``: need fstrain's torchrec runtime (:mod:`benchmarks.gpu_check_torchrec`).
+
+``--dry-run`` (no GPU needed): every section runs its CPU side (the pytest selection and plugin,
+the two-process harness with gloo on CPU, calibrate + replay on a tiny CPU setting) or says in one
+line why it cannot. Without CUDA and without ``--dry-run``: one line, exit 2.
 
 Examples:
-    python -m benchmarks.gpu_check --out gpu-check/
-    python -m benchmarks.gpu_check --quick --skip tests
+    python -m benchmarks.gpu_check --prepare
+    python -m benchmarks.gpu_check --out gpu-check-output
+    python -m benchmarks.gpu_check --dry-run --out /tmp/gpu-check
 """
 
 from __future__ import annotations
@@ -36,17 +38,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import platform
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "contention", "replay", "train", "multi_gpu", "quality", "shared_gpu")
-NO_CUDA = "gpu_check: no CUDA device (torch.cuda.is_available() is False); run it on a machine with a GPU"
+SECTIONS = ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "train", "multi_gpu", "quality")
+#: Sections left out unless named with ``--only`` (the ml-1m reproduction trains for many minutes).
+OPT_IN = ("quality",)
+#: Per-section time limits in seconds (full, ``--quick``); the overall budget caps them further.
+LIMITS = {"tests": (240, 180), "sm_free": (150, 90), "cuda_ce_ipc": (150, 120), "calibrate_replay": (300, 120),
+          "train": (300, 180), "multi_gpu": (400, 300), "quality": (3600, 900)}
+NO_CUDA = ("gpu_check: no CUDA device (torch.cuda.is_available() is False); run it on a machine with a GPU, "
+           "or add --dry-run to check its CPU side")
+DEFAULT_DATA = REPO_ROOT / "gpu-check-data"
+DEFAULT_OUT = REPO_ROOT / "gpu-check-output"
+NUM_STEPS = 8  # calibrate_replay: steps of R*B samples prepared and replayed (--quick: 3)
 
 
 def _env() -> dict:
@@ -55,356 +67,243 @@ def _env() -> dict:
     return env
 
 
-def _run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, **kw)
+def gpu_test_files(root: Path = REPO_ROOT / "tests") -> list[str]:
+    """Test files (relative to the repository) that carry the ``gpu`` mark, sorted."""
+    return sorted(str(p.relative_to(REPO_ROOT)) for p in root.rglob("test_*.py")
+                  if "mark.gpu" in p.read_text(errors="replace"))
 
 
-# ---------------------------------------------------------------------------- 1. tests
-def check_tests(out: Path, quick: bool) -> dict:
-    xml = out / "gpu-tests.xml"
-    t0 = time.perf_counter()
-    proc = _run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"],
-                timeout=240 if quick else 300)
-    res = {"command": "python -m pytest -m gpu -q", "returncode": proc.returncode,
-           "seconds": time.perf_counter() - t0, "tail": proc.stdout[-3000:]}
+# ------------------------------------------------------------------------------ sections
+def sec_tests(ctx: dict) -> dict:
+    xml = Path(ctx["work"]) / "gpu-tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
+           "-p", "benchmarks.gpu_tests_plugin", f"--junitxml={xml}", *gpu_test_files()]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=max(10, ctx["limit"] - 10))
+    res = {"command": "python -m pytest -m gpu -q -rs -p benchmarks.gpu_tests_plugin FILES", "files": cmd[9:],
+           "returncode": proc.returncode, "tail": proc.stdout[-3000:]}
     if xml.exists():
         root = ET.parse(xml).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")
-        total, fail = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        skipped = int(suite.get("skipped", 0))
-        res.update(passed=total - fail - skipped, failed=fail, skipped=skipped,
-                   failures=[tc.get("classname", "") + "::" + tc.get("name", "") for tc in suite.iter("testcase")
-                             if tc.find("failure") is not None or tc.find("error") is not None])
+        total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        res.update(passed=total - failed - skipped, failed=failed, skipped=skipped,
+                   failures=[f"{tc.get('classname', '')}::{tc.get('name', '')}" for tc in suite.iter("testcase")
+                             if tc.find("failure") is not None or tc.find("error") is not None],
+                   skip_reasons=sorted({(tc.find("skipped").get("message") or "")[:120] for tc in suite.iter("testcase")
+                                        if tc.find("skipped") is not None}))
     return res
 
 
-# ----------------------------------------------------------------------- 2. contention
-def check_contention(quick: bool) -> dict:
+def sec_sm_free(ctx: dict) -> dict:
+    if not ctx["cuda"]:
+        return {"skipped": "needs CUDA"}
     import torch
 
-    dev = torch.device("cuda", 0)
-    n = 4096 if quick else 8192
-    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    copy_bytes = 256 << 20
-    src = torch.empty(copy_bytes // 2, device=dev, dtype=torch.bfloat16).normal_()
-    dst = torch.empty_like(src)
-    host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-    side = torch.cuda.Stream(dev)
-    iters = 20 if quick else 50
+    from benchmarks import gpu_sm_free
 
-    def gemms(copy=None) -> tuple[float, float]:
-        """TFLOP/s of ``iters`` GEMMs on the main stream while ``copy`` loops on the side stream;
-        and the side stream's copy GB/s."""
-        torch.cuda.synchronize()
-        main = torch.cuda.current_stream(dev)
-        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        num_copies = 0
-        if copy is not None:
-            with torch.cuda.stream(side):
-                c0.record(side)
-                for _ in range(iters):  # enough copies queued to cover the GEMM loop
-                    copy()
-                    num_copies += 1
-                c1.record(side)
-        s0.record(main)
-        for _ in range(iters):
-            torch.mm(a, b)
-        s1.record(main)
-        torch.cuda.synchronize()
-        tflops = 2 * n ** 3 * iters / (s0.elapsed_time(s1) / 1e3) / 1e12
-        gbps = num_copies * copy_bytes / (c0.elapsed_time(c1) / 1e3) / 1e9 if copy is not None else 0.0
-        return tflops, gbps
+    kw = dict(sizes_mb=(1, 16, 64), gemm_iters=20, repeats=2) if ctx["quick"] else {}
+    return gpu_sm_free.run(torch.device("cuda", 0), **kw)
 
-    def sm_copy():
-        torch.mul(src, 1, out=dst)  # an elementwise kernel on the SMs: reads and writes copy_bytes
 
-    def ce_copy():
-        host.copy_(src, non_blocking=True)  # cudaMemcpyAsync device -> pinned host: a copy engine
+def sec_cuda_ce_ipc(ctx: dict) -> dict:
+    from benchmarks import gpu_ce_ipc
 
-    gemms()  # warm-up (cuBLAS heuristics, clocks)
-    alone = [gemms()[0] for _ in range(3)]
-    sm = [gemms(sm_copy) for _ in range(3)]
-    ce = [gemms(ce_copy) for _ in range(3)]
-    med = statistics.median
-    res = {"gemm_n": n, "dtype": "bfloat16", "copy_bytes": copy_bytes, "iterations": iters,
-           "gemm_tflops_alone": med(alone), "gemm_tflops_during_sm_copy": med(t for t, _ in sm),
-           "gemm_tflops_during_copy_engine_copy": med(t for t, _ in ce),
-           "sm_copy_gbps": med(g for _, g in sm), "copy_engine_copy_gbps": med(g for _, g in ce)}
-    res["slowdown_sm_copy"] = 1 - res["gemm_tflops_during_sm_copy"] / res["gemm_tflops_alone"]
-    res["slowdown_copy_engine_copy"] = 1 - res["gemm_tflops_during_copy_engine_copy"] / res["gemm_tflops_alone"]
+    transport = "gloo" if ctx["dry_run"] or not ctx["cuda"] else "cuda-ce"
+    res = gpu_ce_ipc.run(Path(ctx["work"]), transport, timeout=max(10, ctx["limit"] - 10), env=_env())
+    if transport == "gloo":
+        res["note"] = "harness only: gloo on CPU tensors (cuda-ce needs CUDA)"
     return res
 
 
-# --------------------------------------------------------------------------- 3. replay
-def _write_shards(root: Path, ranks: int, steps: int, batch: int, max_len: int) -> dict[str, str]:
-    sys.path.insert(0, str(REPO_ROOT))
-    from tests.fstrain.shards import write_shards  # real fsdata format, LPT-balanced vs contiguous
+def replay_settings(dry_run: bool, quick: bool) -> dict:
+    """Keyword arguments of :func:`benchmarks.gpu_replay.run` (``dry_run``: a tiny CPU setting)."""
+    from benchmarks.gpu_model import StepConfig
 
-    out = {}
-    for strategy in ("balanced", "shuffle"):
-        out[strategy] = write_shards(str(root / f"{strategy}-r{ranks}"), num_ranks=ranks, num_steps=steps,
-                                     batch_size_per_rank=batch, strategy=strategy, seed=11, num_items=20000,
-                                     max_len=max_len, steps_per_row_group=4)
-    return out
+    if dry_run:
+        return dict(model=StepConfig(num_items=1000, embedding_dim=16, num_layers=1, num_heads=2, num_negatives=8,
+                                     max_seq_len=64), num_steps=2, repeats=1, calib_lengths=[4, 16, 64],
+                    calib_batch_sizes=[2, 4], setting={"num_ranks": 4, "batch_size_per_rank": 4, "max_len": 64})
+    lengths = [16, 128, 512, 1024, 2048, 4096]
+    return dict(model=StepConfig(), num_steps=3 if quick else NUM_STEPS, repeats=2 if quick else 3,
+                calib_lengths=lengths, calib_batch_sizes=[4, 16] if quick else [4, 16, 32])
 
 
-def _event_replay(shards: str, model_kw: dict, repeats: int) -> dict:
-    """Every rank's batch of every step, forward + backward on this GPU, CUDA-event timed."""
-    import numpy as np
+def sec_calibrate_replay(ctx: dict) -> dict:
     import torch
 
-    from fsdata.balancer.bubble import run_bubble
-    from fstrain.data import ShardReader, infer_num_items, load_manifest
-    from fstrain.models import with_negatives
-    from fstrain.measure.replay import make_replay_model
+    from benchmarks import gpu_replay
 
-    dev = torch.device("cuda", 0)
-    manifest = load_manifest(shards)
-    num_items = infer_num_items(manifest)
-    model = make_replay_model(num_items, model_kw, 0, dev)
-    cost = np.zeros((manifest.num_steps, manifest.num_ranks))
-    for r in range(manifest.num_ranks):
-        for b in ShardReader(shards, r, manifest.num_ranks):
-            batch = with_negatives(b, num_items, model_kw["num_negatives"], 0).to(dev)
-            times = []
-            for i in range(repeats + 1):
-                model.zero_grad(set_to_none=True)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                loss, _ = model(batch)
-                loss.backward()
-                e1.record()
-                e1.synchronize()
-                if i:  # the first run of each batch is a warm-up
-                    times.append(e0.elapsed_time(e1) / 1e3)
-            cost[b.step, r] = statistics.median(times)
-    return {"measured_bubble": run_bubble(cost), "predicted_bubble": manifest.predicted_bubble,
-            "mean_slowest_rank_seconds": float(cost.max(axis=1).mean()), "num_steps": int(cost.shape[0]),
-            "num_ranks": int(cost.shape[1])}
+    if not ctx["cuda"] and not ctx["dry_run"]:
+        return {"skipped": "needs CUDA"}
+    kw = replay_settings(ctx["dry_run"], ctx["quick"])
+    data = Path(ctx["work"]) / "dry-run-data" if ctx["dry_run"] else Path(ctx["data"])
+    device = torch.device("cpu") if ctx["dry_run"] else torch.device("cuda", 0)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    return gpu_replay.run(data, device, **kw)
 
 
-def check_replay(work: Path, quick: bool) -> dict:
-    model_kw = dict(embedding_dim=64, num_layers=2, num_heads=2, num_negatives=128, max_seq_len=512)
-    shards = _write_shards(work / "replay", ranks=8, steps=4 if quick else 10, batch=16, max_len=512)
-    res = {name: _event_replay(path, model_kw, repeats=3) for name, path in shards.items()}
-    from fsdata.balancer.bubble import reduction
+def _torchrec_section(name: str):
+    def section(ctx: dict) -> dict:
+        from benchmarks import gpu_check_torchrec as tr
 
-    res["measured_reduction"] = reduction(res["balanced"]["measured_bubble"], res["shuffle"]["measured_bubble"])
-    cli = [sys.executable, "-m", "fstrain.cli", "replay", shards["balanced"], "--baseline", shards["shuffle"],
-           "--device", "cuda", "--json", "--max-steps", "4" if quick else "10", "--repeats", "3"]
-    proc = _run(cli, timeout=240)
-    res["fstrain_replay_cli"] = {"command": " ".join(cli[1:]), "returncode": proc.returncode,
-                                 "result": json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
-                                 else proc.stderr[-2000:]}
-    return res
-
-
-# ---------------------------------------------------------------------------- 4. train
-def _train(shards: str, pipeline: str, backend: str, metrics: Path, steps: int, nproc: int = 1) -> dict:
-    args = ["train", shards, "--pipeline", pipeline, "--backend", backend, "--max-steps", str(steps),
-            "--log-every-steps", "0", "--metrics-dir", str(metrics), "--embedding-dim", "64", "--json"]
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "fstrain.cli", *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "-m", "fstrain.cli",
-               *args]
-    t0 = time.perf_counter()
-    proc = _run(cmd, timeout=240)
-    wall = time.perf_counter() - t0
-    out = {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "wall_seconds": wall}
-    if proc.returncode == 0:
-        summary = json.loads(proc.stdout.strip().splitlines()[-1])
-        out["summary"] = summary
-        st = metrics / "step_times.parquet"
-        if st.exists():
-            import numpy as np
-            import pyarrow.parquet as pq
-
-            t = pq.read_table(st)
-            step = t.column("step").to_numpy()
-            parts = {k: t.column(k).to_numpy() for k in ("compute_seconds", "wait_seconds", "sync_seconds")}
-            steps = np.unique(step)
-            total = [max(sum(parts[k][step == s_][i] for k in parts) for i in range(int((step == s_).sum())))
-                     for s_ in steps]  # slowest rank's step time
-            out["mean_step_seconds"] = float(np.mean(total))
-            out["steps_per_second"] = 1.0 / out["mean_step_seconds"] if out["mean_step_seconds"] > 0 else None
-            out["mean_exposed_comm_seconds"] = float(np.mean([parts["sync_seconds"][step == s_].max()
-                                                              for s_ in steps]))
-    else:
-        out["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no stderr)"
-    return out
+        why = tr.torchrec_missing() or (None if ctx["cuda"] and not ctx["dry_run"] else "needs CUDA")
+        if why:
+            return {"skipped": why}
+        work, out = Path(ctx["work"]), Path(ctx["out"])
+        if name == "train":
+            return tr.check_train(work, ctx["quick"])
+        if name == "multi_gpu":
+            return tr.check_multi_gpu(work, ctx["quick"])
+        return tr.check_quality(out, work, ctx["quick"])
+    return section
 
 
-def check_train(work: Path, quick: bool) -> dict:
-    shards = _write_shards(work / "train1", ranks=1, steps=30 if quick else 100, batch=32, max_len=128)["balanced"]
-    return {p: _train(shards, p, "nccl", work / f"m-{p}", steps=30 if quick else 100)
-            for p in ("plain", "sparse-dist", "pec", "prioritized")}
+JOBS = {"tests": sec_tests, "sm_free": sec_sm_free, "cuda_ce_ipc": sec_cuda_ce_ipc,
+        "calibrate_replay": sec_calibrate_replay, **{n: _torchrec_section(n) for n in ("train", "multi_gpu", "quality")}}
 
 
-# ------------------------------------------------------------------------ 5. multi GPU
-def check_multi_gpu(work: Path, quick: bool) -> dict:
-    import torch
+# ------------------------------------------------------------------------------- report
+def _fmt(name: str, sec: dict) -> list[str]:
+    """Markdown lines of one section."""
+    if isinstance(sec.get("skipped"), str):
+        return [f"- {name}: skipped: {sec['skipped']}"]
+    if "error" in sec:
+        return [f"- {name}: ERROR {sec['error']}"]
+    if name == "tests" and "passed" in sec:
+        return [f"- tests (pytest -m gpu): {sec['passed']} passed, {sec['failed']} failed, {sec['skipped']} skipped"
+                + (f"; failed: {', '.join(sec['failures'][:5])}" if sec["failures"] else "")]
+    if name == "sm_free":
+        from benchmarks.gpu_sm_free import table
 
-    n = torch.cuda.device_count()
-    if n < 2:
-        return {"skipped": f"not measured: needs 2+ GPUs, this machine has {n}"}
-    res = {}
-    bench = [sys.executable, "-m", "benchmarks.bench_alltoall", "--out", str(work / "alltoall"), "--ranks", "2"]
-    if quick:
-        bench.append("--quick")
-    proc = _run(bench, timeout=300)
-    res["bench_alltoall"] = {"command": " ".join(bench[1:]), "returncode": proc.returncode,
-                             "tail": proc.stdout[-4000:] if proc.returncode == 0 else proc.stderr[-3000:]}
-    shards = _write_shards(work / "train2", ranks=2, steps=40, batch=32, max_len=128)["balanced"]
-    for backend in ("nccl", "cuda-ce"):
-        res[f"train_{backend}"] = _train(shards, "prioritized", backend, work / f"m2-{backend}", 40, nproc=2)
-    return res
-
-
-# -------------------------------------------------------------------------- 6. quality
-def quality_command(out: Path, work: Path, quick: bool) -> list[str]:
-    """The ml-1m SASRec reproduction at world size 1 (fstrain picks the GPU when there is one)."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_quality", "--reproduce", "--recipes", "ml-1m-sasrec",
-           "--seeds", "0", "--out", str(out / "quality"), "--work", str(work / "quality")]
-    return cmd + (["--epochs", "10"] if quick else [])
-
-
-def check_quality(out: Path, work: Path, quick: bool) -> dict:
-    cmd = quality_command(out, work, quick)
-    t0 = time.perf_counter()
-    proc = _run(cmd, timeout=3600)
-    res = {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "wall_seconds": time.perf_counter() - t0}
-    if proc.returncode:
-        res["error"] = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no stderr)"
-        return res
-    run = json.loads((out / "quality" / "bench_quality_reproduce.json").read_text())["runs"][0]
-    res.update({k: run[k] for k in ("epochs", "ndcg@10", "hr@10", "best_ndcg@10", "best_epoch", "train_seconds",
-                                    "tokens_per_second", "tokens_trained")})
-    return res
+        return [f"- sm_free: bf16 GEMM n={sec['gemm_n']} x {sec['gemm_iters']} during back-to-back transfers", "",
+                *table(sec), ""]
+    if name == "cuda_ce_ipc":
+        ok = "equal byte for byte to the CPU reference" if sec["equal"] else "NOT equal to the CPU reference"
+        return [f"- cuda_ce_ipc ({sec['transport']}, {sec['world_size']} processes on one device): {ok}; "
+                f"copy engines used: {sec['uses_copy_engines']}"
+                + (f" (fallback: {sec['fallback_reason']})" if sec.get("fallback_reason") else "")
+                + "".join(f"; rank {r['rank']}: {r['error']}" for r in sec["ranks"] if "error" in r)]
+    if name == "calibrate_replay":
+        cal, b, s = sec["calibration"], sec["balanced"], sec["shuffled"]
+        return [f"- calibrate_replay on {sec['device']}: calibrated [c0, c1, c2] = "
+                f"[{', '.join(f'{c:.3g}' for c in cal['coefficients'])}] s (relative RMS error "
+                f"{cal['relative_rms_error']:.1%}); {sec['num_steps']} steps, {sec['repeats']} repeats", "",
+                "| assignment | slowest-rank ms/step | measured bubble | null bubble | bubble above null | "
+                "predicted bubble |", "|---|---:|---:|---:|---:|---:|",
+                *(f"| {k} | {v['slowest_rank_ms_per_step']:.1f} | {v['measured_bubble']:.1%} | {v['null_bubble']:.1%} "
+                  f"| {v['measured_bubble_minus_null']:.1%} | {v['predicted_bubble']:.1%} |"
+                  for k, v in (("balanced", b), ("shuffled", s))), "",
+                f"  shuffled / balanced slowest-rank time: {sec['slowest_rank_speedup']:.2f}x", ""]
+    return [f"- {name}: " + json.dumps({k: v for k, v in sec.items() if k != "section_seconds"}, default=str)[:400]]
 
 
-# ----------------------------------------------------------------------- 7. shared GPU
-_SHARED_GPU_SCRIPT = r"""
-import os, sys, torch, torch.distributed as dist
-from fstrain.distributed.comm import CommConfig, register_torch_backends
-rank = int(sys.argv[1]); init = sys.argv[2]
-torch.cuda.set_device(0)
-name = register_torch_backends(CommConfig(backend="cuda-ce"))
-dist.init_process_group(name, init_method=f"file://{init}", rank=rank, world_size=2)
-pg = dist.group.WORLD
-x = torch.arange(8, device="cuda", dtype=torch.float32) + 100 * rank
-out = torch.empty(8, device="cuda")
-dist.all_to_all_single(out, x, [4, 4], [4, 4])
-torch.cuda.synchronize()
-want = torch.cat([torch.arange(4) + 4 * rank, torch.arange(4) + 4 * rank + 100]).float()
-print("OK" if torch.equal(out.cpu(), want) else f"WRONG {out.tolist()}", pg.copy_engines_agreed, pg.fallback_reason)
-"""
-
-
-def check_shared_gpu(work: Path) -> dict:
-    init = work / "shared-gpu-init"
-    init.unlink(missing_ok=True)
-    procs = [subprocess.Popen([sys.executable, "-c", _SHARED_GPU_SCRIPT, str(r), str(init)], cwd=REPO_ROOT,
-                              env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    out = {}
-    for r, p in enumerate(procs):
-        try:
-            so, se = p.communicate(timeout=120)
-            out[f"rank{r}"] = {"returncode": p.returncode, "stdout": so.strip()[-500:],
-                               "stderr_last_line": se.strip().splitlines()[-1] if se.strip() else ""}
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out[f"rank{r}"] = {"returncode": None, "stdout": "", "stderr_last_line": "timed out after 120 s"}
-    out["works"] = all(v.get("returncode") == 0 and v["stdout"].startswith("OK") for v in out.values())
-    return out
-
-
-# ----------------------------------------------------------------------------- main
-def _table(res: dict) -> str:
-    lines = [f"gpu_check on {res['device']} ({res['num_gpus']} GPU(s)), {res['seconds']:.0f} s"]
-    t = res["sections"].get("tests", {})
-    if "passed" in t:
-        lines.append(f"  tests (pytest -m gpu): {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped")
-    c = res["sections"].get("contention", {})
-    if "gemm_tflops_alone" in c:
-        lines.append(f"  GEMM bf16 n={c['gemm_n']}: alone {c['gemm_tflops_alone']:.0f} TFLOP/s; during SM copy "
-                     f"{c['gemm_tflops_during_sm_copy']:.0f} ({c['slowdown_sm_copy']:.1%} slower, copy "
-                     f"{c['sm_copy_gbps']:.0f} GB/s); during copy-engine copy "
-                     f"{c['gemm_tflops_during_copy_engine_copy']:.0f} ({c['slowdown_copy_engine_copy']:.1%} slower, "
-                     f"copy {c['copy_engine_copy_gbps']:.0f} GB/s)")
-    r = res["sections"].get("replay", {})
-    if "measured_reduction" in r:
-        lines.append(f"  replay (CUDA events): bubble balanced {r['balanced']['measured_bubble']:.2%}, shuffled "
-                     f"{r['shuffle']['measured_bubble']:.2%}, reduction {r['measured_reduction']:.1%}")
-    for p, v in res["sections"].get("train", {}).items():
-        if isinstance(v, dict):
-            sps = v.get("steps_per_second")
-            lines.append(f"  train world 1 --pipeline {p}: " + (f"{sps:.1f} steps/s" if sps else
-                                                                  f"failed: {v.get('error', v.get('returncode'))}"))
-    m = res["sections"].get("multi_gpu", {})
-    for k, v in m.items():
-        if k.startswith("train_") and isinstance(v, dict):
-            lines.append(f"  train world 2 --backend {k[6:]}: exposed comm "
-                         f"{v.get('mean_exposed_comm_seconds', float('nan')) * 1e3:.2f} ms/step, "
-                         f"{v.get('steps_per_second') or 0:.1f} steps/s")
-    if "skipped" in m:
-        lines.append(f"  multi-GPU: {m['skipped']}")
-    q = res["sections"].get("quality", {})
-    if "ndcg@10" in q:
-        lines.append(f"  ml-1m SASRec, world 1, {q['epochs']} epochs: NDCG@10 {q['ndcg@10']:.4f} HR@10 {q['hr@10']:.4f} "
-                     f"(best {q['best_ndcg@10']:.4f} at epoch {q['best_epoch']:g}), train {q['train_seconds']:.0f} s, "
-                     f"{q['tokens_per_second']:,.0f} tokens/s")
-    s = res["sections"].get("shared_gpu", {})
-    if "works" in s:
-        lines.append(f"  two processes on one GPU (fs_cuda_ce): {'works' if s['works'] else 'does not work'}"
-                     + ("" if s["works"] else f" ({s.get('rank0', {}).get('stderr_last_line', '')[:160]})"))
+def report(res: dict) -> str:
+    """``gpu_check.md``: header (date, device, command, load average) and every section."""
+    lines = ["# GPU check", "", f"- date: {res['date']}", f"- device: {res['device']} ({res['num_gpus']} GPU(s)), "
+             f"torch {res['torch']}, CUDA {res['cuda']}, host {res['host']}", f"- command: `{res['command']}`",
+             f"- load average at start: {res['loadavg']}", f"- mode: {res['mode']}", ""]
     for name, sec in res["sections"].items():
-        if isinstance(sec, dict) and "error" in sec and name != "train":
-            lines.append(f"  {name}: ERROR {sec['error']}")
-    return "\n".join(lines)
+        lines += _fmt(name, sec)
+    return "\n".join(lines) + "\n"
+
+
+def _write(out: Path, res: dict) -> None:
+    for fname, text in (("gpu_check.json", json.dumps(res, indent=2, default=str)), ("gpu_check.md", report(res))):
+        tmp = out / (fname + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out / fname)
+
+
+# ---------------------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (gpu_check.json, gpu_check.md)")
+    p.add_argument("--data", default=str(DEFAULT_DATA), help="input folder (git-ignored; --prepare writes it)")
+    p.add_argument("--prepare", action="store_true", help="write the inputs to --data and exit (no GPU needed)")
+    p.add_argument("--dry-run", action="store_true", help="run every section's CPU side; no GPU needed")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    p.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
+    p.add_argument("--only", nargs="*", default=None, choices=SECTIONS, help="run just these sections")
+    p.add_argument("--budget-seconds", type=float, default=540.0,
+                   help="stop starting sections past this many seconds (default 540: under a 10-minute command)")
+    p.add_argument("--run-section", choices=SECTIONS, help=argparse.SUPPRESS)
+    p.add_argument("--context", help=argparse.SUPPRESS)
+    return p
+
+
+def _run_section(name: str, ctx: dict) -> dict:
+    """Run one section in a child process (``--run-section``) within ``ctx['limit']`` seconds."""
+    res_file = Path(ctx["work"]) / f"section-{name}.json"
+    ctx_file = Path(ctx["work"]) / f"section-{name}-context.json"
+    ctx_file.write_text(json.dumps(ctx))
+    cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--run-section", name, "--context", str(ctx_file)]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=ctx["limit"])
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {ctx['limit']:.0f} s"}
+    if proc.returncode == 0 and res_file.exists():
+        return json.loads(res_file.read_text())
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return {"error": f"exit {proc.returncode}: {lines[-1] if lines else '(no stderr)'}"}
+
+
+def _child(name: str, ctx_file: str) -> int:
+    ctx = json.loads(Path(ctx_file).read_text())
+    try:
+        res = JOBS[name](ctx)
+    except Exception as e:  # noqa: BLE001 - recorded in the section; the check goes on
+        msg = str(e).strip().splitlines()
+        res = {"error": f"{type(e).__name__}: {msg[0] if msg else ''}"}
+    (Path(ctx["work"]) / f"section-{name}.json").write_text(json.dumps(res, default=str))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(REPO_ROOT / "gpu-check-output"), help="folder for gpu_check.json")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    p.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
-    a = p.parse_args(argv)
+    a = _parser().parse_args(argv)
+    if a.run_section:
+        return _child(a.run_section, a.context)
+    if a.prepare:
+        from benchmarks import gpu_replay
+
+        path = gpu_replay.prepare(Path(a.data), 3 if a.quick else NUM_STEPS)
+        print(f"gpu_check: wrote {path} ({path.stat().st_size} bytes)")
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda and not a.dry_run:
         print(NO_CUDA, file=sys.stderr)
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    res = {"device": torch.cuda.get_device_name(0), "num_gpus": torch.cuda.device_count(),
-           "torch": torch.__version__, "cuda": torch.version.cuda, "quick": a.quick, "sections": {}}
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-        work = Path(tmp)
-        jobs = {"tests": lambda: check_tests(out, a.quick), "contention": lambda: check_contention(a.quick),
-                "replay": lambda: check_replay(work, a.quick), "train": lambda: check_train(work, a.quick),
-                "multi_gpu": lambda: check_multi_gpu(work, a.quick), "quality": lambda: check_quality(out, work, a.quick),
-                "shared_gpu": lambda: check_shared_gpu(work)}
-        for name, job in jobs.items():
-            if name in a.skip:
+    t0 = time.monotonic()
+    names = [n for n in (a.only if a.only is not None else [s for s in SECTIONS if s not in OPT_IN])
+             if n not in a.skip]
+    res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
+           "num_gpus": torch.cuda.device_count() if cuda else 0, "torch": torch.__version__,
+           "cuda": torch.version.cuda, "python": platform.python_version(), "host": platform.node(),
+           "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+           "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "mode": "dry-run (CPU side only)" if a.dry_run else ("quick" if a.quick else "full"), "sections": {}}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        for name in names:
+            left = a.budget_seconds - (time.monotonic() - t0)
+            if left < 20:
+                res["sections"][name] = {"skipped": f"budget spent (--budget-seconds {a.budget_seconds:g})"}
                 continue
-            s0 = time.perf_counter()
-            try:
-                res["sections"][name] = job()
-            except Exception as e:  # noqa: BLE001 - recorded; the other sections still run
-                res["sections"][name] = {"error": f"{type(e).__name__}: {e}"}
-            res["sections"][name]["section_seconds"] = time.perf_counter() - s0
-            print(f"[gpu_check] {name}: {time.perf_counter() - s0:.0f} s", file=sys.stderr, flush=True)
-    res["seconds"] = time.perf_counter() - t0
-    with open(out / "gpu_check.json", "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    table = _table(res)
-    (out / "gpu_check.txt").write_text(table + "\n")
-    print(table)
+            ctx = {"work": work, "out": str(out), "data": a.data, "quick": a.quick, "dry_run": a.dry_run,
+                   "cuda": cuda, "limit": min(LIMITS[name][a.quick], left)}
+            s0 = time.monotonic()
+            res["sections"][name] = _run_section(name, ctx)
+            res["sections"][name]["section_seconds"] = round(time.monotonic() - s0, 1)
+            print(f"[gpu_check] {name}: {time.monotonic() - s0:.0f} s", file=sys.stderr, flush=True)
+            _write(out, res)
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    _write(out, res)
+    print(report(res), end="")
     return 0
 
 
