@@ -76,11 +76,12 @@ def gpu_test_files(root: Path = REPO_ROOT / "tests") -> list[str]:
 # ------------------------------------------------------------------------------ sections
 def sec_tests(ctx: dict) -> dict:
     xml = Path(ctx["work"]) / "gpu-tests.xml"
+    files = gpu_test_files()
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
-           "-p", "benchmarks.gpu_tests_plugin", f"--junitxml={xml}", *gpu_test_files()]
+           "-p", "benchmarks.gpu_tests_plugin", f"--junitxml={xml}", *files]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
                           timeout=max(10, ctx["limit"] - 10))
-    res = {"command": "python -m pytest -m gpu -q -rs -p benchmarks.gpu_tests_plugin FILES", "files": cmd[9:],
+    res = {"command": "python -m pytest -m gpu -q -rs -p benchmarks.gpu_tests_plugin FILES", "files": files,
            "returncode": proc.returncode, "tail": proc.stdout[-3000:]}
     if xml.exists():
         root = ET.parse(xml).getroot()

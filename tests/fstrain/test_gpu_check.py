@@ -1,42 +1,257 @@
-"""benchmarks.gpu_check: on a machine without CUDA, one clear line and status 2."""
+"""benchmarks.gpu_check: its CPU side, on an image without torchrec, fbgemm-gpu, polars or ortools.
+
+The lent GPU image has torch, pyarrow, numba and pytest only; ``BLOCKER`` (a ``sitecustomize`` on
+``PYTHONPATH``, so every subprocess gets it too) makes those four packages fail to import the way
+a missing package does.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING = ("torchrec", "fbgemm_gpu", "polars", "ortools")
+BLOCKER = f'''
+import importlib.abc, sys
+
+class _Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {MISSING!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, _Missing())
+'''
+
+
+def _image_env(tmp_path: Path) -> dict:
+    """Environment of a torch-only image: the blocker first on PYTHONPATH, then the repository."""
+    site = tmp_path / "image-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    return env
+
+
+def test_blocker_hides_the_four_packages(tmp_path):
+    code = ("import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n        print('IMPORTED', m)\n"
+            "    except ModuleNotFoundError as e:\n        print(e)\n" % (MISSING,))
+    out = subprocess.run([sys.executable, "-c", code], env=_image_env(tmp_path), capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "IMPORTED" not in out and out.count("No module named") == 4
 
 
 def test_gpu_check_without_cuda_says_so_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--out", "/nonexistent/never-written"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [
-        "gpu_check: no CUDA device (torch.cuda.is_available() is False); run it on a machine with a GPU"]
+    from benchmarks.gpu_check import NO_CUDA
+
+    assert proc.stderr.strip().splitlines() == [NO_CUDA]
+    assert "--dry-run" in NO_CUDA
 
 
-def test_gpu_check_sections_and_help():
+def test_gpu_check_sections_and_flags(tmp_path, capsys):
     from benchmarks import gpu_check
 
-    assert gpu_check.SECTIONS == ("tests", "contention", "replay", "train", "multi_gpu", "quality", "shared_gpu")
-    with pytest.raises(SystemExit) as e:
-        gpu_check.main(["--skip", "nope"])
-    assert e.value.code == 2
+    assert gpu_check.SECTIONS == ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "train", "multi_gpu",
+                                  "quality")
+    assert set(gpu_check.LIMITS) == set(gpu_check.SECTIONS) == set(gpu_check.JOBS)
+    for bad in (["--skip", "nope"], ["--only", "contention"], ["--budget-seconds", "x"]):
+        with pytest.raises(SystemExit) as e:
+            gpu_check.main(bad)
+        assert e.value.code == 2
+    # a spent budget: every section says so in one line, and the results are still written
+    assert gpu_check.main(["--dry-run", "--budget-seconds", "0", "--out", str(tmp_path / "o")]) == 0
+    res = json.loads((tmp_path / "o" / "gpu_check.json").read_text())
+    assert list(res["sections"]) == [s for s in gpu_check.SECTIONS if s not in gpu_check.OPT_IN]
+    assert all(v == {"skipped": "budget spent (--budget-seconds 0)"} for v in res["sections"].values())
+    md = (tmp_path / "o" / "gpu_check.md").read_text()
+    assert "- date: " in md and "- device: " in md and "- load average at start: " in md
+    assert "- tests: skipped: budget spent (--budget-seconds 0)" in md
+    assert md in capsys.readouterr().out
 
 
-def test_gpu_check_quality_trains_the_ml1m_sasrec_row(tmp_path):
-    from benchmarks import gpu_check
-    from benchmarks.quality_convergence import main as bench_main
+def test_gpu_test_files_are_the_marked_ones():
+    from benchmarks.gpu_check import gpu_test_files
 
-    cmd = gpu_check.quality_command(tmp_path / "out", tmp_path / "work", quick=False)
+    files = gpu_test_files()
+    assert "tests/fstrain/test_comm_cuda_ce.py" in files and "tests/fstrain/test_gpu_check.py" in files
+    assert "tests/fstrain/test_comm_shm.py" not in files
+
+
+def test_plugin_skips_what_needs_a_missing_package_and_fails_the_rest(tmp_path):
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "test_needs_torchrec.py").write_text("import torchrec\n\ndef test_a():\n    pass\n")
+    (tests / "test_inner.py").write_text(textwrap.dedent("""
+        def test_needs_polars():
+            import polars  # noqa: F401
+
+        def test_broken():
+            import no_such_package_here  # noqa: F401
+
+        def test_ok():
+            pass
+    """))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p",
+                           "benchmarks.gpu_tests_plugin", str(tests)], env=_image_env(tmp_path), capture_output=True,
+                          text=True, timeout=180, cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 1, out  # test_broken still fails
+    assert "1 failed, 1 passed, 2 skipped" in out, out
+    assert "needs torchrec (not on this image)" in out and "needs polars (not on this image)" in out
+
+
+def test_missing_package_names_only_the_four():
+    from benchmarks.gpu_tests_plugin import missing_package
+
+    assert missing_package("ModuleNotFoundError: No module named 'torchrec.distributed'") == "torchrec"
+    assert missing_package("No module named 'fbgemm_gpu'") == "fbgemm_gpu"
+    assert missing_package("No module named 'scipy'") is None
+    assert missing_package("") is None
+
+
+def test_all_to_all_reference_and_byte_compare():
+    from benchmarks.gpu_ce_ipc import CASES, case_inputs, reference, same_bytes
+
+    for i, (name, *_r) in enumerate(CASES[:3]):
+        m, inputs = case_inputs(3, i)
+        assert [x.shape[0] for x in inputs] == [sum(row) for row in m]
+        for q in range(3):
+            want = torch.cat([inputs[p][sum(m[p][:q]):sum(m[p][:q + 1])] for p in range(3)])
+            assert same_bytes(reference(m, inputs, q), want)
+        assert (m[0][2] == 0) == name.startswith("empty")
+    nan = torch.tensor([float("nan"), 1.0])
+    assert same_bytes(nan, nan.clone())  # NaN-safe: bytes, not values
+    assert not same_bytes(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert not same_bytes(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
+
+
+def test_sm_free_copy_plan():
+    from benchmarks.gpu_sm_free import copies_needed, graph_plan
+
+    assert copies_needed(100.0, 1.0) == 130 and copies_needed(1.0, 10.0) == 1
+    assert graph_plan(5000, 2048) == (2048, 3) and graph_plan(10) == (10, 1)
+    with pytest.raises(ValueError):
+        copies_needed(1.0, 0.0)
+
+
+def test_calibration_fit_recovers_a_known_model():
+    from benchmarks.gpu_replay import fit
+
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(1, 500, int(n)) for n in rng.integers(2, 40, 30)]
+    c = (2e-5, 3e-7, 4e-10)
+    t = [1e-3 + c[0] * len(L) + c[1] * L.sum() + c[2] * (L.astype(float) ** 2).sum() for L in batches]
+    f = fit(batches, np.array(t))
+    np.testing.assert_allclose(f["coefficients"], c, rtol=1e-6)
+    assert f["batch_overhead_seconds"] == pytest.approx(1e-3) and f["relative_rms_error"] < 1e-9
+
+
+def test_prepared_data_and_assignments(tmp_path):
+    from benchmarks import gpu_replay
+
+    path = gpu_replay.prepare(tmp_path / "data", 3)
+    lengths, setting = gpu_replay.load(tmp_path / "data")
+    assert path.name == "samples.npz" and lengths.shape == (3, 16 * 32)
+    assert setting["zipf_a"] == 1.2 and setting["max_len"] == 4096 and setting["num_steps"] == 3
+    assert lengths.min() >= 1 and lengths.max() <= 4096 and (lengths == 4096).any()
+    plans = gpu_replay.assign(lengths, 16, 32, (1e-5, 1e-7, 1e-9))
+    costs = 1e-5 + lengths * (1e-7 + 1e-9 * lengths.astype(float))
+    for ranks in plans.values():
+        assert all((np.bincount(row, minlength=16) == 32).all() for row in ranks)
+    from fsdata.balancer.bubble import run_bubble
+
+    def bubble(ranks):
+        return run_bubble(np.array([[costs[s][ranks[s] == r].sum() for r in range(16)] for s in range(3)]))
+
+    assert bubble(plans["balanced"]) < bubble(plans["shuffled"]) / 5
+
+
+def test_torch_only_step_micro_batches_and_gradients():
+    from benchmarks.gpu_model import StepConfig, TorchOnlyStep, make_batch, time_step
+
+    torch.manual_seed(0)
+    m = TorchOnlyStep(StepConfig(num_items=50, embedding_dim=8, num_layers=1, num_heads=2, num_negatives=4,
+                                 max_seq_len=32, max_tokens_sq=2 * 32 * 32))
+    lengths = np.array([32, 1, 5, 32, 32, 7])
+    micro = m.micro_batches(lengths)
+    assert sorted(np.concatenate(micro).tolist()) == list(range(6))
+    assert all(len(mb) * int(lengths[mb].max()) ** 2 <= 2 * 32 * 32 for mb in micro)
+    batch = make_batch(m, lengths, 0, torch.device("cpu"))
+    assert batch["lengths"].min() == 2  # a history of 1 becomes 2: one position to predict
+    assert time_step(m, batch, torch.device("cpu")) > 0
+    assert all(p.grad is not None for p in m.parameters())
+
+
+@pytest.mark.gpu
+def test_torch_only_step_on_cuda():
+    from benchmarks.gpu_model import StepConfig, TorchOnlyStep, make_batch, time_step
+
+    dev = torch.device("cuda", 0)
+    m = TorchOnlyStep(StepConfig(num_items=1000, embedding_dim=32, num_layers=2, num_heads=2, max_seq_len=512)).to(dev)
+    batch = make_batch(m, np.array([512, 3, 100, 512]), 0, dev)
+    assert time_step(m, batch, dev) > 0
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_quality_command_trains_the_ml1m_sasrec_row(tmp_path):
+    from benchmarks.gpu_check_torchrec import quality_command
+
+    cmd = quality_command(tmp_path / "out", tmp_path / "work", quick=False)
     assert cmd[1:5] == ["-m", "benchmarks.bench_quality", "--reproduce", "--recipes"]
     assert cmd[5] == "ml-1m-sasrec" and "--epochs" not in cmd  # the recipe's 100 epochs
-    assert gpu_check.quality_command(tmp_path, tmp_path, quick=True)[-2:] == ["--epochs", "10"]
-    with pytest.raises(SystemExit) as e:  # the flags exist: --help parses them all
-        bench_main([*cmd[3:], "--help"])
-    assert e.value.code == 0
+    assert quality_command(tmp_path, tmp_path, quick=True)[-2:] == ["--epochs", "10"]
+
+
+def test_prepare_writes_the_git_ignored_data_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--prepare", "--quick", "--data",
+                           str(tmp_path / "d")], env=_image_env(tmp_path), capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("gpu_check: wrote ") and (tmp_path / "d" / "samples.npz").exists()
+    ignored = subprocess.run(["git", "check-ignore", "-q", "gpu-check-data/samples.npz"], cwd=REPO)
+    assert ignored.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_dry_run_on_an_image_without_torchrec(tmp_path):
+    """Every section runs its CPU side or skips with one line; nothing imports the four packages."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the dry run's CPU paths are for machines without it")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--dry-run", "--out", str(out)],
+                          env=_image_env(tmp_path), capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((out / "gpu_check.json").read_text())
+    s = res["sections"]
+    assert res["mode"].startswith("dry-run") and res["device"].startswith("cpu")
+    assert s["tests"]["failed"] == 0 and s["tests"]["skipped"] >= 1 and "error" not in s["tests"]
+    assert s["sm_free"]["skipped"] == "needs CUDA"
+    assert s["cuda_ce_ipc"]["equal"] is True and s["cuda_ce_ipc"]["transport"] == "gloo"
+    assert {c["case"] for r in s["cuda_ce_ipc"]["ranks"] for c in r["cases"]} == {
+        "small-f32", "empty-pair-i64", "multi-round-bf16"}
+    cr = s["calibrate_replay"]
+    assert set(cr) >= {"calibration", "balanced", "shuffled", "slowest_rank_speedup"}, cr
+    for k in ("balanced", "shuffled"):
+        assert cr[k]["slowest_rank_ms_per_step"] > 0 and len(cr[k]["compute_seconds"]) == 2
+    for name in ("train", "multi_gpu"):
+        assert s[name]["skipped"] == "needs torchrec (not importable here)"
+    assert "quality" not in s  # opt-in (--only quality)
+    md = (out / "gpu_check.md").read_text()
+    assert md.count("skipped: ") == 3 and "equal byte for byte to the CPU reference" in md
