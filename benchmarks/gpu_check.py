@@ -162,7 +162,8 @@ def _torchrec_section(name: str):
 
 
 JOBS = {"tests": sec_tests, "sm_free": sec_sm_free, "cuda_ce_ipc": sec_cuda_ce_ipc,
-        "calibrate_replay": sec_calibrate_replay, **{n: _torchrec_section(n) for n in ("train", "multi_gpu", "quality")}}
+        "calibrate_replay": sec_calibrate_replay,
+        **{n: _torchrec_section(n) for n in ("train", "multi_gpu", "quality")}}
 
 
 # ------------------------------------------------------------------------------- report

@@ -44,8 +44,8 @@ def _image_env(tmp_path: Path) -> dict:
 
 
 def test_blocker_hides_the_four_packages(tmp_path):
-    code = ("import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n        print('IMPORTED', m)\n"
-            "    except ModuleNotFoundError as e:\n        print(e)\n" % (MISSING,))
+    code = ("import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n"
+            "        print('IMPORTED', m)\n    except ModuleNotFoundError as e:\n        print(e)\n" % (MISSING,))
     out = subprocess.run([sys.executable, "-c", code], env=_image_env(tmp_path), capture_output=True, text=True,
                          timeout=120).stdout
     assert "IMPORTED" not in out and out.count("No module named") == 4
