@@ -74,7 +74,9 @@ class HSTULikeLayer(nn.Module):
         def split(t):
             return t.view(b, lp, h, d // h).transpose(1, 2)  # [b x H x Lp x d/H]
 
-        a = F.silu(split(q) @ split(k).transpose(-1, -2)) * self.scale * mask  # [b x H x Lp x Lp]
+        # [b x H x Lp x Lp]; masked_fill keeps only the bool mask for backward (a float mask would
+        # promote the scores to float32 and double the largest activations)
+        a = (F.silu(split(q) @ split(k).transpose(-1, -2)) * self.scale).masked_fill(~mask, 0.0)
         y = (a @ split(v)).transpose(1, 2).reshape(b, lp, d)
         return x + self.out(self.norm(y) * u)
 
@@ -112,7 +114,7 @@ class TorchOnlyStep(nn.Module):
         pos = torch.arange(lp, device=dev)
         valid = pos[None, :] < lengths[:, None]  # [b x Lp]
         x = self.items(ids) * math.sqrt(self.config.embedding_dim) + self.pos(pos)[None]
-        mask = (pos[:, None] >= pos[None, :]).to(x.dtype)[None, None]  # causal
+        mask = (pos[:, None] >= pos[None, :])[None, None]  # causal, bool
         for layer in self.layers:
             x = layer(x, mask)
         x = F.normalize(x[:, :-1], dim=-1)  # position i predicts item i + 1

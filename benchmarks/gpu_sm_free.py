@@ -12,9 +12,10 @@ GEMM loop's TFLOP/s is compared with the same loop alone (measured right before,
 * ``sm_kernel``: ``torch.mul(src, 1, out=dst)``, an elementwise kernel on the SMs, what NCCL's copy
   kernels are (the published reference: 30-40% GEMM slowdown under NCCL kernels).
 
-The side stream's copies are replayed from a CUDA graph (thousands of 1 MB copies cannot be
-launched from Python as fast as they run), sized from the copy's time alone so that they cover
-the GEMM loop (``covered`` records that they did). All times by CUDA events; medians of
+The device-side copies are replayed from a CUDA graph (thousands of 1 MB copies cannot be
+launched from Python as fast as they run; the pinned-host ones are slow enough to launch one by
+one), as many as cover the GEMM loop given the copy's time alone (``covered`` records that they
+did). All times by CUDA events; medians of
 ``repeats``.
 """
 
@@ -65,6 +66,26 @@ def _graph(fn, n: int, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
     return g
 
 
+class _Copies:
+    """``n`` back-to-back copies enqueued on the current stream: replays of a CUDA graph of up to
+    :data:`MAX_GRAPH_COPIES` copies (``graph``), or launched one by one (the pinned-host copies:
+    each takes >= ~20 us, longer than a launch, and a capture would touch the host allocator)."""
+
+    def __init__(self, fn, n: int, side: torch.cuda.Stream, graph: bool) -> None:
+        self.fn = fn
+        self.per, self.replays = graph_plan(n) if graph else (n, 1)
+        self.g = _graph(fn, self.per, side) if graph else None
+        self.count = self.per * self.replays
+
+    def enqueue(self) -> None:
+        if self.g is None:
+            for _ in range(self.per):
+                self.fn()
+        else:
+            for _ in range(self.replays):
+                self.g.replay()
+
+
 def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_iters: int = 40,
         repeats: int = 3) -> dict:
     """Measure every (size, variant). Needs CUDA.
@@ -72,8 +93,9 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
     Returns:
         JSON-ready dict: ``gemm_n``, ``gemm_iters``, ``dtype``, ``rows`` (per size and variant:
         ``size_mb``, ``variant``, ``gemm_tflops_alone``, ``gemm_tflops_during``, ``slowdown``
-        (``1 - during / alone``), ``copy_gbps_alone``, ``copy_gbps_during``, ``copies``,
-        ``covered``; or ``error``).
+        (``1 - alone / during`` = the GEMM throughput lost), ``gemm_time_increase``
+        (``during / alone - 1``), ``copy_gbps_alone``, ``copy_gbps_during``, ``copies``, ``launch`` (``graph`` or
+        ``eager``), ``covered`` (the copies ran for the whole GEMM loop); or ``error``).
     """
     a = torch.randn(gemm_n, gemm_n, device=device, dtype=torch.bfloat16)
     b = torch.randn(gemm_n, gemm_n, device=device, dtype=torch.bfloat16)
@@ -94,38 +116,34 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
         torch.cuda.synchronize(device)
         return s0.elapsed_time(s1)
 
-    def graph_ms(g, replays) -> float:
-        torch.cuda.synchronize(device)
-        c0, c1 = ev(), ev()
-        with torch.cuda.stream(side):
-            c0.record(side)
-            for _ in range(replays):
-                g.replay()
-            c1.record(side)
-        torch.cuda.synchronize(device)
-        return c0.elapsed_time(c1)
-
     gemm_loop_ms()  # warm-up: cuBLAS heuristics, clocks
     rows = []
     for size_mb in sizes_mb:
         size = size_mb << 20
         for variant in VARIANTS:
             row = {"size_mb": size_mb, "variant": variant}
+            graph = variant != "copy_engine_d2h"
             try:
                 fn = _copy_fn(variant, size, device)
-                probe = min(64, MAX_GRAPH_COPIES)
-                copy_ms = graph_ms(_graph(fn, probe, side), 1) / probe
+                probe = _Copies(fn, 128, side, graph)
+                torch.cuda.synchronize(device)
+                c0, c1 = ev(), ev()
+                with torch.cuda.stream(side):
+                    c0.record(side)
+                    probe.enqueue()
+                    c1.record(side)
+                torch.cuda.synchronize(device)
+                copy_ms = c0.elapsed_time(c1) / probe.count
+                del probe
                 alone = statistics.median(gemm_loop_ms() for _ in range(repeats))
-                per_graph, replays = graph_plan(copies_needed(alone, copy_ms))
-                g = _graph(fn, per_graph, side)
+                copies = _Copies(fn, copies_needed(alone, copy_ms, 1.3 if graph else 2.0), side, graph)
                 during, gbps, covered = [], [], []
                 for _ in range(repeats):
                     torch.cuda.synchronize(device)
                     c0, c1, s0, s1 = ev(), ev(), ev(), ev()
                     with torch.cuda.stream(side):
                         c0.record(side)
-                        for _ in range(replays):
-                            g.replay()
+                        copies.enqueue()
                         c1.record(side)
                     s0.record(main)
                     for _ in range(gemm_iters):
@@ -133,16 +151,23 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
                     s1.record(main)
                     torch.cuda.synchronize(device)
                     during.append(s0.elapsed_time(s1))
-                    gbps.append(per_graph * replays * size / (c0.elapsed_time(c1) / 1e3) / 1e9)
+                    gbps.append(copies.count * size / (c0.elapsed_time(c1) / 1e3) / 1e9)
                     covered.append(c0.elapsed_time(s0) >= 0 and s1.elapsed_time(c1) >= 0)
-                del g
                 d = statistics.median(during)
                 row.update(gemm_tflops_alone=flops / (alone / 1e3) / 1e12, gemm_tflops_during=flops / (d / 1e3) / 1e12,
-                           slowdown=1 - alone / d, copy_gbps_alone=size / (copy_ms / 1e3) / 1e9,
-                           copy_gbps_during=statistics.median(gbps), copies=per_graph * replays,
-                           covered=all(covered))
+                           slowdown=1 - alone / d, gemm_time_increase=d / alone - 1,
+                           copy_gbps_alone=size / (copy_ms / 1e3) / 1e9,
+                           copy_gbps_during=statistics.median(gbps), copies=copies.count,
+                           launch="graph" if graph else "eager", covered=all(covered))
+                del copies
             except Exception as e:  # noqa: BLE001 - recorded; the other rows still run
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                try:
+                    torch.cuda.synchronize(device)
+                except Exception as e2:  # noqa: BLE001 - a broken context: the rest cannot run
+                    row["error"] += f"; then {type(e2).__name__}"
+                    rows.append(row)
+                    break
             rows.append(row)
             torch.cuda.empty_cache()
     return {"gemm_n": gemm_n, "gemm_iters": gemm_iters, "dtype": "bfloat16", "repeats": repeats, "rows": rows}
@@ -150,8 +175,8 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
 
 def table(res: dict) -> list[str]:
     """Markdown rows: one per (size, variant)."""
-    out = ["| MB per transfer | moved by | GEMM TFLOP/s alone | during | GEMM slowdown | copy GB/s alone | during "
-           "| covered |",
+    out = ["| MB per transfer | moved by | GEMM TFLOP/s alone | during | GEMM throughput lost | copy GB/s alone "
+           "| during | covered |",
            "|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in res["rows"]:
         if "error" in r:

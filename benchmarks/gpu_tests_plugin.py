@@ -5,8 +5,9 @@ ortools (:data:`MISSING_OK`). Loaded with ``-p benchmarks.gpu_tests_plugin``:
 
 * a test module whose import fails with ``No module named '<one of them>'`` is reported as
   skipped (``needs torchrec``) instead of a collection error;
-* a test that raises ``ModuleNotFoundError`` for one of them while running is reported as skipped
-  the same way.
+* a test that fails because one of them is missing (its failure text says ``No module named
+  '<one of them>'``, also when a worker process it started failed that way) is reported as
+  skipped the same way.
 
 Any other failure stays a failure.
 """
@@ -45,8 +46,8 @@ def pytest_make_collect_report(collector):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(ImportError):
-        name = missing_package(str(call.excinfo.value))
+    if report.failed and call.excinfo is not None:
+        name = missing_package(f"{call.excinfo.value}\n{report.longrepr}")
         if name:
             report.outcome = "skipped"
             report.longrepr = (str(item.path), item.location[1] or 0, f"needs {name} (not on this image)")
