@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast check-install bench gpu-check venv clean
+.PHONY: demo test test-fast check-install bench gpu-check gpu-check-data venv clean
 
 venv: $(STAMP)
 
@@ -37,8 +37,21 @@ check-install: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
-gpu-check: $(STAMP)
-	$(PY) -m benchmarks.gpu_check
+# The GPU check (docs/comm.md, "The GPU check"): with the $(PYTHON) that already has torch (a lent GPU
+# image: torch, pyarrow, numba, pytest; nothing to download) it runs straight from the repository;
+# otherwise it builds the virtual environment first. GPU_CHECK_ARGS, e.g. --quick or --dry-run.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if $(PYTHON) -c "import torch, pyarrow, numba" 2>/dev/null; then \
+		echo "PYTHONPATH=. $(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)"; \
+		PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS); \
+	else \
+		$(MAKE) venv && $(PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS); \
+	fi
+
+# The GPU check's inputs (git-ignored gpu-check-data/), written on the CPU side before a GPU is lent.
+gpu-check-data:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) -m benchmarks.gpu_check --prepare
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,8 +1,8 @@
 """benchmarks.gpu_check: its CPU side, on an image without torchrec, fbgemm-gpu, polars or ortools.
 
 The lent GPU image has torch, pyarrow, numba and pytest only; ``BLOCKER`` (a ``sitecustomize`` on
-``PYTHONPATH``, so every subprocess gets it too) makes those four packages fail to import the way
-a missing package does.
+``PYTHONPATH``, so every subprocess gets it too) hides those four packages from every meta-path
+finder, so ``import`` and ``importlib.util.find_spec`` behave as where they are not installed.
 """
 
 from __future__ import annotations
@@ -21,15 +21,23 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 MISSING = ("torchrec", "fbgemm_gpu", "polars", "ortools")
 BLOCKER = f'''
-import importlib.abc, sys
+import sys
 
-class _Missing(importlib.abc.MetaPathFinder):
+class _Hide:
+    """Wraps a meta-path finder: the four packages are not found, as on an image without them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {MISSING!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
+            return None
+        return self.inner.find_spec(name, path, target)
 
-sys.meta_path.insert(0, _Missing())
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+sys.meta_path[:] = [_Hide(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
 '''
 
 
@@ -44,11 +52,14 @@ def _image_env(tmp_path: Path) -> dict:
 
 
 def test_blocker_hides_the_four_packages(tmp_path):
-    code = ("import importlib\nfor m in %r:\n    try:\n        importlib.import_module(m)\n"
-            "        print('IMPORTED', m)\n    except ModuleNotFoundError as e:\n        print(e)\n" % (MISSING,))
-    out = subprocess.run([sys.executable, "-c", code], env=_image_env(tmp_path), capture_output=True, text=True,
-                         timeout=120).stdout
-    assert "IMPORTED" not in out and out.count("No module named") == 4
+    code = ("import importlib, importlib.util\nfor m in %r:\n    assert importlib.util.find_spec(m) is None, m\n"
+            "    try:\n        importlib.import_module(m)\n        print('IMPORTED', m)\n"
+            "    except ModuleNotFoundError as e:\n        print(e)\n"
+            "import torch, pyarrow, numba, fsdata\n" % (MISSING,))
+    proc = subprocess.run([sys.executable, "-c", code], env=_image_env(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "IMPORTED" not in proc.stdout and proc.stdout.count("No module named") == 4
 
 
 def test_gpu_check_without_cuda_says_so_in_one_line():
@@ -218,6 +229,16 @@ def test_quality_command_trains_the_ml1m_sasrec_row(tmp_path):
     assert quality_command(tmp_path, tmp_path, quick=True)[-2:] == ["--epochs", "10"]
 
 
+def test_make_gpu_check_runs_without_a_virtual_environment_when_torch_is_there(tmp_path):
+    out = tmp_path / "o"
+    proc = subprocess.run(["make", "-s", "gpu-check", f"PYTHON={sys.executable}", "VENV=" + str(tmp_path / "venv"),
+                           f"GPU_CHECK_ARGS=--dry-run --budget-seconds 0 --out {out}"], cwd=REPO,
+                          env=_image_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "venv").exists()  # no virtual environment built
+    assert proc.stdout.startswith("PYTHONPATH=. ") and (out / "gpu_check.json").exists()
+
+
 def test_prepare_writes_the_git_ignored_data_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--prepare", "--quick", "--data",
                            str(tmp_path / "d")], env=_image_env(tmp_path), capture_output=True, text=True,
@@ -251,7 +272,7 @@ def test_dry_run_on_an_image_without_torchrec(tmp_path):
     for k in ("balanced", "shuffled"):
         assert cr[k]["slowest_rank_ms_per_step"] > 0 and len(cr[k]["compute_seconds"]) == 2
     for name in ("train", "multi_gpu"):
-        assert s[name]["skipped"] == "needs torchrec (not importable here)"
+        assert s[name]["skipped"] == "needs torchrec (not installed here)"
     assert "quality" not in s  # opt-in (--only quality)
     md = (out / "gpu_check.md").read_text()
     assert md.count("skipped: ") == 3 and "equal byte for byte to the CPU reference" in md
