@@ -89,6 +89,10 @@ def worker(rank: int, world_size: int, init: str, transport: str) -> dict:
         comm = CopyEngineBackend(dist.group.WORLD, config=cfg, peer_uuids=[uuid] * world_size)
         res.update(uses_copy_engines=comm.uses_copy_engines, fallback_reason=comm.fallback_reason,
                    device=torch.cuda.get_device_name(0), torch=torch.__version__)
+        try:
+            res["symm_mem_backend"] = str(symm_mem.get_backend(torch.device("cuda", 0)))
+        except Exception as e:  # noqa: BLE001 - older torch: recorded as unknown
+            res["symm_mem_backend"] = f"unknown ({type(e).__name__})"
         if not comm.uses_copy_engines:  # its NCCL fallback cannot run on gloo: nothing to compare
             dist.destroy_process_group()
             return res

@@ -142,7 +142,9 @@ def sec_calibrate_replay(ctx: dict) -> dict:
     device = torch.device("cpu") if ctx["dry_run"] else torch.device("cuda", 0)
     if device.type == "cpu":
         torch.set_num_threads(1)
-    return gpu_replay.run(data, device, **kw)
+    # leave a quarter of the section's time (at least 30 s) after the last step starts
+    deadline = time.monotonic() + ctx["limit"] - max(30.0, ctx["limit"] / 4)
+    return gpu_replay.run(data, device, deadline=deadline, **kw)
 
 
 def _torchrec_section(name: str):

@@ -130,46 +130,65 @@ def assign(lengths: np.ndarray, num_ranks: int, batch_size_per_rank: int, coeffi
     return {"balanced": lpt_swap_steps(costs, num_ranks, batch_size_per_rank), "shuffled": shuffled}
 
 
-def replay(model: TorchOnlyStep, device: torch.device, lengths: np.ndarray, ranks: np.ndarray, num_ranks: int,
-           coefficients, repeats: int, seed: int = 0) -> dict:
-    """Time every rank's batch of every step (module doc, step 4).
-
-    Args:
-        lengths: ``[S x R*B]`` int64.
-        ranks: ``[S x R*B]`` int32 from :func:`assign`.
-        coefficients: the calibrated ``[c0, c1, c2]`` (for the predicted bubble).
-
-    Returns:
-        JSON-ready dict: ``slowest_rank_ms_per_step``, ``mean_rank_ms_per_step``, ``measured_bubble``,
-        ``null_bubble``, ``measured_bubble_minus_null``, ``null_slowest_rank_ms_per_step``,
-        ``predicted_bubble``, ``num_steps``, ``compute_seconds`` ``[S x R]``.
-    """
+def _summary(C: np.ndarray, N: np.ndarray, P: np.ndarray) -> dict:
     from fsdata.balancer.bubble import run_bubble
 
-    S = lengths.shape[0]
-    C, N, P = np.zeros((S, num_ranks)), np.zeros((S, num_ranks)), np.zeros((S, num_ranks))
-    c0, c1, c2 = coefficients
-    for s in range(S):
-        per_rank = [lengths[s][ranks[s] == r] for r in range(num_ranks)]
-        P[s] = [float(np.sum(c0 + L * (c1 + c2 * L.astype(np.float64)))) for L in per_rank]
-        batches = [make_batch(model, L, seed + 1000 * s + r, device) for r, L in enumerate(per_rank)]
-        if s == 0:
-            time_step(model, batches[0], device)  # warm-up
-        timed = batches + [batches[0]] * num_ranks  # the null control, interleaved the same way
-        runs = np.array([[time_step(model, b, device) for b in timed] for _ in range(repeats)])
-        med = np.median(runs, axis=0)
-        C[s], N[s] = med[:num_ranks], med[num_ranks:]
     return {"slowest_rank_ms_per_step": 1e3 * float(C.max(axis=1).mean()),
             "mean_rank_ms_per_step": 1e3 * float(C.mean()),
             "measured_bubble": run_bubble(C), "null_bubble": run_bubble(N),
             "measured_bubble_minus_null": run_bubble(C) - run_bubble(N),
             "null_slowest_rank_ms_per_step": 1e3 * float(N.max(axis=1).mean()),
-            "predicted_bubble": run_bubble(P), "num_steps": S, "compute_seconds": C.tolist()}
+            "predicted_bubble": run_bubble(P), "num_steps": int(C.shape[0]), "compute_seconds": C.tolist()}
+
+
+def replay(model: TorchOnlyStep, device: torch.device, lengths: np.ndarray, plans: dict[str, np.ndarray],
+           num_ranks: int, coefficients, repeats: int, seed: int = 0, deadline: float | None = None) -> dict:
+    """Time every rank's batch of every step under each assignment (module doc, step 4).
+
+    The assignments take turns step by step, so a run cut short by ``deadline`` has replayed the
+    same steps under each.
+
+    Args:
+        lengths: ``[S x R*B]`` int64.
+        plans: name -> ``[S x R*B]`` int32 ranks (:func:`assign`).
+        coefficients: the calibrated ``[c0, c1, c2]`` (for the predicted bubble).
+        deadline: ``time.monotonic()`` past which no further step starts (at least one runs).
+
+    Returns:
+        name -> JSON-ready dict: ``slowest_rank_ms_per_step``, ``mean_rank_ms_per_step``,
+        ``measured_bubble``, ``null_bubble``, ``measured_bubble_minus_null``,
+        ``null_slowest_rank_ms_per_step``, ``predicted_bubble``, ``num_steps`` (replayed),
+        ``compute_seconds`` ``[S x R]``.
+    """
+    import time
+
+    S = lengths.shape[0]
+    mats = {k: (np.zeros((S, num_ranks)), np.zeros((S, num_ranks)), np.zeros((S, num_ranks))) for k in plans}
+    c0, c1, c2 = coefficients
+    done = 0
+    for s in range(S):
+        if s and deadline is not None and time.monotonic() > deadline:
+            break
+        for k, ranks in plans.items():
+            C, N, P = mats[k]
+            per_rank = [lengths[s][ranks[s] == r] for r in range(num_ranks)]
+            P[s] = [float(np.sum(c0 + L * (c1 + c2 * L.astype(np.float64)))) for L in per_rank]
+            batches = [make_batch(model, L, seed + 1000 * s + r, device) for r, L in enumerate(per_rank)]
+            if s == 0:
+                time_step(model, batches[0], device)  # warm-up
+            timed = batches + [batches[0]] * num_ranks  # the null control, interleaved the same way
+            runs = np.array([[time_step(model, b, device) for b in timed] for _ in range(repeats)])
+            med = np.median(runs, axis=0)
+            C[s], N[s] = med[:num_ranks], med[num_ranks:]
+        done = s + 1
+    return {k: _summary(C[:done], N[:done], P[:done]) for k, (C, N, P) in mats.items()}
 
 
 def run(data: Path, device: torch.device, *, model: StepConfig, num_steps: int, repeats: int,
-        calib_lengths: list[int], calib_batch_sizes: list[int], seed: int = 0, setting: dict | None = None) -> dict:
-    """The whole check: load (or :func:`prepare` with ``setting``) the data, calibrate, assign, replay both.
+        calib_lengths: list[int], calib_batch_sizes: list[int], seed: int = 0, setting: dict | None = None,
+        deadline: float | None = None) -> dict:
+    """The whole check: load (or :func:`prepare` with ``setting``) the data, calibrate, assign, replay both
+    (no new step past ``deadline``, a ``time.monotonic()`` value).
 
     Returns:
         JSON-ready dict: ``setting``, ``model``, ``device``, ``calibration``, ``balanced``, ``shuffled``,
@@ -185,10 +204,10 @@ def run(data: Path, device: torch.device, *, model: StepConfig, num_steps: int, 
     cal = calibrate(mdl, device, calib_lengths, calib_batch_sizes, repeats, seed)
     R, B = setting["num_ranks"], setting["batch_size_per_rank"]
     plans = assign(lengths, R, B, cal["coefficients"])
-    res = {name: replay(mdl, device, lengths, ranks, R, cal["coefficients"], repeats, seed)
-           for name, ranks in plans.items()}
+    res = replay(mdl, device, lengths, plans, R, cal["coefficients"], repeats, seed, deadline)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"setting": setting, "model": model.to_json(), "device": dev_name, "calibration": cal, **res,
             "slowest_rank_speedup": res["shuffled"]["slowest_rank_ms_per_step"]
             / res["balanced"]["slowest_rank_ms_per_step"],
-            "num_steps": int(lengths.shape[0]), "repeats": repeats, "data_prepared_here": prepared_here}
+            "num_steps": res["balanced"]["num_steps"], "steps_prepared": int(lengths.shape[0]), "repeats": repeats,
+            "data_prepared_here": prepared_here}

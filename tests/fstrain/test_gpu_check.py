@@ -276,3 +276,20 @@ def test_dry_run_on_an_image_without_torchrec(tmp_path):
     assert "quality" not in s  # opt-in (--only quality)
     md = (out / "gpu_check.md").read_text()
     assert md.count("skipped: ") == 3 and "equal byte for byte to the CPU reference" in md
+
+
+def test_replay_takes_turns_and_stops_at_the_deadline():
+    from benchmarks import gpu_replay
+    from benchmarks.gpu_model import StepConfig, TorchOnlyStep
+
+    torch.manual_seed(0)
+    m = TorchOnlyStep(StepConfig(num_items=50, embedding_dim=8, num_layers=1, num_heads=2, num_negatives=4,
+                                 max_seq_len=16))
+    lengths = gpu_replay.zipf_lengths(3 * 8, 1.2, 16, 0).reshape(3, 8)
+    plans = gpu_replay.assign(lengths, 2, 4, (1e-5, 1e-7, 1e-9))
+    cpu = torch.device("cpu")
+    cut = gpu_replay.replay(m, cpu, lengths, plans, 2, (1e-5, 1e-7, 1e-9), repeats=1, deadline=0.0)
+    assert {k: v["num_steps"] for k, v in cut.items()} == {"balanced": 1, "shuffled": 1}  # one step, both
+    full = gpu_replay.replay(m, cpu, lengths, plans, 2, (1e-5, 1e-7, 1e-9), repeats=1)
+    assert full["shuffled"]["num_steps"] == 3 and np.array(full["shuffled"]["compute_seconds"]).shape == (3, 2)
+    assert 0 <= full["balanced"]["predicted_bubble"] <= full["shuffled"]["predicted_bubble"]
