@@ -184,7 +184,9 @@ def _fmt(name: str, sec: dict) -> list[str]:
         return [f"- sm_free: bf16 GEMM n={sec['gemm_n']} x {sec['gemm_iters']} during back-to-back transfers", "",
                 *table(sec), ""]
     if name == "cuda_ce_ipc":
-        ok = "equal byte for byte to the CPU reference" if sec["equal"] else "NOT equal to the CPU reference"
+        ran = all(r.get("cases") for r in sec["ranks"])
+        ok = ("equal byte for byte to the CPU reference" if sec["equal"] else
+              "NOT equal to the CPU reference" if ran else "did not run its cases")
         return [f"- cuda_ce_ipc ({sec['transport']}, {sec['world_size']} processes on one device): {ok}; "
                 f"copy engines used: {sec['uses_copy_engines']}"
                 + (f" (fallback: {sec['fallback_reason']})" if sec.get("fallback_reason") else "")

@@ -293,3 +293,38 @@ def test_replay_takes_turns_and_stops_at_the_deadline():
     full = gpu_replay.replay(m, cpu, lengths, plans, 2, (1e-5, 1e-7, 1e-9), repeats=1)
     assert full["shuffled"]["num_steps"] == 3 and np.array(full["shuffled"]["compute_seconds"]).shape == (3, 2)
     assert 0 <= full["balanced"]["predicted_bubble"] <= full["shuffled"]["predicted_bubble"]
+
+
+def test_report_of_a_gpu_shaped_result():
+    """The report renders what each section returns on a GPU (shapes as the sections build them)."""
+    from benchmarks.gpu_check import report
+
+    row = {"size_mb": 1, "variant": "sm_kernel", "gemm_tflops_alone": 600.0, "gemm_tflops_during": 420.0,
+           "slowdown": 0.3, "gemm_time_increase": 0.43, "copy_gbps_alone": 1500.0, "copy_gbps_during": 900.0,
+           "copies": 4096, "launch": "graph", "covered": True}
+    rep = {"slowest_rank_ms_per_step": 30.0, "mean_rank_ms_per_step": 25.0, "measured_bubble": 0.05,
+           "null_bubble": 0.01, "measured_bubble_minus_null": 0.04, "null_slowest_rank_ms_per_step": 20.0,
+           "predicted_bubble": 0.02, "num_steps": 8, "compute_seconds": [[0.03, 0.02]]}
+    res = {"date": "2026-01-01 00:00 UTC", "device": "NVIDIA H100 80GB HBM3", "num_gpus": 1, "torch": "2.11.0",
+           "cuda": "13.0", "host": "h", "command": "python -m benchmarks.gpu_check", "loadavg": "0.1 0.1 0.1",
+           "mode": "full", "sections": {
+               "tests": {"passed": 1, "failed": 1, "skipped": 6, "failures": ["a::b"], "skip_reasons": []},
+               "sm_free": {"gemm_n": 8192, "gemm_iters": 40, "rows": [row, {"size_mb": 64, "variant": "x",
+                                                                          "error": "RuntimeError: y"}]},
+               "cuda_ce_ipc": {"transport": "cuda-ce", "world_size": 2, "equal": False, "uses_copy_engines": False,
+                               "fallback_reason": "symmetric memory rendezvous failed: z",
+                               "ranks": [{"rank": 0, "cases": []}, {"rank": 1, "returncode": 1, "error": "E"}]},
+               "calibrate_replay": {"device": "NVIDIA H100 80GB HBM3", "num_steps": 8, "repeats": 3,
+                                    "calibration": {"coefficients": [1e-5, 1e-7, 1e-10], "relative_rms_error": 0.04},
+                                    "balanced": rep, "shuffled": {**rep, "slowest_rank_ms_per_step": 45.0},
+                                    "slowest_rank_speedup": 1.5},
+               "train": {"skipped": "needs torchrec (not installed here)"},
+               "multi_gpu": {"error": "timed out after 400 s"}}}
+    md = report(res)
+    assert "- device: NVIDIA H100 80GB HBM3 (1 GPU(s)), torch 2.11.0, CUDA 13.0" in md
+    assert "1 passed, 1 failed, 6 skipped; failed: a::b" in md
+    assert "| 1 | sm_kernel | 600 | 420 | 30.0% | 1500 | 900 | yes |" in md and "error: RuntimeError: y" in md
+    assert "did not run its cases; copy engines used: False (fallback: symmetric memory rendezvous failed: z)" in md
+    assert "| shuffled | 45.0 | 5.0% | 1.0% | 4.0% | 2.0% |" in md and "1.50x" in md
+    assert "- train: skipped: needs torchrec (not installed here)" in md
+    assert "- multi_gpu: ERROR timed out after 400 s" in md
