@@ -1,8 +1,9 @@
 """benchmarks.gpu_check: its CPU side, on an image without torchrec, fbgemm-gpu, polars or ortools.
 
 The lent GPU image has torch, pyarrow, numba and pytest only; ``BLOCKER`` (a ``sitecustomize`` on
-``PYTHONPATH``, so every subprocess gets it too) hides those four packages from every meta-path
-finder, so ``import`` and ``importlib.util.find_spec`` behave as where they are not installed.
+``PYTHONPATH``, so every subprocess gets it too) hides every other installed package (those four,
+and hypothesis, psutil, tqdm, yaml, ...) from every meta-path finder, so ``import`` and
+``importlib.util.find_spec`` behave as where they are not installed.
 """
 
 from __future__ import annotations
@@ -20,17 +21,31 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = ("torchrec", "fbgemm_gpu", "polars", "ortools")
+#: What the GPU image has besides the standard library: torch and its requirements, pyarrow, numba
+#: (and llvmlite), pytest (and its requirements). Everything else installed here is hidden too.
+IMAGE = ("torch", "torchgen", "functorch", "triton", "nvidia", "numpy", "filelock", "typing_extensions", "sympy",
+         "mpmath", "networkx", "jinja2", "markupsafe", "fsspec", "setuptools", "pkg_resources", "pyarrow", "numba",
+         "llvmlite", "pytest", "py", "pluggy", "iniconfig", "packaging", "pygments")
 BLOCKER = f'''
 import sys
 
+_KEEP = set({IMAGE!r}) | {{"fsdata", "fstrain", "pipelines", "benchmarks", "tests", "sitecustomize", "conftest"}}
+_PRIVATE = ("_pytest", "_sysconfigdata", "_distutils_hack", "_cython", "_virtualenv")
+
+
+def _hidden(name):
+    top = name.split(".")[0]
+    return not (top in _KEEP or top in sys.stdlib_module_names or top.startswith(_PRIVATE) or top.startswith("test_"))
+
+
 class _Hide:
-    """Wraps a meta-path finder: the four packages are not found, as on an image without them."""
+    """Wraps a meta-path finder: what the GPU image lacks is not found, as where it is not installed."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {MISSING!r}:
+        if _hidden(name):
             return None
         return self.inner.find_spec(name, path, target)
 
@@ -48,6 +63,7 @@ def _image_env(tmp_path: Path) -> dict:
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # the image has no pytest plugins (hypothesis' is one here)
     return env
 
 
@@ -55,7 +71,9 @@ def test_blocker_hides_the_four_packages(tmp_path):
     code = ("import importlib, importlib.util\nfor m in %r:\n    assert importlib.util.find_spec(m) is None, m\n"
             "    try:\n        importlib.import_module(m)\n        print('IMPORTED', m)\n"
             "    except ModuleNotFoundError as e:\n        print(e)\n"
-            "import torch, pyarrow, numba, fsdata\n" % (MISSING,))
+            "import torch, pyarrow, numba, pytest, fsdata\n"
+            "for m in ('hypothesis', 'psutil', 'tqdm'):\n"
+            "    assert importlib.util.find_spec(m) is None, m\n" % (MISSING,))
     proc = subprocess.run([sys.executable, "-c", code], env=_image_env(tmp_path), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
