@@ -61,8 +61,11 @@ DEFAULT_OUT = REPO_ROOT / "gpu-check-output"
 NUM_STEPS = 8  # calibrate_replay: steps of R*B samples prepared and replayed (--quick: 3)
 
 
-def _env() -> dict:
+def _env(hide_gpu: bool = False) -> dict:
+    """This environment with the repository first on ``PYTHONPATH`` (``hide_gpu``: no CUDA device visible)."""
     env = dict(os.environ)
+    if hide_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -79,7 +82,7 @@ def sec_tests(ctx: dict) -> dict:
     files = gpu_test_files()
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
            "-p", "benchmarks.gpu_tests_plugin", f"--junitxml={xml}", *files]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(ctx["dry_run"]), capture_output=True, text=True,
                           timeout=max(10, ctx["limit"] - 10))
     res = {"command": "python -m pytest -m gpu -q -rs -p benchmarks.gpu_tests_plugin FILES", "files": files,
            "returncode": proc.returncode, "tail": proc.stdout[-3000:]}
@@ -111,7 +114,8 @@ def sec_cuda_ce_ipc(ctx: dict) -> dict:
     from benchmarks import gpu_ce_ipc
 
     transport = "gloo" if ctx["dry_run"] or not ctx["cuda"] else "cuda-ce"
-    res = gpu_ce_ipc.run(Path(ctx["work"]), transport, timeout=max(10, ctx["limit"] - 10), env=_env())
+    res = gpu_ce_ipc.run(Path(ctx["work"]), transport, timeout=max(10, ctx["limit"] - 10),
+                         env=_env(ctx["dry_run"]))
     if transport == "gloo":
         res["note"] = "harness only: gloo on CPU tensors (cuda-ce needs CUDA)"
     return res
@@ -246,7 +250,8 @@ def _run_section(name: str, ctx: dict) -> dict:
     ctx_file.write_text(json.dumps(ctx))
     cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--run-section", name, "--context", str(ctx_file)]
     try:
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=ctx["limit"])
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=_env(ctx["dry_run"]), capture_output=True, text=True,
+                              timeout=ctx["limit"])
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {ctx['limit']:.0f} s"}
     if proc.returncode == 0 and res_file.exists():
@@ -278,17 +283,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    cuda = torch.cuda.is_available()
-    if not cuda and not a.dry_run:
+    if not torch.cuda.is_available() and not a.dry_run:
         print(NO_CUDA, file=sys.stderr)
         return 2
+    cuda = torch.cuda.is_available() and not a.dry_run  # a dry run is the CPU side, GPU or not
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     names = [n for n in (a.only if a.only is not None else [s for s in SECTIONS if s not in OPT_IN])
              if n not in a.skip]
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device)",
+           "device": torch.cuda.get_device_name(0) if cuda else "cpu (no CUDA device used)",
            "num_gpus": torch.cuda.device_count() if cuda else 0, "torch": torch.__version__,
            "cuda": torch.version.cuda, "python": platform.python_version(), "host": platform.node(),
            "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
