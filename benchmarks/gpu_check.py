@@ -194,7 +194,10 @@ def _fmt(name: str, sec: dict) -> list[str]:
         return [f"- cuda_ce_ipc ({sec['transport']}, {sec['world_size']} processes on one device): {ok}; "
                 f"copy engines used: {sec['uses_copy_engines']}"
                 + (f" (fallback: {sec['fallback_reason']})" if sec.get("fallback_reason") else "")
-                + "".join(f"; rank {r['rank']}: {r['error']}" for r in sec["ranks"] if "error" in r)]
+                + "".join(f"; rank {r['rank']}: {r['error']}" for r in sec["ranks"] if "error" in r)
+                + "".join(f"; rank {r['rank']} received {c['bytes_received_from_peers'] / 1e6:.0f} MB in "
+                          f"{c['seconds'] * 1e3:.2f} ms ({c['gb_per_second']:.1f} GB/s)"
+                          for r in sec["ranks"] for c in r.get("cases", []) if c["case"].startswith("large"))]
     if name == "calibrate_replay":
         cal, b, s = sec["calibration"], sec["balanced"], sec["shuffled"]
         return [f"- calibrate_replay on {sec['device']}: calibrated [c0, c1, c2] = "

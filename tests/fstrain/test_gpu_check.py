@@ -313,7 +313,7 @@ def test_replay_takes_turns_and_stops_at_the_deadline():
 
 def test_report_of_a_gpu_shaped_result():
     """The report renders what each section returns on a GPU (shapes as the sections build them)."""
-    from benchmarks.gpu_check import report
+    from benchmarks.gpu_check import _fmt, report
 
     row = {"size_mb": 1, "variant": "sm_kernel", "gemm_tflops_alone": 600.0, "gemm_tflops_during": 420.0,
            "slowdown": 0.3, "gemm_time_increase": 0.43, "copy_gbps_alone": 1500.0, "copy_gbps_during": 900.0,
@@ -330,6 +330,7 @@ def test_report_of_a_gpu_shaped_result():
                "cuda_ce_ipc": {"transport": "cuda-ce", "world_size": 2, "equal": False, "uses_copy_engines": False,
                                "fallback_reason": "symmetric memory rendezvous failed: z",
                                "ranks": [{"rank": 0, "cases": []}, {"rank": 1, "returncode": 1, "error": "E"}]},
+
                "calibrate_replay": {"device": "NVIDIA H100 80GB HBM3", "num_steps": 8, "repeats": 3,
                                     "calibration": {"coefficients": [1e-5, 1e-7, 1e-10], "relative_rms_error": 0.04},
                                     "balanced": rep, "shuffled": {**rep, "slowest_rank_ms_per_step": 45.0},
@@ -343,4 +344,10 @@ def test_report_of_a_gpu_shaped_result():
     assert "did not run its cases; copy engines used: False (fallback: symmetric memory rendezvous failed: z)" in md
     assert "| shuffled | 45.0 | 5.0% | 1.0% | 4.0% | 2.0% |" in md and "1.50x" in md
     assert "- train: skipped: needs torchrec (not installed here)" in md
+    ok = {"transport": "cuda-ce", "world_size": 2, "equal": True, "uses_copy_engines": True, "fallback_reason": None,
+          "ranks": [{"rank": 0, "cases": [{"case": "large-bf16", "equal": True, "bytes_received_from_peers": 40_960_000,
+                                           "seconds": 0.002, "gb_per_second": 20.48}]}]}
+    line = "\n".join(_fmt("cuda_ce_ipc", ok))
+    assert "equal byte for byte to the CPU reference; copy engines used: True" in line
+    assert line.endswith("; rank 0 received 41 MB in 2.00 ms (20.5 GB/s)")
     assert "- multi_gpu: ERROR timed out after 400 s" in md
