@@ -27,8 +27,11 @@ import shutil
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.autograd.profiler import record_function
+from torch.distributed.checkpoint.api import CheckpointException
 
 from fstrain.components.metrics import write_json
+from fstrain.components.safe_dcp import (SafeFileSystemReader, SafeLoadPlanner, check_checkpoint_files, describe,
+                                        first_cause, safe_load)
 from fstrain.errors import ConfigError, FstrainError
 
 #: Folder name prefix of a checkpoint; the suffix is the step count, 8 digits.
@@ -98,8 +101,14 @@ def read_checkpoint_meta(path: str) -> dict:
     if not os.path.isfile(meta):
         raise FstrainError(f"{path} is not a complete fstrain checkpoint (no {META_NAME}); pass a "
                            "ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
-    with open(meta) as f:
-        return json.load(f)
+    try:
+        with open(meta) as f:
+            out = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FstrainError(f"{meta} is unreadable or corrupt ({str(e)[:200]}); use an earlier checkpoint") from None
+    if not isinstance(out, dict):
+        raise FstrainError(f"{meta} is not a JSON object; use an earlier checkpoint")
+    return out
 
 
 def resume_checkpoint(dmp, opt, checkpoint_dir: str, world_size: int) -> tuple[str, int] | None:
@@ -126,7 +135,7 @@ def load_checkpoint(dmp, opt, path: str) -> None:
     """Load a checkpoint written by :func:`save_checkpoint` into ``dmp`` and ``opt`` in place."""
     opt.init_state()  # Adam's state is created lazily; DCP loads into existing tensors
     state = _state(dmp, opt)
-    dcp.load(state, checkpoint_id=path)
+    safe_load(state, path)
     dmp.load_state_dict(state["model"])
     opt.load_state_dict(state["optim"])
 
@@ -141,9 +150,13 @@ def load_model_weights(dmp, path: str, model: dict) -> None:
         ConfigError: the checkpoint's tensors do not fit the model (other sizes).
     """
     state = {"model": dmp.state_dict()}
+    check_checkpoint_files(path)  # truncated or untrusted: its own one-line error
     try:
-        dcp.load(state, checkpoint_id=path)
-    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException with the per-rank causes
-        raise ConfigError(f"cannot load {path} into a model with {model} ({str(e).splitlines()[0][:300]}); "
+        dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException: a BaseException
+        cause = first_cause(e)
+        if isinstance(cause, FstrainError):
+            raise type(cause)(f"{cause} ({path})") from None
+        raise ConfigError(f"cannot load {path} into a model with {model} ({describe(cause)}); "
                           "pass the model flags the checkpoint was trained with") from None
     dmp.load_state_dict(state["model"])
