@@ -192,7 +192,8 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     cfg.check()
     for flag, path in (("--checkpoint-dir", cfg.checkpoint.dir), ("--metrics-dir", cfg.metrics.dir)):
         if path:
-            check_output_apart(path, [cfg.shards], output_name=flag, input_name="SHARDS")
+            check_output_apart(path, [cfg.shards] + ([cfg.checkpoint.init_from] if cfg.checkpoint.init_from else []),
+                               output_name=flag, input_name="SHARDS or --init-from")
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger("fstrain").setLevel(logging.WARNING)
     from fstrain.distributed.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
