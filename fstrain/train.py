@@ -37,6 +37,7 @@ from fstrain.errors import ConfigError, FstrainError, ShardError
 from fstrain.components.checkpoint import (checkpoint_num_items, init_from_checkpoint, latest_checkpoint,
                                            resolve_checkpoint, resume_checkpoint, save_checkpoint)
 from fstrain.components.heap import HeapTrimmer
+from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
 from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.negatives import attach_negatives
@@ -180,6 +181,11 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     cfg.check()
     pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
+    if cfg.checkpoint.dir:
+        check_checkpoint_dir(cfg.checkpoint.dir)  # outputs replace only what fstrain wrote
+    for flag, folder in (("--metrics-dir", cfg.metrics.dir), ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
+        if folder:
+            check_metrics_dir(folder, flag)
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
     if cfg.simulate_ranks and world != 1:
         raise ConfigError(f"--simulate-ranks runs in one process (it reads every rank file); this job has world "

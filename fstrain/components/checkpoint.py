@@ -38,6 +38,7 @@ from torch.autograd.profiler import record_function
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fstrain.components.metrics import write_json
+from fstrain.components.outputs import is_checkpoint_folder
 from fstrain.components.safe_dcp import (SafeFileSystemReader, SafeLoadPlanner, check_checkpoint_files, describe,
                                         first_cause, safe_load)
 from fstrain.errors import ConfigError, FstrainError
@@ -87,7 +88,10 @@ def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, rank: int, world_s
         The checkpoint folder.
     """
     path = checkpoint_path(checkpoint_dir, step)
-    if rank == 0 and os.path.exists(path):
+    if rank == 0 and os.path.lexists(path):
+        if not (os.path.isdir(path) and not os.path.islink(path) and is_checkpoint_folder(path)):
+            raise ConfigError(f"--checkpoint-dir {checkpoint_dir} holds {os.path.basename(path)}, which fstrain did "
+                              "not write; move it away or choose another --checkpoint-dir")
         shutil.rmtree(path)
     dist.barrier()
     with record_function("## checkpoint ##"):
