@@ -196,3 +196,25 @@ def test_resume_identity_reshard_lineage_and_init_from(tmp_path):
         if k != table:
             assert torch.equal(s["grown"][k], s["old"][k]), k
     assert "num_items 50" in out["smaller"] and "--num-items 50" in out["smaller"]
+
+
+def _train_worker(shards, steps, ck, resume):
+    from fstrain.distributed.sharding import local_state
+
+    res = _train(shards, steps, model={"num_items": 50}, **{"checkpoint.dir": ck, "checkpoint.resume": resume})
+    return res.summary["first_step"], res.summary["global_end_step"], local_state(res.model)
+
+
+@pytest.mark.multiproc
+def test_resume_on_fewer_ranks_after_a_reshard(tmp_path):
+    """OLD on 2 ranks to step 2; NEW (resharded from OLD at 2) for 1 rank resumes its checkpoint."""
+    old, new, ck = str(tmp_path / "old"), str(tmp_path / "new"), str(tmp_path / "ck")
+    write_shards(old, num_ranks=2, num_steps=4, batch_size_per_rank=4, seed=1)
+    lineage = {"plan_digest": plan_digest(load_manifest(old)), "from_step": 2}
+    write_shards(new, num_ranks=1, num_steps=2, batch_size_per_rank=8, seed=5, plan_digest="sha256:n",
+                 manifest_extra={"plan_digest": "sha256:n", "resharded_from": lineage})
+    run_ranks(_train_worker, 2, old, 2, ck, False)
+    [(first, end, state)] = run_ranks(_train_worker, 1, new, None, ck, True)
+    assert (first, end) == (0, 4)
+    meta = _meta(os.path.join(ck, "step-00000004"))
+    assert meta["world_size"] == 1 and meta["shards_step"] == 2 and meta["plan_digest"] == "sha256:n"
