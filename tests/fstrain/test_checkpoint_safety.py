@@ -137,3 +137,21 @@ def test_cli_resume_works_and_truncated_checkpoint_is_one_line(trained, tmp_path
     line = _one_error_line(_cli("train", shards, "--resume", "--checkpoint-dir", str(short), *MODEL_FLAGS,
                                 cwd=tmp_path))
     assert "is truncated" in line
+
+
+@pytest.mark.slow
+def test_cli_resume_on_other_shards_names_init_from_which_works(trained, tmp_path):
+    root, shards, ck = trained
+    other = write_shards(str(tmp_path / "other"), num_ranks=1, num_steps=3, batch_size_per_rank=8, seed=7)
+    mine = tmp_path / "ck"
+    shutil.copytree(ck, mine)
+    line = _one_error_line(_cli("train", other, "--resume", "--checkpoint-dir", str(mine), *MODEL_FLAGS,
+                                cwd=tmp_path))
+    assert "other shards" in line and f"--init-from {mine}" in line
+    out = _cli("train", other, "--init-from", str(mine), "--checkpoint-dir", str(tmp_path / "ck2"), "--max-steps", "1",
+               "--num-items", "60", *MODEL_FLAGS, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "starting from the weights of" in out.stderr and (tmp_path / "ck2" / "step-00000001").is_dir()
+    line = _one_error_line(_cli("train", other, "--init-from", str(mine), "--checkpoint-dir", str(mine / "x"),
+                                *MODEL_FLAGS, cwd=tmp_path))
+    assert "--checkpoint-dir" in line and "--init-from" in line
