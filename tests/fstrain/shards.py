@@ -108,7 +108,8 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
                 "num_samples_dropped": 0, "remainder_policy": "drop", "dropped_file": None,
                 "cost_model": {"kind": "polynomial", "name": "quadratic", "coefficients": [0.0, 64.0, 1.0]},
                 "seed": seed, "predicted_bubble": 0.0, "baseline_predicted_bubble": 0.0,
-                "lower_bound_bubble": 0.0, "columns": ["sample_id", "user_id", "item_ids", "target_item_id", "step", "rank"],
+                "lower_bound_bubble": 0.0,
+                "columns": ["sample_id", "user_id", "item_ids", "target_item_id", "step", "rank"],
                 "step_stats_file": schema.STEP_STATS_NAME, "files": files,
                 "settings": {} if samples is None else {"samples": samples}, **(manifest_extra or {})}
     with open(os.path.join(out, schema.MANIFEST_NAME), "w") as f:
