@@ -14,6 +14,7 @@ import sys
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_output_flag, add_settings_flags, add_subcommands,
                             add_version_flag, cli_main, configure_logging, new_parser, resolve_progress, subparsers)
 from fsdata.guards import check_output_apart
+from fstrain.components.outputs import check_output_file
 from fstrain.config import KEY_ROOT
 from fstrain.errors import FstrainError
 from fstrain.quiet import show_all_noise, silence_known_noise
@@ -190,9 +191,11 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if cfg.shards is None:
         parser.error("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
     cfg.check()
-    for flag, path in (("--checkpoint-dir", cfg.checkpoint.dir), ("--metrics-dir", cfg.metrics.dir)):
+    for flag, path in (("--checkpoint-dir", cfg.checkpoint.dir), ("--metrics-dir", cfg.metrics.dir),
+                       ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
         if path:
-            check_output_apart(path, [cfg.shards], output_name=flag, input_name="SHARDS")
+            check_output_apart(path, [cfg.shards, cfg.checkpoint.init_from, cfg.eval.data], output_name=flag,
+                               input_name="SHARDS, --init-from or --eval-data")
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger("fstrain").setLevel(logging.WARNING)
     from fstrain.distributed.watchdog import PEER_FAILURE_EXIT_CODE, PeerFailureError
@@ -222,6 +225,7 @@ def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if a.output:
         check_output_apart(a.output, [a.checkpoint, a.eval_data], output_name="--output",
                            input_name="CHECKPOINT or EVAL_DATA")
+        check_output_file(a.output, "evaluate", "--output")
     given = _model_kwargs(a)
     try:
         res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
@@ -272,6 +276,7 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
     if a.output:
         check_output_apart(a.output, [a.shards, a.baseline], output_name="--output", input_name="shards")
+        check_output_file(a.output, "replay", "--output")
     kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
               device=a.device, num_threads=a.num_threads, clock=a.clock, statistic=a.statistic,
               null_control=a.null_control)
@@ -327,7 +332,12 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fstrain.measure.report import write_train_report
 
-    r = write_train_report(a.shards, a.metrics_dir, a.html, input_path=a.input)
+    html = a.html or os.path.join(a.metrics_dir, "report.html")
+    metrics_files = [os.path.join(a.metrics_dir, n) for n in ("step_times.parquet", "summary.json", "eval.parquet")]
+    check_output_apart(html, [a.shards, a.input, *metrics_files], output_name="--html",
+                       input_name="SHARDS, --input or a --metrics-dir file")
+    check_output_file(html, "report", "--html")
+    r = write_train_report(a.shards, a.metrics_dir, html, input_path=a.input)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
@@ -338,6 +348,7 @@ def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
+    check_output_file(a.output, "cost-model", "--output")
     from fstrain.measure.calibrate import calibrate, shard_batches
     from fstrain.components.metrics import write_json
 

@@ -49,7 +49,13 @@ class CheckpointConfig:
     every_steps: int = 0
     """Checkpoint period in steps (0: only at the end, when a checkpoint folder is set)."""
     resume: bool = False
-    """Resume from the newest complete checkpoint in the checkpoint folder (start fresh if none)."""
+    """Resume from the newest complete checkpoint in the checkpoint folder (start fresh if none); it
+    must be of these shards, or of the shards these were resharded from at its step."""
+    init_from: str | None = None
+    """Start a new run (step 0, fresh optimizer) from the model weights of this checkpoint (a
+    ``step-XXXXXXXX`` folder or a checkpoint folder: its newest); a larger ``num_items`` keeps the
+    known item rows and initialises the new ones. With ``--resume``, used only when the checkpoint
+    folder holds no checkpoint yet."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -222,6 +228,7 @@ FLAG_NAMES = {
     "pipeline.step_mode": ("--step-mode",),
     "comm.backend": ("--backend",),
     "checkpoint.resume": ("--resume",),
+    "checkpoint.init_from": ("--init-from",),
     "metrics.dir": ("--metrics-dir",),
     "metrics.log_every_steps": ("--log-every-steps", "--log-every"),
     "comm.shm.shm_dir": ("--shm-dir",),
@@ -237,7 +244,8 @@ CHOICES = {
 #: transport times out with ``--collective-timeout-seconds``.
 NOT_FLAGS = {"progress", "comm.shm.timeout_seconds"}
 #: Metavars of path-valued flags.
-METAVARS = {"eval.data": "EVAL.parquet", "checkpoint.dir": "DIR", "metrics.dir": "DIR", "metrics.tensorboard_dir": "DIR"}
+METAVARS = {"eval.data": "EVAL.parquet", "checkpoint.dir": "DIR", "checkpoint.init_from": "CKPT", "metrics.dir": "DIR",
+            "metrics.tensorboard_dir": "DIR"}
 
 
 def _leaf_type(tp) -> tuple[type, bool]:

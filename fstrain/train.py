@@ -28,13 +28,16 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import check_world_size, infer_num_items, load_manifest, steps_per_epoch
+from fstrain.data.manifest import (check_world_size, infer_num_items, load_manifest, plan_digest, resharded_from,
+                                   steps_per_epoch)
 from fstrain.data.reader import ShardReader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
-from fstrain.components.checkpoint import resume_checkpoint, save_checkpoint
+from fstrain.components.checkpoint import (checkpoint_num_items, init_from_checkpoint, latest_checkpoint,
+                                           resolve_checkpoint, resume_checkpoint, save_checkpoint)
 from fstrain.components.heap import HeapTrimmer
+from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
 from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.negatives import attach_negatives
@@ -124,6 +127,15 @@ def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
         raise ShardError("another rank failed to open its shard (see its error); this rank stops too")
 
 
+def _init_source(cfg: TrainConfig) -> str | None:
+    """The checkpoint ``--init-from`` starts from, or ``None`` (not given, or ``--resume`` finds one)."""
+    if not cfg.checkpoint.init_from:
+        return None
+    if cfg.checkpoint.resume and cfg.checkpoint.dir and latest_checkpoint(cfg.checkpoint.dir):
+        return None  # a restarted run resumes its own checkpoints
+    return resolve_checkpoint(cfg.checkpoint.init_from)
+
+
 @dataclass(slots=True)
 class TrainResult:
     """What :func:`train` returns: the run summary, the sharded model and its optimizer."""
@@ -169,6 +181,11 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     cfg.check()
     pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
+    if cfg.checkpoint.dir:
+        check_checkpoint_dir(cfg.checkpoint.dir)  # outputs replace only what fstrain wrote
+    for flag, folder in (("--metrics-dir", cfg.metrics.dir), ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
+        if folder:
+            check_metrics_dir(folder, flag)
     world = int(os.environ.get("WORLD_SIZE", "1")) if env is None else env.world_size
     if cfg.simulate_ranks and world != 1:
         raise ConfigError(f"--simulate-ranks runs in one process (it reads every rank file); this job has world "
@@ -185,17 +202,29 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     env = env or init_distributed(timeout_seconds=cfg.collective_timeout_seconds, comm=cfg.comm)
     guard.start(env)
     torch.manual_seed(cfg.seed)
-    mcfg = cfg.model.for_data(manifest, num_items=infer_num_items(manifest) if cfg.model.num_items is None else None)
+    init_from = _init_source(cfg)
+    inferred = infer_num_items(manifest) if cfg.model.num_items is None else None
+    if inferred is not None and init_from:  # items of the checkpoint absent from today's shards keep their rows
+        inferred = max(inferred, checkpoint_num_items(init_from) or 0)
+    mcfg = cfg.model.for_data(manifest, num_items=inferred)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
-    start = 0
+    start, offset = 0, 0  # first step of the shards to train; global step = shards step + offset
+    digest = plan_digest(manifest)
+    ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg), "plan_digest": digest}
     if cfg.checkpoint.resume and cfg.checkpoint.dir:
-        found = resume_checkpoint(dmp, opt, cfg.checkpoint.dir, env.world_size)
+        found = resume_checkpoint(dmp, opt, cfg.checkpoint.dir, env.world_size, shards=cfg.shards,
+                                  plan_digest=digest, resharded_from=resharded_from(manifest))
         if found:
-            start = found[1]
+            start, offset = found[2], found[1] - found[2]
             if env.rank == 0:
-                logger.info("resumed from %s at step %d", found[0], start)
-    max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start)
+                logger.info("resumed from %s at step %d (global step %d)", found[0], start, found[1])
+    if init_from:
+        loaded = init_from_checkpoint(dmp, init_from, mcfg.num_items)
+        ckpt_extra["init_from"] = os.path.abspath(loaded)
+        if env.rank == 0:
+            logger.info("starting from the weights of %s (num_items %d)", loaded, mcfg.num_items)
+    max_steps = None if cfg.max_steps is None else max(0, cfg.max_steps - start - offset)
     try:
         if cfg.simulate_ranks:
             from fstrain.data.simulate import GlobalBatchReader
@@ -222,7 +251,6 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
     total_samples, total_tokens, t_start, eval_seconds = 0, 0, time.perf_counter(), 0.0
     step = start
-    ckpt_extra = {"shards": os.path.abspath(cfg.shards), "model": asdict(mcfg)}
     pipe = make_pipeline(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
         raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
@@ -287,7 +315,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step, env.rank, env.world_size, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
+                            {**ckpt_extra, "shards_step": step})
             guard.step(step)  # a long save is progress, not a hang
         if evaluator and evaluator.every_steps and step % evaluator.every_steps == 0:
             if pipe:
@@ -307,7 +336,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             steplog.log_eval(step, metrics)
     if cfg.checkpoint.dir and (not cfg.checkpoint.every_steps or step % cfg.checkpoint.every_steps):
         if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step, env.rank, env.world_size, ckpt_extra)
+            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
+                            {**ckpt_extra, "shards_step": step})
     if evaluator:
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard
@@ -315,7 +345,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     dist.all_gather_object(gathered, timings)
     all_timings = [t for part in gathered for t in part]
     summary = summarize(all_timings, manifest.predicted_bubble)
-    summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
+    summary.update({"first_step": start, "end_step": step, "global_end_step": step + offset,
+                    "world_size": env.world_size,
                     "strategy": manifest.strategy})
     summary["simulate_ranks"] = cfg.simulate_ranks
     totals = torch.tensor([float(total_samples), float(total_tokens)], dtype=torch.float64, device=env.device)

@@ -5,17 +5,24 @@ written with ``torch.distributed.checkpoint`` (DCP: one file per rank plus ``.me
 ``{"model": dmp.state_dict(), "optim": optimizer.state_dict()}``. It is complete once rank 0 has
 written ``fstrain.json`` beside the DCP files, last:
 
-=============  ============================================================================
-key            value
-=============  ============================================================================
-``step``       steps done (the next step to train)
-``world_size`` ranks of the job that wrote it (resuming needs the same; evaluating does not,
-               DCP reshards the row-wise table)
-``shards``     absolute path of the trained ``fsdata balance`` OUTPUT
-``model``      :class:`fstrain.models.config.Config` as a dict (``fstrain evaluate`` rebuilds it)
-=============  ============================================================================
+===============  ==========================================================================
+key              value
+===============  ==========================================================================
+``step``         global steps done (the folder's number; continues across a world-size change)
+``shards_step``  steps done of the shards below (``step`` when absent: checkpoints before it)
+``plan_digest``  the shards' plan digest (:func:`fstrain.data.manifest.plan_digest`; ``None``
+                 when the shards record none)
+``world_size``   ranks of the job that wrote it (resuming the same shards needs the same;
+                 evaluating does not, DCP reshards the row-wise table)
+``shards``       absolute path of the trained ``fsdata balance`` OUTPUT (informational)
+``model``        :class:`fstrain.models.config.Config` as a dict (``fstrain evaluate`` rebuilds it)
+``init_from``    the checkpoint whose weights the run started from (``--init-from``), or absent
+===============  ==========================================================================
 
-A folder without ``fstrain.json`` (a save cut short) is never picked for resuming.
+A folder without ``fstrain.json`` (a save cut short) is never picked for resuming. Resuming checks
+identity (:func:`resume_position`): the checkpoint's ``plan_digest`` must be the shards', or the
+shards' manifest must say they were resharded from it at its ``shards_step``
+(``resharded_from``); anything else is refused, naming ``--init-from`` (weights only, step 0).
 """
 
 from __future__ import annotations
@@ -24,11 +31,16 @@ import json
 import os
 import shutil
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.autograd.profiler import record_function
+from torch.distributed.checkpoint.api import CheckpointException
 
 from fstrain.components.metrics import write_json
+from fstrain.components.outputs import is_checkpoint_folder
+from fstrain.components.safe_dcp import (SafeFileSystemReader, SafeLoadPlanner, check_checkpoint_files, describe,
+                                        first_cause, safe_load)
 from fstrain.errors import ConfigError, FstrainError
 
 #: Folder name prefix of a checkpoint; the suffix is the step count, 8 digits.
@@ -76,7 +88,10 @@ def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, rank: int, world_s
         The checkpoint folder.
     """
     path = checkpoint_path(checkpoint_dir, step)
-    if rank == 0 and os.path.exists(path):
+    if rank == 0 and os.path.lexists(path):
+        if not (os.path.isdir(path) and not os.path.islink(path) and is_checkpoint_folder(path)):
+            raise ConfigError(f"--checkpoint-dir {checkpoint_dir} holds {os.path.basename(path)}, which fstrain did "
+                              "not write; move it away or choose another --checkpoint-dir")
         shutil.rmtree(path)
     dist.barrier()
     with record_function("## checkpoint ##"):
@@ -98,35 +113,92 @@ def read_checkpoint_meta(path: str) -> dict:
     if not os.path.isfile(meta):
         raise FstrainError(f"{path} is not a complete fstrain checkpoint (no {META_NAME}); pass a "
                            "ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
-    with open(meta) as f:
-        return json.load(f)
+    try:
+        with open(meta) as f:
+            out = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FstrainError(f"{meta} is unreadable or corrupt ({str(e)[:200]}); use an earlier checkpoint") from None
+    if not isinstance(out, dict):
+        raise FstrainError(f"{meta} is not a JSON object; use an earlier checkpoint")
+    return out
 
 
-def resume_checkpoint(dmp, opt, checkpoint_dir: str, world_size: int) -> tuple[str, int] | None:
-    """Load the newest complete checkpoint of ``checkpoint_dir`` into ``dmp`` and ``opt`` in place.
+def _init_from_advice(path: str, checkpoint_dir: str) -> str:
+    return (f"to start a new run from its weights use --init-from {path} (weights only, step 0) with another "
+            f"--checkpoint-dir than {checkpoint_dir}")
+
+
+def resume_position(meta: dict, path: str, *, shards: str, plan_digest: str | None,
+                    resharded_from: dict | None, world_size: int, checkpoint_dir: str = "") -> tuple[int, int]:
+    """Where a run on ``shards`` resumes from checkpoint ``path`` (its ``fstrain.json`` ``meta``).
+
+    Accepted pairings: the checkpoint's ``plan_digest`` equals the shards' (same run: continue at
+    its ``shards_step``, same world size), or the shards' manifest has ``resharded_from ==
+    {"plan_digest": <checkpoint's>, "from_step": <checkpoint's shards_step>}`` (``fsdata balance OLD
+    NEW --from-step S``: start at the shards' step 0, any world size, global step continuing).
 
     Returns:
-        ``(path, step)`` of the checkpoint loaded, or ``None`` when there is none (start fresh).
+        ``(global_step, shards_step)``: global steps done, and the first step of ``shards`` to train.
 
     Raises:
-        ConfigError: the checkpoint was written by another world size.
+        ConfigError: any other pairing, a checkpoint without ``plan_digest``, or another world size
+            on the same shards (one line naming ``--init-from``).
+    """
+    ckpt_digest = meta.get("plan_digest")
+    step = meta.get("step")
+    shards_step = meta.get("shards_step", step)
+    where = checkpoint_dir or os.path.dirname(path)
+    if not isinstance(ckpt_digest, str) or not isinstance(step, int) or not isinstance(shards_step, int):
+        raise ConfigError(f"checkpoint {path} does not record which shards it trained on (no plan_digest: written by "
+                          f"an older fstrain, or shards without a plan digest), so resuming could skip or repeat "
+                          f"samples; {_init_from_advice(path, where)}")
+    if plan_digest is not None and ckpt_digest == plan_digest:
+        if meta.get("world_size") != world_size:
+            raise ConfigError(f"checkpoint {path} is from world size {meta.get('world_size')}, this job has "
+                              f"{world_size}; resume with the same world size")
+        return step, shards_step
+    lineage = {"plan_digest": ckpt_digest, "from_step": shards_step}
+    if resharded_from is not None and resharded_from == lineage:
+        return step, 0
+    if resharded_from is not None:
+        raise ConfigError(f"{shards} was resharded from plan {resharded_from['plan_digest']} at step "
+                          f"{resharded_from['from_step']}, but checkpoint {path} is plan {ckpt_digest} at step "
+                          f"{shards_step}; resume from the checkpoint of that step, or "
+                          f"{_init_from_advice(path, where)}")
+    raise ConfigError(f"checkpoint {path} was trained on other shards (plan {ckpt_digest}, "
+                      f"{meta.get('shards')}) than {shards} (plan {plan_digest}); resuming would skip or repeat "
+                      f"samples; {_init_from_advice(path, where)}")
+
+
+def resume_checkpoint(dmp, opt, checkpoint_dir: str, world_size: int, *, shards: str, plan_digest: str | None,
+                      resharded_from: dict | None = None) -> tuple[str, int, int] | None:
+    """Load the newest complete checkpoint of ``checkpoint_dir`` into ``dmp`` and ``opt`` in place,
+    after :func:`resume_position` accepted it for ``shards``.
+
+    Returns:
+        ``(path, global_step, shards_step)`` of the checkpoint loaded, or ``None`` when there is none
+        (start fresh).
+
+    Raises:
+        ConfigError: :func:`resume_position`'s refusals.
+        FstrainError: an untrusted, truncated or unreadable checkpoint (:func:`safe_load`).
     """
     found = latest_checkpoint(checkpoint_dir)
     if not found:
         return None
     meta = read_checkpoint_meta(found[0])
-    if meta.get("world_size") != world_size:
-        raise ConfigError(f"checkpoint {found[0]} is from world size {meta.get('world_size')}, "
-                          f"this job has {world_size}; resume with the same world size")
+    global_step, shards_step = resume_position(meta, found[0], shards=shards, plan_digest=plan_digest,
+                                               resharded_from=resharded_from, world_size=world_size,
+                                               checkpoint_dir=checkpoint_dir)
     load_checkpoint(dmp, opt, found[0])
-    return found
+    return found[0], global_step, shards_step
 
 
 def load_checkpoint(dmp, opt, path: str) -> None:
     """Load a checkpoint written by :func:`save_checkpoint` into ``dmp`` and ``opt`` in place."""
     opt.init_state()  # Adam's state is created lazily; DCP loads into existing tensors
     state = _state(dmp, opt)
-    dcp.load(state, checkpoint_id=path)
+    safe_load(state, path)
     dmp.load_state_dict(state["model"])
     opt.load_state_dict(state["optim"])
 
@@ -141,9 +213,106 @@ def load_model_weights(dmp, path: str, model: dict) -> None:
         ConfigError: the checkpoint's tensors do not fit the model (other sizes).
     """
     state = {"model": dmp.state_dict()}
+    check_checkpoint_files(path)  # truncated or untrusted: its own one-line error
     try:
-        dcp.load(state, checkpoint_id=path)
-    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException with the per-rank causes
-        raise ConfigError(f"cannot load {path} into a model with {model} ({str(e).splitlines()[0][:300]}); "
+        dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException: a BaseException
+        cause = first_cause(e)
+        if isinstance(cause, FstrainError):
+            raise type(cause)(f"{cause} ({path})") from None
+        raise ConfigError(f"cannot load {path} into a model with {model} ({describe(cause)}); "
                           "pass the model flags the checkpoint was trained with") from None
     dmp.load_state_dict(state["model"])
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A ``step-XXXXXXXX`` folder as given, or the newest complete checkpoint of a ``--checkpoint-dir``.
+
+    Raises:
+        FstrainError: neither (names what to pass).
+    """
+    if os.path.isfile(os.path.join(path, META_NAME)):
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FstrainError(f"{path} is neither a complete fstrain checkpoint nor a --checkpoint-dir holding one; "
+                           "pass a ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
+    return found[0]
+
+
+def checkpoint_num_items(path: str) -> int | None:
+    """``num_items`` of the model a checkpoint records (``None`` when it records no model)."""
+    n = (read_checkpoint_meta(path).get("model") or {}).get("num_items")
+    return n if isinstance(n, int) else None
+
+
+def _copy_rows(src: torch.Tensor, target) -> None:
+    """Copy ``src`` (``[n, ...]``, the checkpoint's whole table) into the first ``n`` rows of ``target``
+    (a ShardedTensor's local shards, or a plain tensor), leaving the other rows as they are."""
+    from torch.distributed.tensor import DTensor
+
+    if hasattr(target, "local_shards"):  # ShardedTensor (torchrec's row-wise table)
+        parts = [(s.tensor, list(s.metadata.shard_offsets)) for s in target.local_shards()]
+    elif isinstance(target, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, off = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+        parts = [(target.to_local(), list(off))]
+    else:
+        parts = [(target, [0] * target.dim())]
+    n = src.shape[0]
+    with torch.no_grad():
+        for local, off in parts:
+            lo, hi = off[0], min(off[0] + local.shape[0], n)
+            if hi > lo:
+                cols = slice(off[1], off[1] + local.shape[1]) if len(off) > 1 else slice(None)
+                local[: hi - lo].copy_(src[lo:hi, cols].to(local.device, local.dtype))
+
+
+def init_from_checkpoint(dmp, path: str, num_items: int) -> str:
+    """Load only the model weights of checkpoint ``path`` into a freshly built ``dmp`` (``--init-from``).
+
+    The optimizer is not loaded. A model with more items than the checkpoint's keeps the
+    checkpoint's rows ``0 .. n_old - 1`` of every table and the fresh model's initial rows beyond
+    (the run's ``--seed``); every other tensor must have the checkpoint's shape. Each rank reads the
+    checkpoint's whole table once into host memory for the grown tables (``n_old x dim`` floats).
+
+    Args:
+        path: a ``step-XXXXXXXX`` folder or a ``--checkpoint-dir`` (its newest checkpoint).
+        num_items: the new model's ``num_items``.
+
+    Returns:
+        The checkpoint folder loaded.
+
+    Raises:
+        ConfigError: the checkpoint has more items than ``num_items``, or other tensor shapes.
+        FstrainError: not a checkpoint, or an untrusted / truncated one.
+    """
+    path = resolve_checkpoint(path)
+    old = checkpoint_num_items(path)
+    if old is not None and old > num_items:
+        raise ConfigError(f"--init-from {path} has num_items {old} but this model has {num_items}; the item table "
+                          f"can grow, not shrink: pass --num-items {old} or more")
+    md = check_checkpoint_files(path)
+    state = {"model": dmp.state_dict()}
+    grown = {}
+    for key, value in list(state["model"].items()):
+        saved = md.state_dict_metadata.get(f"model.{key}")
+        size = tuple(getattr(saved, "size", None) or ())
+        cur = tuple(value.size()) if hasattr(value, "size") else ()
+        if size and cur and size != cur and len(size) == len(cur) and size[1:] == cur[1:] and size[0] < cur[0]:
+            grown[key] = value
+            state["model"][key] = torch.zeros(size, dtype=saved.properties.dtype)
+    try:
+        dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException: a BaseException
+        cause = first_cause(e)
+        if isinstance(cause, FstrainError):
+            raise type(cause)(f"{cause} ({path})") from None
+        raise ConfigError(f"cannot start from {path} ({describe(cause)}); pass the model flags it was trained with "
+                          f"(fstrain.json's model)") from None
+    for key, target in grown.items():
+        _copy_rows(state["model"][key], target)
+        state["model"][key] = target
+    dmp.load_state_dict(state["model"])
+    return path

@@ -22,6 +22,52 @@ from fstrain.errors import ShardError, ShardMismatchError
 logger = logging.getLogger(__name__)
 
 _READ_COLUMNS = [schema.STEP, schema.SAMPLE_ID, schema.ITEM_IDS, schema.TARGET_ITEM_ID]
+#: Parquet key-value metadata key of the plan digest every rank file carries (docs/format.md).
+PLAN_DIGEST_KEY = b"fsdata.plan_digest"
+
+
+def file_plan_digest(pf: pq.ParquetFile) -> str | None:
+    """The ``fsdata.plan_digest`` of an open rank file (``None``: an output written before it was recorded)."""
+    raw = (pf.schema_arrow.metadata or {}).get(PLAN_DIGEST_KEY)
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def plan_digest(manifest: Manifest) -> str | None:
+    """The plan digest of an OUTPUT: the manifest's ``plan_digest`` key, else rank 0's file's
+    ``fsdata.plan_digest`` key-value metadata (one footer read); ``None`` when neither records it.
+
+    Raises:
+        ShardError: rank 0's file is missing or unreadable.
+    """
+    key = manifest.extra.get("plan_digest")
+    if isinstance(key, str):
+        return key
+    path = manifest.rank_file(0)
+    try:
+        fs, where = fsio.filesystem_and_path(path)
+        md = pq.read_schema(where, filesystem=fs).metadata or {}
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"rank 0: {path} is missing, truncated or corrupt ({e}); re-run fsdata balance") from None
+    raw = md.get(PLAN_DIGEST_KEY)
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def resharded_from(manifest: Manifest) -> dict | None:
+    """The manifest's ``resharded_from`` lineage (``{"plan_digest": str, "from_step": int}``: written by
+    ``fsdata balance OLD NEW --from-step S``), or ``None``.
+
+    Raises:
+        ShardError: the key is present but malformed.
+    """
+    raw = manifest.extra.get("resharded_from")
+    if raw is None:
+        return None
+    if (not isinstance(raw, dict) or not isinstance(raw.get("plan_digest"), str)
+            or not isinstance(raw.get("from_step"), int) or isinstance(raw.get("from_step"), bool)
+            or raw["from_step"] < 0):
+        raise ShardError(f"{manifest.path}: resharded_from must be {{\"plan_digest\": str, \"from_step\": int >= 0}}, "
+                         f"got {raw!r}; re-run fsdata balance")
+    return {"plan_digest": raw["plan_digest"], "from_step": raw["from_step"]}
 
 
 def load_manifest(shards_dir: str) -> Manifest:

@@ -29,7 +29,8 @@ from torch.autograd.profiler import record_function
 from fsdata.samples import schema
 from fstrain.data.batch import Batch, make_batch
 from fstrain.errors import ShardError, ShardMismatchError
-from fstrain.data.manifest import check_world_size, load_manifest, load_step_counts, load_step_tokens
+from fstrain.data.manifest import (check_world_size, file_plan_digest, load_manifest, load_step_counts,
+                                   load_step_tokens, plan_digest)
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class ShardReader:
         missing = [c for c in _READ_COLUMNS if c not in names]
         if missing:
             raise ShardError(f"rank {self.rank}: {path} lacks columns {missing}; re-run fsdata balance")
+        self._check_identity(pf)
         step_col = _leaf_index(pf, schema.STEP)
         lo_all, hi_all, keep = None, None, []
         for i in range(md.num_row_groups):
@@ -119,6 +121,31 @@ class ShardReader:
             raise ShardMismatchError(f"rank {self.rank}: {path} holds steps {lo_all}..{hi_all} but the manifest "
                                      f"says 0..{m.num_steps - 1} on every rank; re-run fsdata balance")
         return pf, keep
+
+    def _check_identity(self, pf: pq.ParquetFile) -> None:
+        """This rank's file is of this output and this rank: its ``fsdata.plan_digest`` equals the
+        output's (:func:`~fstrain.data.manifest.plan_digest`) and its ``rank`` column statistics say
+        this rank (the values are checked again while reading, :meth:`_decode`).
+
+        Raises:
+            ShardError: a rank file of another output or of another rank (e.g. copied over this one).
+        """
+        m, path = self.manifest, self.path
+        got = file_plan_digest(pf)
+        want = plan_digest(m) if got is not None or isinstance(m.extra.get("plan_digest"), str) else None
+        if want is not None and got != want:
+            raise ShardError(f"rank {self.rank}: {path} was written from plan {got} but {m.path} is plan {want}: "
+                             "a rank file of another output; copy the whole OUTPUT again or re-run fsdata balance")
+        self._rank_col = schema.RANK if schema.RANK in pf.schema_arrow.names else None
+        if self._rank_col is None:
+            return  # format version 1: the rank is the folder name only
+        col = _leaf_index(pf, schema.RANK)
+        for i in range(pf.metadata.num_row_groups):
+            st = pf.metadata.row_group(i).column(col).statistics
+            if st is not None and st.has_min_max and not int(st.min) == int(st.max) == self.rank:
+                raise ShardError(f"rank {self.rank}: {path} holds rows of rank {int(st.min)}..{int(st.max)} (its "
+                                 f"`rank` column): a rank file copied over another; copy the whole OUTPUT again "
+                                 "or re-run fsdata balance")
 
     @property
     def has_token_counts(self) -> bool:
@@ -162,6 +189,8 @@ class ShardReader:
     def _decode(self, columns: Sequence[str] = ()) -> Iterator[tuple[Batch, pa.Table | None]]:
         expect = self.start_step
         read = _READ_COLUMNS + [c for c in columns if c not in _READ_COLUMNS]
+        if self._rank_col and self._rank_col not in read:
+            read.append(self._rank_col)
         for i in self._row_groups:
             with record_function("## read_row_group ##"):
                 try:
@@ -177,6 +206,10 @@ class ShardReader:
             np.cumsum(lengths, out=offsets[1:])
             targets = t.column(schema.TARGET_ITEM_ID).to_numpy()
             sids = t.column(schema.SAMPLE_ID).to_numpy()
+            if self._rank_col and (t.column(self._rank_col).to_numpy() != self.rank).any():
+                raise ShardError(f"rank {self.rank}: {self.path} row group {i} holds rows of another rank (its "
+                                 "`rank` column): a rank file copied over another; copy the whole OUTPUT again "
+                                 "or re-run fsdata balance")
             if len(steps) and (np.diff(steps) < 0).any():
                 raise ShardError(f"rank {self.rank}: {self.path} row group {i} is not sorted by step; "
                                  "re-run fsdata balance")

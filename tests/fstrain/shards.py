@@ -6,6 +6,7 @@ tests run without it, and can write the *same global batches* under different as
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 
 from fsdata.shards import manifest as schema  # the shard format's file names
 from fsdata.balancer.partitioners import partition_steps
+from fsdata.shards.plan_file import PLAN_DIGEST_KEY
 
 
 def synthetic_steps(num_steps: int, global_batch: int, *, seed: int = 0, num_items: int = 50,
@@ -34,7 +36,8 @@ def synthetic_steps(num_steps: int, global_batch: int, *, seed: int = 0, num_ite
 
 def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_rank: int,
                  strategy: str = "balanced", policy: str = "fixed", seed: int = 0, num_items: int = 50,
-                 max_len: int = 24, steps_per_row_group: int = 2, samples: str | None = None) -> str:
+                 max_len: int = 24, steps_per_row_group: int = 2, samples: str | None = None,
+                 plan_digest: str | None = None, manifest_extra: dict | None = None) -> str:
     """Write an fsdata-format OUTPUT with ``num_ranks`` rank files; returns ``out``.
 
     ``samples`` (``per-user`` / ``per-event``) is recorded as the manifest's ``settings.samples``
@@ -43,7 +46,14 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
     ``strategy='balanced'`` assigns with LPT on ``L^2 + 64 L``; ``'shuffle'`` cuts contiguously.
     ``policy='cost-budget'`` gives every step random per-rank counts (>= 1, same global batch).
     The global batches depend only on ``seed``, never on the strategy or policy.
+
+    Every rank file carries a ``rank`` int32 column and ``fsdata.plan_digest`` key-value metadata
+    (``plan_digest``; default: a digest of the arguments), as fsdata's writer does.
+    ``manifest_extra`` keys are added to the manifest (e.g. ``plan_digest``, ``resharded_from``).
     """
+    if plan_digest is None:
+        key = json.dumps([num_ranks, num_steps, batch_size_per_rank, strategy, policy, seed, num_items, max_len])
+        plan_digest = "sha256:" + hashlib.sha256(key.encode()).hexdigest()
     R, B = num_ranks, batch_size_per_rank
     steps = synthetic_steps(num_steps, R * B, seed=seed, num_items=num_items, max_len=max_len)
     rng = np.random.default_rng(seed + 1)
@@ -75,7 +85,9 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
             "item_ids": pa.array([steps[s]["item_ids"][i].tolist() for s, i in rows], pa.list_(pa.int64())),
             "target_item_id": pa.array([int(steps[s]["target_item_id"][i]) for s, i in rows], pa.int64()),
             "step": pa.array([s for s, _ in rows], pa.int32()),
+            "rank": pa.array([r] * len(rows), pa.int32()),
         })
+        tab = tab.replace_schema_metadata({PLAN_DIGEST_KEY: plan_digest.encode()})
         path = os.path.join(out, rel)
         with pq.ParquetWriter(path, tab.schema, compression="zstd") as w:
             step_col = tab.column("step").to_numpy()
@@ -96,9 +108,10 @@ def write_shards(out: str, *, num_ranks: int, num_steps: int, batch_size_per_ran
                 "num_samples_dropped": 0, "remainder_policy": "drop", "dropped_file": None,
                 "cost_model": {"kind": "polynomial", "name": "quadratic", "coefficients": [0.0, 64.0, 1.0]},
                 "seed": seed, "predicted_bubble": 0.0, "baseline_predicted_bubble": 0.0,
-                "lower_bound_bubble": 0.0, "columns": ["sample_id", "user_id", "item_ids", "target_item_id", "step"],
+                "lower_bound_bubble": 0.0,
+                "columns": ["sample_id", "user_id", "item_ids", "target_item_id", "step", "rank"],
                 "step_stats_file": schema.STEP_STATS_NAME, "files": files,
-                "settings": {} if samples is None else {"samples": samples}}
+                "settings": {} if samples is None else {"samples": samples}, **(manifest_extra or {})}
     with open(os.path.join(out, schema.MANIFEST_NAME), "w") as f:
         json.dump(manifest, f, indent=1)
     return out
