@@ -28,7 +28,8 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import check_world_size, infer_num_items, load_manifest, steps_per_epoch
+from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_items, load_manifest, resolve_num_items,
+                                   steps_per_epoch)
 from fstrain.data.reader import ShardReader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
@@ -124,6 +125,31 @@ def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
         raise ShardError("another rank failed to open its shard (see its error); this rank stops too")
 
 
+def _num_items(cfg: TrainConfig, manifest) -> tuple[int, str]:
+    """The model's ``num_items`` and its source: ``--num-items``, else
+    :func:`fstrain.data.manifest.resolve_num_items` (manifest, evaluation file metadata, inferred
+    over shards and evaluation file); the shards' and the evaluation file's ids are checked against it.
+
+    Raises:
+        ConfigError: an item id of the shards or of the evaluation file is ``>= num_items``.
+    """
+    if cfg.model.num_items is not None:
+        num_items, source = cfg.model.num_items, "--num-items"
+    else:
+        num_items, source = resolve_num_items(manifest, cfg.eval.data)
+    if source != "inferred":
+        try:
+            seen = infer_num_items(manifest)
+        except ShardError:
+            seen = None  # no footer statistics: nothing to check cheaply
+        if seen is not None and seen > num_items:
+            raise ConfigError(f"{cfg.shards} has item id {seen - 1} but the model has num_items {num_items} "
+                              f"({source}); pass --num-items {seen} or more")
+    if cfg.eval.data:
+        check_eval_ids(cfg.eval.data, num_items, source)
+    return num_items, source
+
+
 @dataclass(slots=True)
 class TrainResult:
     """What :func:`train` returns: the run summary, the sharded model and its optimizer."""
@@ -182,10 +208,13 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
                               "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
                               "or --pipeline prioritized")
+    num_items, source = _num_items(cfg, manifest)  # and the evaluation file checked against it: before init
     env = env or init_distributed(timeout_seconds=cfg.collective_timeout_seconds, comm=cfg.comm)
     guard.start(env)
+    if env.rank == 0:
+        logger.info("num_items %d (%s)", num_items, source)
     torch.manual_seed(cfg.seed)
-    mcfg = cfg.model.for_data(manifest, num_items=infer_num_items(manifest) if cfg.model.num_items is None else None)
+    mcfg = cfg.model.for_data(manifest, num_items=num_items)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0

@@ -417,6 +417,23 @@ class Evaluator:
         pq.write_table(pa.Table.from_pylist(self.records), path)
 
 
+def _recorded_num_items(shards: str | None, eval_path: str) -> dict:
+    """``{"num_items": n}`` from the manifest of the checkpoint's recorded shards, else from the
+    evaluation file's metadata (:func:`fstrain.data.manifest.eval_file_num_items`); ``{}`` if neither records it."""
+    from fstrain.data.manifest import eval_file_num_items, load_manifest, recorded_num_items
+    from fstrain.errors import FstrainError
+
+    if shards:
+        try:
+            n = recorded_num_items(load_manifest(shards))
+        except FstrainError:
+            n = None  # the shards moved or are gone: the evaluation file may still say
+        if n is not None:
+            return {"num_items": n}
+    n = eval_file_num_items(eval_path) if os.path.isfile(eval_path) else None
+    return {} if n is None else {"num_items": n}
+
+
 def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None = None, k: int = DEFAULT_K,
                         batch_size: int = 256, mask_history: bool = True, padding_id: int = 0,
                         backend: str = "auto", max_users: int | None = None) -> dict:
@@ -451,9 +468,15 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     kw = dict(meta.get("model") or {})
     kw.update(model or {})
     if "num_items" not in kw:
+        kw.update(_recorded_num_items(meta.get("shards"), eval_path))
+    if "num_items" not in kw:
         raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
                           "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
     data = load_eval_data(eval_path).subsample(max_users)
+    if data.max_item_id() >= kw["num_items"]:  # before any process group or model exists
+        raise ConfigError(f"evaluation file {eval_path} has item id {data.max_item_id()} but {checkpoint} has "
+                          f"num_items {kw['num_items']}; evaluate it on held-out data of the conversion it was "
+                          "trained on")
     env = init_distributed(backend)
     cfg = Config(**kw)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint

@@ -6,6 +6,7 @@ Every check here runs before any collective, so a bad OUTPUT fails every rank in
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -17,7 +18,7 @@ from fsdata import fsio
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fsdata.errors import command, in_cli, setting
-from fstrain.errors import ShardError, ShardMismatchError
+from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,115 @@ def infer_num_items(manifest: Manifest) -> int:
                 hi = max(hi, int(st.max))
     return hi + 1
 
+
+
+#: Parquet key-value metadata keys (JSON) of ``fsdata convert``'s outputs that may record ``num_items``,
+#: in the order they are read from an evaluation file (docs/format.md).
+EVAL_META_KEYS = (b"freescale.holdout", b"freescale.convert")
+
+
+def recorded_num_items(manifest: Manifest) -> int | None:
+    """The ``num_items`` the manifest records (``fsdata convert`` -> ``fsdata balance``), or None."""
+    v = manifest.extra.get("num_items")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+        raise ShardError(f"{manifest.path}: num_items must be an integer >= 2, got {v!r}; re-run fsdata balance, "
+                         "or pass --num-items")
+    return v
+
+
+def eval_file_num_items(path: str) -> int | None:
+    """The ``num_items`` an evaluation file's Parquet metadata records: ``freescale.holdout``'s, else
+    ``freescale.convert``'s ``num_items`` (``fsdata convert`` writes them); None when neither does.
+
+    Raises:
+        ShardError: the file is missing or not Parquet, or a recorded value is not an integer >= 2.
+    """
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except FileNotFoundError:
+        raise ShardError(f"evaluation file {path} not found; write one with "
+                         "`fsdata convert ... --holdout last --holdout-output EVAL.parquet`") from None
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"evaluation file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
+                         "re-create it with fsdata convert --holdout last") from None
+    for key in EVAL_META_KEYS:
+        try:
+            v = json.loads(meta[key]).get("num_items") if key in meta else None
+        except (ValueError, AttributeError):
+            v = None
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise ShardError(f"evaluation file {path}: {key.decode()} num_items must be an integer >= 2, "
+                                 f"got {v!r}; re-create it with fsdata convert, or pass --num-items")
+            return v
+    return None
+
+
+def eval_file_max_item_id(path: str) -> int:
+    """Largest item id in an evaluation file's histories and targets (-1 when it has no rows).
+
+    Raises:
+        ShardError: unreadable file or missing ``item_ids`` / ``target_item_id`` columns.
+    """
+    try:
+        t = pq.read_table(path, columns=[schema.ITEM_IDS, schema.TARGET_ITEM_ID])
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise ShardError(f"evaluation file {path} is unreadable or lacks item_ids / target_item_id "
+                         f"({str(e).splitlines()[0]}); re-create it with fsdata convert --holdout last") from None
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    hist = pc.max(t.column(schema.ITEM_IDS).combine_chunks().flatten()).as_py()
+    tgt = pc.max(t.column(schema.TARGET_ITEM_ID)).as_py()
+    return int(max(-1 if hist is None else hist, -1 if tgt is None else tgt))
+
+
+def resolve_num_items(manifest: Manifest, eval_path: str | None = None) -> tuple[int, str]:
+    """The item table size a model trained on these shards needs, and where it came from.
+
+    In order: the manifest's ``num_items`` (recorded by ``fsdata convert``, carried by ``fsdata
+    balance``); the evaluation file's metadata (:func:`eval_file_num_items`); else inferred as
+    ``max id + 1`` over the shards (:func:`infer_num_items`) *and* the evaluation file's histories
+    and targets, so an item seen only as a held-out target still has a row. ``--num-items`` is
+    applied by the caller, before this.
+
+    Args:
+        manifest: the shards' manifest.
+        eval_path: the evaluation file (``--eval-data``), or None.
+
+    Returns:
+        ``(num_items, source)``; ``source`` is ``"manifest"``, ``"evaluation file metadata"`` or
+        ``"inferred"``.
+
+    Raises:
+        ShardError: a recorded value is malformed, or the statistics needed to infer it are missing.
+    """
+    n = recorded_num_items(manifest)
+    if n is not None:
+        return n, "manifest"
+    if eval_path:
+        n = eval_file_num_items(eval_path)
+        if n is not None:
+            return n, "evaluation file metadata"
+    n = infer_num_items(manifest)
+    if eval_path:
+        n = max(n, eval_file_max_item_id(eval_path) + 1)
+    return n, "inferred"
+
+
+def check_eval_ids(eval_path: str, num_items: int, source: str) -> None:
+    """Refuse an evaluation file whose item ids do not fit a model of ``num_items`` rows.
+
+    Raises:
+        ConfigError: an item id in the evaluation file is ``>= num_items`` (the line names both,
+            where ``num_items`` came from, and the fix).
+    """
+    hi = eval_file_max_item_id(eval_path)
+    if hi >= num_items:
+        raise ConfigError(f"evaluation file {eval_path} has item id {hi} but the model has num_items {num_items} "
+                          f"({source}); the evaluation data and the shards come from different conversions: "
+                          f"convert both with the same fsdata convert run, or pass --num-items {hi + 1}")
 
 
 def steps_per_epoch(manifest: Manifest) -> int:
