@@ -115,14 +115,14 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
 
 
 def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
-    """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=env.device)
+    """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging:
+    every rank raises the first failing rank's message (so rank 0 can print it, once)."""
     if dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if not ok:
-        raise ShardError(message)
-    if int(flag.item()) == 0:
-        raise ShardError("another rank failed to open its shard (see its error); this rank stops too")
+        messages: list = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, "" if ok else message)
+        message = next((m for m in messages if m), "")
+    if message or not ok:
+        raise ShardError(message or "a rank failed to open its shard")
 
 
 def _num_items(cfg: TrainConfig, manifest) -> tuple[int, str]:
@@ -181,6 +181,9 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     guard = PeerGuard(cfg.collective_timeout_seconds)
     try:
         return _train(cfg, env, guard)
+    except FstrainError as e:
+        e.rank_local = guard.stepping  # before the first step every rank raises the same error
+        raise
     except (RuntimeError, CommError, dist.DistError) as e:
         line = guard.watchdog.peer_failure(e) if guard.watchdog is not None else None
         if line is None:
@@ -271,6 +274,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     heap = HeapTrimmer()  # resident memory flat over long runs (fstrain/components/heap.py)
     bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
                file=sys.stderr)
+    guard.stepping = True
     for item in source:
         timing = None
         if pipe:
