@@ -28,8 +28,8 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_items, load_manifest, resolve_num_items,
-                                   steps_per_epoch)
+from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_codes, infer_num_items, load_manifest,
+                                   resolve_action_column, resolve_num_items, steps_per_epoch)
 from fstrain.data.reader import ShardReader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
@@ -212,12 +212,20 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                               "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
                               "or --pipeline prioritized")
     num_items, source = _num_items(cfg, manifest)  # and the evaluation file checked against it: before init
+    action = resolve_action_column(manifest, cfg.model.model, cfg.model.action_column)
+    num_actions = (cfg.model.num_actions or infer_num_codes(manifest, action)) if action else None
+    if action and cfg.eval.data:
+        from fstrain.components.evaluator import load_eval_data
+
+        load_eval_data(cfg.eval.data, action_column=action)  # the evaluation file carries the action column too
     env = env or init_distributed(timeout_seconds=cfg.collective_timeout_seconds, comm=cfg.comm)
     guard.start(env)
     if env.rank == 0:
         logger.info("num_items %d (%s)", num_items, source)
     torch.manual_seed(cfg.seed)
-    mcfg = cfg.model.for_data(manifest, num_items=num_items)
+    mcfg = replace(cfg.model.for_data(manifest, num_items=num_items), action_column=action, num_actions=num_actions)
+    if env.rank == 0 and action:
+        logger.info("action input: feature column %r, %d codes", action, num_actions)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start = 0
@@ -232,9 +240,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         if cfg.simulate_ranks:
             from fstrain.data.simulate import GlobalBatchReader
 
-            reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps), ""
+            reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps, action_column=action), ""
         else:
-            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps), ""
+            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps,
+                                      action_column=action), ""
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
@@ -247,7 +256,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         every = cfg.eval.every_epochs * spe if cfg.eval.every_epochs else cfg.eval.every_steps
         evaluator = Evaluator(cfg.eval.data, every_steps=every, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
-                              max_users=cfg.eval.max_users, steps_per_epoch=spe)
+                              max_users=cfg.eval.max_users, steps_per_epoch=spe, action_column=action)
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync

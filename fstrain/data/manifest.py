@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -191,6 +192,20 @@ def recorded_num_items(manifest: Manifest) -> int | None:
     return v
 
 
+def recorded_num_items_of(shards: str | None, eval_path: str) -> int | None:
+    """``num_items`` recorded by the manifest of ``shards`` (e.g. a checkpoint's recorded shards),
+    else by the evaluation file's metadata (:func:`eval_file_num_items`); None if neither records it
+    (shards that moved or are gone are skipped)."""
+    if shards:
+        try:
+            n = recorded_num_items(load_manifest(shards))
+        except ShardError:
+            n = None
+        if n is not None:
+            return n
+    return eval_file_num_items(eval_path) if os.path.isfile(eval_path) else None
+
+
 def eval_file_num_items(path: str) -> int | None:
     """The ``num_items`` an evaluation file's Parquet metadata records: ``freescale.holdout``'s, else
     ``freescale.convert``'s ``num_items`` (``fsdata convert`` writes them); None when neither does.
@@ -282,6 +297,85 @@ def check_eval_ids(eval_path: str, num_items: int, source: str) -> None:
         raise ConfigError(f"evaluation file {eval_path} has item id {hi} but the model has num_items {num_items} "
                           f"({source}); the evaluation data and the shards come from different conversions: "
                           f"convert both with the same fsdata convert run, or pass --num-items {hi + 1}")
+
+
+def check_feature_column(arrow_schema: pa.Schema, name: str, where: str) -> None:
+    """Refuse a feature column that cannot be an action input: missing, or not a list of integers.
+
+    Raises:
+        ShardError: naming the column, what ``where`` has, and the fix.
+    """
+    if name not in arrow_schema.names:
+        raise ShardError(f"{where} has no feature column {name!r} (it has {arrow_schema.names}); convert with "
+                         f"fsdata convert --feature-cols {name}, or pass --action-column none")
+    t = arrow_schema.field(name).type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
+        raise ShardError(f"{where}: feature column {name!r} is {t}, but an action input needs a list of integer "
+                         "codes aligned with item_ids; pass --action-column none or another column")
+
+
+def feature_columns(manifest: Manifest) -> list[str]:
+    """The manifest's ``feature_columns`` (``fsdata convert --feature-cols``): list columns of the
+    rank files aligned with ``item_ids``; ``[]`` when it lists none."""
+    v = manifest.extra.get("feature_columns") or []
+    return [str(c) for c in v] if isinstance(v, list) else []
+
+
+def resolve_action_column(manifest: Manifest, model: str, requested: str | None) -> str | None:
+    """The feature column a model reads as its action input (``Config.action_column``).
+
+    ``"none"``: None. A named column: checked in rank 0's file (:func:`check_feature_column`).
+    ``None``: for ``hstu``, the manifest's feature column ``action`` if listed, else its first
+    feature column holding integer lists; None for ``sasrec`` or when there is none.
+
+    Raises:
+        ShardError: a named column is missing or not a list of integers.
+    """
+    if requested == "none" or (requested is None and model != "hstu"):
+        return None
+    path = manifest.rank_file(0)
+    try:
+        arrow_schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"rank 0: {path} is unreadable ({str(e).splitlines()[0]}); re-run fsdata balance") from None
+    if requested is not None:
+        check_feature_column(arrow_schema, requested, f"rank 0: {path}")
+        return requested
+    listed = feature_columns(manifest)
+    for name in (["action"] if "action" in listed else []) + listed:
+        t = arrow_schema.field(name).type if name in arrow_schema.names else None
+        if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type):
+            return name
+    return None
+
+
+def infer_num_codes(manifest: Manifest, column: str) -> int:
+    """Rows an embedding table of list column ``column`` needs: ``max code + 1`` over every rank
+    file, from the Parquet footers' statistics (no data read; every rank gets the same answer).
+
+    Raises:
+        ShardError: a file is unreadable, or has no statistics or a negative code in ``column``.
+    """
+    hi, leaf = -1, f"{column}.list.element"
+    for r in range(manifest.num_ranks):
+        path = manifest.rank_file(r)
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as e:
+            raise ShardError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]}); re-run fsdata balance") from None
+        md = pf.metadata
+        idx = [j for j in range(md.num_columns) if pf.schema.column(j).path == leaf]
+        for g in range(md.num_row_groups):
+            for j in idx:
+                st = md.row_group(g).column(j).statistics
+                if md.row_group(g).column(j).num_values == 0:
+                    continue
+                if st is None or not st.has_min_max:
+                    raise ShardError(f"{path}: no min/max statistics on {leaf}; pass --num-actions explicitly")
+                if int(st.min) < 0:
+                    raise ShardError(f"{path}: {column} has negative code {int(st.min)}; action codes must be >= 0")
+                hi = max(hi, int(st.max))
+    return max(hi + 1, 1)
 
 
 def steps_per_epoch(manifest: Manifest) -> int:

@@ -126,11 +126,11 @@ def test_train_and_evaluate_without_num_items_on_an_item_only_held_out(tmp_path)
 
 
 def test_evaluate_takes_num_items_from_the_checkpoints_shards_when_not_recorded(tmp_path):
-    from fstrain.components.evaluator import _recorded_num_items
+    from fstrain.data.manifest import recorded_num_items_of
 
     shards = _record(write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=8),
                      num_items=300)
     ev = eval_file(tmp_path / "e.parquet", [3], holdout={"num_items": 80})
-    assert _recorded_num_items(shards, ev) == {"num_items": 300}
-    assert _recorded_num_items(str(tmp_path / "gone"), ev) == {"num_items": 80}
-    assert _recorded_num_items(None, eval_file(tmp_path / "p.parquet", [3])) == {}
+    assert recorded_num_items_of(shards, ev) == 300
+    assert recorded_num_items_of(str(tmp_path / "gone"), ev) == 80
+    assert recorded_num_items_of(None, eval_file(tmp_path / "p.parquet", [3])) is None
