@@ -19,6 +19,11 @@ Models (``Config.model``), both on the jagged values ``[T x d]`` (no padding out
   SiLU attention normalised by the sequence length bound, U gating, relative position bias, no
   feed-forward; same input embedding.
 
+Action input (``Config.action_column``, off by default for ``sasrec``): an embedding of each
+history position's action code (a feature column aligned with ``item_ids``) summed into the input,
+``sqrt(d) * item + position + action``, as HSTU conditions on the actions beside the items
+(generative-recommenders' ``ActionEncoder``); the sequence length is unchanged.
+
 Objectives (``Config.objective``):
 
 * ``all-positions`` (per-user samples, the field's recipe: SASRec, S3-Rec, generative-recommenders'
