@@ -1,9 +1,10 @@
 """README.md's per-user training and evaluation block runs without ``--num-items`` on a leave-one-out split in
-which an item appears only as a held-out target: with no recorded ``num_items`` (inferred over the shards and
+which an item appears only as a held-out target, on a head of every dataset of ../shared/datasets: with no recorded ``num_items`` (inferred over the shards and
 the evaluation file) and with one recorded in the manifest (as ``fsdata convert`` + ``fsdata balance`` record it).
 
-The block's commands are the README's text; only the dataset path (a head of a sequences-format dataset of
-../shared/datasets with one held-out-only item appended) and ``.venv/bin/`` are replaced.
+The block's commands are the README's text; only the dataset path (a head of the dataset with one
+held-out-only item appended), the convert line's ``--format`` for event logs (as docs/fsdata.md shows) and
+``.venv/bin/`` are replaced.
 """
 
 from __future__ import annotations
@@ -45,6 +46,27 @@ def held_out_only_split(src: Path, dst: Path, num_users: int = 300) -> int:
     return new
 
 
+def held_out_only_events(src: Path, dst: Path, num_lines: int, csv: bool) -> int:
+    """The first ``num_lines`` event lines of ``src`` (a ``user item`` log, or the ``userId,Id,rating,timestamp``
+    CSV with its header) plus one event of a new item, the last event of the first user with 3 events;
+    returns the new id."""
+    with open(src) as f:
+        head = [next(f) for _ in range(num_lines + (1 if csv else 0))]
+    rows = [ln.strip().split("," if csv else None) for ln in head[1 if csv else 0:]]
+    new = max(int(r[1]) for r in rows) + 1
+    users = [r[0] for r in rows]
+    user = next(u for u in users if users.count(u) >= 3)
+    last = max(int(r[3]) for r in rows) + 1 if csv else None
+    extra = f"{user},{new},5.0,{last}\n" if csv else f"{user} {new}\n"
+    dst.write_text("".join(head) + extra)
+    return new
+
+
+#: dataset -> the README convert line's ``--format sequences`` as docs/fsdata.md adapts it for that file
+CONVERT_FORMAT = {"amazon-beauty_bert4rec/beauty.txt": "--format events",
+                  "ml-latest-small/ratings.csv": "--format events --user-col userId --item-col Id --time-col timestamp"}
+
+
 def test_per_user_block_is_parsed():
     cmds = per_user_block()
     assert [c.split()[0].rsplit("/", 1)[-1] for c in cmds] == ["fsdata", "fsdata", "torchrun", "fstrain"]
@@ -61,12 +83,18 @@ def _run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("dataset,recorded", [(SEQUENCE_DATASETS[0], False), (SEQUENCE_DATASETS[0], True),
-                                              (SEQUENCE_DATASETS[1], False), (SEQUENCE_DATASETS[2], False)])
+                                              (SEQUENCE_DATASETS[1], False), (SEQUENCE_DATASETS[2], False),
+                                              *((d, False) for d in CONVERT_FORMAT)])
 def test_readme_per_user_block_needs_no_num_items(tmp_path, dataset, recorded):
-    data = tmp_path / "head.txt"
-    new = held_out_only_split(dataset_path(dataset), data)
+    data = tmp_path / ("head.csv" if dataset.endswith(".csv") else "head.txt")
+    if dataset in CONVERT_FORMAT:
+        csv = dataset.endswith(".csv")
+        new = held_out_only_events(dataset_path(dataset), data, 20000 if csv else 3000, csv)
+    else:
+        new = held_out_only_split(dataset_path(dataset), data)
     bin_dir = Path(sys.executable).parent
     cmds = [c.replace(ML1M_IN_README, str(data)).replace(".venv/bin/", f"{bin_dir}/") for c in per_user_block()]
+    cmds[0] = cmds[0].replace("--format sequences", CONVERT_FORMAT.get(dataset, "--format sequences"))
     convert, balance, train, evaluate = cmds
     _run(convert, tmp_path)
     ev = pq.read_table(tmp_path / "ml1m-eval.parquet")

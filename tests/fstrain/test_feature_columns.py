@@ -107,12 +107,12 @@ def test_hstu_action_input_is_summed_into_every_position():
     assert plain.action is None and not any("action" in n for n, _ in plain.named_parameters())
 
 
-def _train(shards, ev, ckpt, model):
+def _train(shards, ev, ckpt, model, pipeline="none"):
     from fstrain.components.evaluator import evaluate_checkpoint
     from fstrain.config import from_dict
     from fstrain.train import train
 
-    res = train(from_dict({"shards": shards, "model": model, "max_steps": 3, "pipeline.name": "none",
+    res = train(from_dict({"shards": shards, "model": model, "max_steps": 3, "pipeline.name": pipeline,
                            "metrics.log_every_steps": 0, "eval": {"data": ev}, "checkpoint.dir": ckpt}))
     again = evaluate_checkpoint(os.path.join(ckpt, "step-00000003"), ev)
     meta = json.load(open(os.path.join(ckpt, "step-00000003", "fstrain.json")))
@@ -128,6 +128,9 @@ def test_train_hstu_takes_the_action_column_and_evaluate_reads_it_back(tmp_path)
     [(final, again, model)] = run_ranks(_train, 1, out, ev, str(d / "ckpt"), MODEL)
     assert model["action_column"] == "action" and model["num_actions"] == NUM_ACTIONS
     assert again["ndcg@10"] == pytest.approx(final["ndcg@10"], abs=1e-9)
+    # the prioritized pipeline (the CPU default) carries the actions the same way: the same parameters
+    [(piped, _, _)] = run_ranks(_train, 1, out, ev, str(d / "ckpt-p"), MODEL, "prioritized")
+    assert piped["ndcg@10"] == pytest.approx(final["ndcg@10"], abs=1e-6)
     [(_, _, off)] = run_ranks(_train, 1, out, ev, str(d / "ckpt2"), {**MODEL, "action_column": "none"})
     assert off["num_actions"] is None
     [(_, _, sas)] = run_ranks(_train, 1, out, ev, str(d / "ckpt3"), {**MODEL, "model": "sasrec"})
