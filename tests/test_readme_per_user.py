@@ -1,6 +1,7 @@
 """README.md's per-user training and evaluation block runs without ``--num-items`` on a leave-one-out split in
-which an item appears only as a held-out target, on a head of every dataset of ../shared/datasets: with no recorded ``num_items`` (inferred over the shards and
-the evaluation file) and with one recorded in the manifest (as ``fsdata convert`` + ``fsdata balance`` record it).
+which an item appears only as a held-out target, on a head of every dataset of ../shared/datasets: with no
+recorded ``num_items`` (inferred over the shards and the evaluation file) and with one recorded in the manifest
+(as ``fsdata convert`` + ``fsdata balance`` record it).
 
 The block's commands are the README's text; only the dataset path (a head of the dataset with one
 held-out-only item appended), the convert line's ``--format`` for event logs (as docs/fsdata.md shows) and

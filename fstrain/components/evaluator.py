@@ -480,14 +480,13 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     if "num_items" not in kw:
         raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
                           "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
-    action = kw.get("action_column") if kw.get("num_actions") is not None and kw.get("action_column") != "none" else None
-    data = load_eval_data(eval_path, action).subsample(max_users)
+    cfg = Config(**kw)
+    data = load_eval_data(eval_path, cfg.action_column if cfg.uses_actions else None).subsample(max_users)
     if data.max_item_id() >= kw["num_items"]:  # before any process group or model exists
         raise ConfigError(f"evaluation file {eval_path} has item id {data.max_item_id()} but {checkpoint} has "
                           f"num_items {kw['num_items']}; evaluate it on held-out data of the conversion it was "
                           "trained on")
     env = init_distributed(backend)
-    cfg = Config(**kw)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
     dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
     load_model_weights(dmp, checkpoint, kw)

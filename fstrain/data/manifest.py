@@ -362,7 +362,8 @@ def infer_num_codes(manifest: Manifest, column: str) -> int:
         try:
             pf = pq.ParquetFile(path)
         except (OSError, pa.ArrowException) as e:
-            raise ShardError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]}); re-run fsdata balance") from None
+            raise ShardError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]}); "
+                             "re-run fsdata balance") from None
         md = pf.metadata
         idx = [j for j in range(md.num_columns) if pf.schema.column(j).path == leaf]
         for g in range(md.num_row_groups):
