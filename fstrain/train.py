@@ -29,7 +29,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
 from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_codes, infer_num_items, load_manifest,
-                                   resolve_action_column, resolve_num_items, steps_per_epoch)
+                                   max_history_length, resolve_action_column, resolve_num_items, steps_per_epoch)
 from fstrain.data.reader import ShardReader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
@@ -131,7 +131,8 @@ def _num_items(cfg: TrainConfig, manifest) -> tuple[int, str]:
     over shards and evaluation file); the shards' and the evaluation file's ids are checked against it.
 
     Raises:
-        ConfigError: an item id of the shards or of the evaluation file is ``>= num_items``.
+        ConfigError: an item id of the shards or of the evaluation file is ``>= num_items``, or the
+            shards' longest history (``seq_len`` statistics) exceeds ``--max-seq-len``.
     """
     if cfg.model.num_items is not None:
         num_items, source = cfg.model.num_items, "--num-items"
@@ -147,6 +148,10 @@ def _num_items(cfg: TrainConfig, manifest) -> tuple[int, str]:
                               f"({source}); pass --num-items {seen} or more")
     if cfg.eval.data:
         check_eval_ids(cfg.eval.data, num_items, source)
+    longest = max_history_length(manifest)
+    if longest is not None and longest > cfg.model.max_seq_len:  # else every rank fails in its first step
+        raise ConfigError(f"{cfg.shards} has a history of {longest} items but max_seq_len is {cfg.model.max_seq_len}; "
+                          f"pass --max-seq-len {longest} or cap lengths in fsdata convert (--max-seq-len)")
     return num_items, source
 
 

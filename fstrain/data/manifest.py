@@ -379,6 +379,27 @@ def infer_num_codes(manifest: Manifest, column: str) -> int:
     return max(hi + 1, 1)
 
 
+def max_history_length(manifest: Manifest) -> int | None:
+    """The longest history over every rank file, from the footer statistics of ``seq_len``
+    (``fsdata convert`` writes it); None when a file has no such column or statistics."""
+    hi = 0
+    for r in range(manifest.num_ranks):
+        try:
+            pf = pq.ParquetFile(manifest.rank_file(r))
+        except (OSError, pa.ArrowException):
+            return None  # the reader names the broken file
+        md = pf.metadata
+        idx = [j for j in range(md.num_columns) if pf.schema.column(j).path == schema.SEQ_LEN]
+        if not idx:
+            return None
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(idx[0]).statistics
+            if md.row_group(g).num_rows and (st is None or not st.has_min_max):
+                return None
+            hi = max(hi, int(st.max)) if md.row_group(g).num_rows else hi
+    return hi
+
+
 def steps_per_epoch(manifest: Manifest) -> int:
     """Steps of one epoch of the shards (``fsdata balance --epochs``; one epoch: every step)."""
     return int(manifest.steps_per_epoch)

@@ -134,3 +134,25 @@ def test_evaluate_takes_num_items_from_the_checkpoints_shards_when_not_recorded(
     assert recorded_num_items_of(shards, ev) == 300
     assert recorded_num_items_of(str(tmp_path / "gone"), ev) == 80
     assert recorded_num_items_of(None, eval_file(tmp_path / "p.parquet", [3])) is None
+
+
+def test_a_history_longer_than_max_seq_len_is_refused_before_init(tmp_path, monkeypatch):
+    """Else every rank would fail in its first step (printing the line once per rank under torchrun)."""
+    from fstrain import train as train_mod
+    from fstrain.data.manifest import max_history_length
+    from tests.fstrain.test_feature_columns import _balance, _samples
+
+    out = _balance(_samples(tmp_path / "in.parquet"), str(tmp_path / "out"), ranks=1, feature_columns=())
+    longest = max_history_length(load_manifest(out))
+    lengths = pq.read_table(tmp_path / "in.parquet", columns=["seq_len"]).column("seq_len").to_pylist()
+    assert longest == max(lengths)
+    assert max_history_length(load_manifest(write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=1,
+                                                         batch_size_per_rank=4))) is None  # no seq_len column
+
+    def no_init(**kw):
+        raise AssertionError("init_distributed reached")
+
+    monkeypatch.setattr(train_mod, "init_distributed", no_init)
+    with pytest.raises(ConfigError, match=f"has a history of {longest} items but max_seq_len is 8; "
+                                          f"pass --max-seq-len {longest}"):
+        train_mod.train(from_dict({"shards": out, "model": {**MODEL, "max_seq_len": 8}}))
