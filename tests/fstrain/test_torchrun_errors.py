@@ -51,6 +51,8 @@ def test_a_bad_setting_is_one_line_from_rank_0(tmp_path):
     _check_one_line(out, "but the model has num_items 10 (--num-items); pass --num-items")
     out = _torchrun(shards, "--max-steps", "0", cwd=str(tmp_path))  # refused by the flags' check
     _check_one_line(out, "--max-steps must be >= 1, got 0")
+    out = _torchrun(shards, "--max-stepz", "2", cwd=str(tmp_path))  # a usage error of the parser
+    _check_one_line(out, "unrecognized arguments: --max-stepz")
 
 
 @pytest.mark.multiproc
