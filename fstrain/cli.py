@@ -16,7 +16,8 @@ from fsdata.cliutil import (add_common_flags, add_json_flag, add_output_flag, ad
 from fsdata.guards import check_output_apart
 from fstrain.components.outputs import check_output_file
 from fstrain.config import KEY_ROOT
-from fstrain.errors import FstrainError
+from fstrain.distributed.launch import parse_once, report_user_error, run_recorded
+from fstrain.errors import ConfigError, FstrainError
 from fstrain.quiet import show_all_noise, silence_known_noise
 
 _TRAIN_EPILOG = """examples:
@@ -171,7 +172,7 @@ def _train_config(a: argparse.Namespace, parser):
         train = subparsers(parser)["train"]
         train.set_defaults(**{k if k == "shards" else f"{KEY_ROOT}.{k}": v for k, v in from_file.items()
                               if k in paths or k == "shards"})
-        a = parse_args(a._argv, parser)  # flags given win over the file
+        a = parse_once(lambda: parse_args(a._argv, parser))  # flags given win over the file
     values = {k: v for k, v in from_file.items() if k not in paths}
     values.update({k: getattr(a, k) for k in paths})
     values.update(shards=a.shards, progress=resolve_progress(a.progress))
@@ -189,7 +190,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     configure_heap()  # the step's tensors from the heap, trimmed every 10 steps (fstrain/components/heap.py)
     if cfg.shards is None:
-        parser.error("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
+        raise ConfigError("fstrain train needs SHARDS (an fsdata balance OUTPUT), on the command line or in --config")
     cfg.check()
     for flag, path in (("--checkpoint-dir", cfg.checkpoint.dir), ("--metrics-dir", cfg.metrics.dir),
                        ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):
@@ -204,7 +205,7 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         res = train(cfg)
     except PeerFailureError as e:  # peers are gone: no teardown collective, no interpreter shutdown wait
-        print(f"fstrain train: error: {e}", file=sys.stderr, flush=True)
+        report_user_error(f"fstrain train: error: {e}", rank_local=True)
         os._exit(PEER_FAILURE_EXIT_CODE)
     finally:
         import torch.distributed as dist
@@ -389,11 +390,17 @@ def main(argv: list[str] | None = None) -> int:
 
     A user error is one ``fstrain COMMAND: error:`` line with exit 2; piping into ``head`` exits 141
     quietly (:func:`fsdata.cliutil.cli_main`).
+
+    Under torchrun (docs/fstrain.md, "Errors under torchrun") a user error is printed once, by
+    rank 0 (:mod:`fstrain.distributed.launch`), every worker exits 2, and the line goes to torch
+    elastic's error file, so torchrun's summary shows it; anything else runs under ``@record``.
     """
     parser = build_parser()
     args = sys.argv[1:] if argv is None else list(argv)
-    return cli_main("fstrain", lambda: parse_args(args, parser), lambda a: _main(a, parser), errors=(FstrainError,),
-                    location=("output", "metrics.dir", "checkpoint.dir"), label=lambda a: f"fstrain {a.command}")
+    return run_recorded(lambda: cli_main(
+        "fstrain", lambda: parse_once(lambda: parse_args(args, parser)), lambda a: _main(a, parser),
+        errors=(FstrainError,), location=("output", "metrics.dir", "checkpoint.dir"),
+        label=lambda a: f"fstrain {a.command}"))
 
 
 def _main(a: argparse.Namespace, parser) -> int:
@@ -404,7 +411,13 @@ def _main(a: argparse.Namespace, parser) -> int:
     (show_all_noise if a.verbose else silence_known_noise)()
     cmd = {"train": _cmd_train, "replay": _cmd_replay, "calibrate": _cmd_calibrate, "report": _cmd_report,
            "evaluate": _cmd_evaluate}[a.command]
-    return cmd(a, parser)
+    from fsdata.errors import FsdataError
+
+    try:
+        return cmd(a, parser)
+    except (FsdataError, FstrainError) as e:  # once per job under torchrun (fstrain.distributed.launch)
+        report_user_error(f"fstrain {a.command}: error: {e}", rank_local=getattr(e, "rank_local", False))
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,7 +7,15 @@ numbers involved and the fix. ``fstrain`` prints it on stderr and exits non-zero
 
 
 class FstrainError(Exception):
-    """A user-facing error: bad shards or impossible settings (one-line message with the fix)."""
+    """A user-facing error: bad shards or impossible settings (one-line message with the fix).
+
+    Attributes:
+        rank_local: only the raising rank can see the problem (set by :func:`fstrain.train.train`
+            on errors raised while stepping); under torchrun that rank prints it. Errors raised
+            before the first step are the same on every rank, and only rank 0 prints them.
+    """
+
+    rank_local: bool = False
 
 
 class ShardError(FstrainError):

@@ -28,8 +28,9 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import (check_world_size, infer_num_items, load_manifest, plan_digest, resharded_from,
-                                   steps_per_epoch)
+from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_codes, infer_num_items, load_manifest,
+                                   max_history_length, plan_digest, resharded_from, resolve_action_column,
+                                   resolve_num_items, steps_per_epoch)
 from fstrain.data.reader import ShardReader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
@@ -117,14 +118,44 @@ def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, d
 
 
 def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
-    """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=env.device)
+    """Agree on a rank-local validation result so a bad shard fails every rank instead of hanging:
+    every rank raises the first failing rank's message (so rank 0 can print it, once)."""
     if dist.get_world_size() > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if not ok:
-        raise ShardError(message)
-    if int(flag.item()) == 0:
-        raise ShardError("another rank failed to open its shard (see its error); this rank stops too")
+        messages: list = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, "" if ok else message)
+        message = next((m for m in messages if m), "")
+    if message or not ok:
+        raise ShardError(message or "a rank failed to open its shard")
+
+
+def _num_items(cfg: TrainConfig, manifest) -> tuple[int, str]:
+    """The model's ``num_items`` and its source: ``--num-items``, else
+    :func:`fstrain.data.manifest.resolve_num_items` (manifest, evaluation file metadata, inferred
+    over shards and evaluation file); the shards' and the evaluation file's ids are checked against it.
+
+    Raises:
+        ConfigError: an item id of the shards or of the evaluation file is ``>= num_items``, or the
+            shards' longest history (``seq_len`` statistics) exceeds ``--max-seq-len``.
+    """
+    if cfg.model.num_items is not None:
+        num_items, source = cfg.model.num_items, "--num-items"
+    else:
+        num_items, source = resolve_num_items(manifest, cfg.eval.data)
+    if source != "inferred":
+        try:
+            seen = infer_num_items(manifest)
+        except ShardError:
+            seen = None  # no footer statistics: nothing to check cheaply
+        if seen is not None and seen > num_items:
+            raise ConfigError(f"{cfg.shards} has item id {seen - 1} but the model has num_items {num_items} "
+                              f"({source}); pass --num-items {seen} or more")
+    if cfg.eval.data:
+        check_eval_ids(cfg.eval.data, num_items, source)
+    longest = max_history_length(manifest)
+    if longest is not None and longest > cfg.model.max_seq_len:  # else every rank fails in its first step
+        raise ConfigError(f"{cfg.shards} has a history of {longest} items but max_seq_len is {cfg.model.max_seq_len}; "
+                          f"pass --max-seq-len {longest} or cap lengths in fsdata convert (--max-seq-len)")
+    return num_items, source
 
 
 def _init_source(cfg: TrainConfig) -> str | None:
@@ -167,6 +198,9 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
     guard = PeerGuard(cfg.collective_timeout_seconds)
     try:
         return _train(cfg, env, guard)
+    except FstrainError as e:
+        e.rank_local = guard.stepping  # before the first step every rank raises the same error
+        raise
     except (RuntimeError, CommError, dist.DistError) as e:
         line = guard.watchdog.peer_failure(e) if guard.watchdog is not None else None
         if line is None:
@@ -199,14 +233,24 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
                               "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
                               "or --pipeline prioritized")
+    num_items, source = _num_items(cfg, manifest)  # and the evaluation file checked against it: before init
+    init_from = _init_source(cfg)
+    if init_from and source == "inferred":  # items of the checkpoint absent from today's shards keep their rows
+        num_items = max(num_items, checkpoint_num_items(init_from) or 0)
+    action = resolve_action_column(manifest, cfg.model.model, cfg.model.action_column)
+    num_actions = (cfg.model.num_actions or infer_num_codes(manifest, action)) if action else None
+    if action and cfg.eval.data:
+        from fstrain.components.evaluator import load_eval_data
+
+        load_eval_data(cfg.eval.data, action_column=action)  # the evaluation file carries the action column too
     env = env or init_distributed(timeout_seconds=cfg.collective_timeout_seconds, comm=cfg.comm)
     guard.start(env)
+    if env.rank == 0:
+        logger.info("num_items %d (%s)", num_items, source)
     torch.manual_seed(cfg.seed)
-    init_from = _init_source(cfg)
-    inferred = infer_num_items(manifest) if cfg.model.num_items is None else None
-    if inferred is not None and init_from:  # items of the checkpoint absent from today's shards keep their rows
-        inferred = max(inferred, checkpoint_num_items(init_from) or 0)
-    mcfg = cfg.model.for_data(manifest, num_items=inferred)
+    mcfg = replace(cfg.model.for_data(manifest, num_items=num_items), action_column=action, num_actions=num_actions)
+    if env.rank == 0 and action:
+        logger.info("action input: feature column %r, %d codes", action, num_actions)
     dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start, offset = 0, 0  # first step of the shards to train; global step = shards step + offset
@@ -229,9 +273,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         if cfg.simulate_ranks:
             from fstrain.data.simulate import GlobalBatchReader
 
-            reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps), ""
+            reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps, action_column=action), ""
         else:
-            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps), ""
+            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps,
+                                      action_column=action), ""
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)
@@ -244,7 +289,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         every = cfg.eval.every_epochs * spe if cfg.eval.every_epochs else cfg.eval.every_steps
         evaluator = Evaluator(cfg.eval.data, every_steps=every, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
-                              max_users=cfg.eval.max_users, steps_per_epoch=spe)
+                              max_users=cfg.eval.max_users, steps_per_epoch=spe, action_column=action)
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
@@ -270,6 +315,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     heap = HeapTrimmer()  # resident memory flat over long runs (fstrain/components/heap.py)
     bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
                file=sys.stderr)
+    guard.stepping = True
     for item in source:
         timing = None
         if pipe:

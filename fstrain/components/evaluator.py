@@ -118,6 +118,7 @@ class EvalData:
         values: ``[T]`` int64 histories concatenated (chronological).
         offsets: ``[U+1]`` int64 into ``values``.
         target_ids: ``[U]`` int64.
+        actions: ``[T]`` int64 action codes aligned with ``values`` (a model's action input), or None.
     """
 
     path: str
@@ -125,6 +126,7 @@ class EvalData:
     values: np.ndarray
     offsets: np.ndarray
     target_ids: np.ndarray
+    actions: np.ndarray | None = None
 
     @property
     def num_users(self) -> int:
@@ -146,19 +148,26 @@ class EvalData:
         offsets = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         values = np.concatenate([self.values[self.offsets[i]:self.offsets[i + 1]] for i in keep])
-        return EvalData(self.path, self.user_ids[keep], values, offsets, self.target_ids[keep])
+        actions = (None if self.actions is None else
+                   np.concatenate([self.actions[self.offsets[i]:self.offsets[i + 1]] for i in keep]))
+        return EvalData(self.path, self.user_ids[keep], values, offsets, self.target_ids[keep], actions)
 
     def max_item_id(self) -> int:
         """Largest id in histories and targets."""
         return int(max(self.values.max(initial=-1), self.target_ids.max(initial=-1)))
 
 
-def load_eval_data(path: str) -> EvalData:
+def load_eval_data(path: str, action_column: str | None = None) -> EvalData:
     """Read and validate an evaluation file.
+
+    Args:
+        path: the file.
+        action_column: also read this feature column (list of integer codes aligned with
+            ``item_ids``) as :attr:`EvalData.actions`, for a model with an action input.
 
     Raises:
         ConfigError: missing or unreadable file, missing columns, no rows, an empty history,
-            or negative ids.
+            negative ids, or an action column that is missing or not aligned.
     """
     if not os.path.isfile(path):
         raise ConfigError(f"evaluation file {path} not found; write one with "
@@ -187,7 +196,18 @@ def load_eval_data(path: str) -> EvalData:
     targets = t.column(schema.TARGET_ITEM_ID).to_numpy().astype(np.int64)
     if values.min(initial=0) < 0 or targets.min(initial=0) < 0:
         raise ConfigError(f"evaluation file {path} has negative item ids; ids must be in 0..num_items-1")
-    return EvalData(path, t.column(schema.USER_ID).to_numpy().astype(np.int64), values, offsets, targets)
+    actions = None
+    if action_column is not None:
+        if action_column not in t.column_names:
+            raise ConfigError(f"evaluation file {path} lacks the action column {action_column!r} the model reads; "
+                              f"convert it with fsdata convert --feature-cols {action_column}")
+        acol = t.column(action_column).combine_chunks()
+        if (not pa.types.is_list(acol.type) or not pa.types.is_integer(acol.type.value_type)
+                or not np.array_equal(acol.value_lengths().to_numpy(zero_copy_only=False), lengths)):
+            raise ConfigError(f"evaluation file {path}: {action_column} is not a list of integer codes aligned with "
+                              "item_ids; re-create it with fsdata convert --feature-cols")
+        actions = acol.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    return EvalData(path, t.column(schema.USER_ID).to_numpy().astype(np.int64), values, offsets, targets, actions)
 
 
 def _split(num_users: int, world_size: int, rank: int, batch_size: int) -> list[np.ndarray]:
@@ -260,7 +280,9 @@ def evaluate_model(model, data: EvalData, *, num_items: int, k: int = DEFAULT_K,
         hist, _, cand = model.sparse_forward(kjt)
         if items is None:
             items = cand  # [N x d]: the whole table, looked up once per evaluation
-        user = model.dense.user_vectors(hist, kjt[HISTORY_KEY].lengths())  # [b x d]
+        actions = (None if data.actions is None else torch.from_numpy(
+            np.concatenate([data.actions[data.offsets[i]:data.offsets[i + 1]] for i in idx])).to(device))
+        user = model.dense.user_vectors(hist, kjt[HISTORY_KEY].lengths(), actions)  # [b x d]
         scores = model.dense.scores(user, items).to(torch.float32)  # [b x N]
         mask_scores(scores, targets.to(device), values, lengths, mask_history=mask_history, padding_id=padding_id)
         ranks = target_ranks(scores, targets.to(device))
@@ -363,14 +385,16 @@ class Evaluator:
         max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
         steps_per_epoch: steps of one epoch of the shards (records then carry ``epoch`` = steps
             done / steps per epoch); None: not recorded.
+        action_column: the model's action input column, read from the evaluation file too.
     """
 
     def __init__(self, path: str, *, every_steps: int, num_items: int, rank: int, world_size: int,
                  device: torch.device, k: int = DEFAULT_K, batch_size: int = 256, mask_history: bool = True,
-                 padding_id: int = 0, max_users: int | None = None, steps_per_epoch: int | None = None) -> None:
+                 padding_id: int = 0, max_users: int | None = None, steps_per_epoch: int | None = None,
+                 action_column: str | None = None) -> None:
         if every_steps < 0:
             raise ConfigError(f"--eval-every-steps must be >= 0, got {every_steps}")
-        self.data = load_eval_data(path).subsample(max_users)
+        self.data = load_eval_data(path, action_column).subsample(max_users)
         if self.data.max_item_id() >= num_items:
             raise ConfigError(f"evaluation file {path} has item id {self.data.max_item_id()} but the model has "
                               f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
@@ -442,6 +466,7 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
         FstrainError / ConfigError: not a checkpoint, no model config, or a bad evaluation file.
     """
     from fstrain.components.checkpoint import load_model_weights, read_checkpoint_meta
+    from fstrain.data.manifest import recorded_num_items_of
     from fstrain.distributed.env import init_distributed
     from fstrain.distributed.optim import OptimConfig
     from fstrain.distributed.sharding import build_sharded_model
@@ -450,12 +475,18 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     meta = read_checkpoint_meta(checkpoint)
     kw = dict(meta.get("model") or {})
     kw.update(model or {})
+    if "num_items" not in kw and (n := recorded_num_items_of(meta.get("shards"), eval_path)) is not None:
+        kw["num_items"] = n
     if "num_items" not in kw:
         raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
                           "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
-    data = load_eval_data(eval_path).subsample(max_users)
-    env = init_distributed(backend)
     cfg = Config(**kw)
+    data = load_eval_data(eval_path, cfg.action_column if cfg.uses_actions else None).subsample(max_users)
+    if data.max_item_id() >= kw["num_items"]:  # before any process group or model exists
+        raise ConfigError(f"evaluation file {eval_path} has item id {data.max_item_id()} but {checkpoint} has "
+                          f"num_items {kw['num_items']}; evaluate it on held-out data of the conversion it was "
+                          "trained on")
+    env = init_distributed(backend)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
     dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
     load_model_weights(dmp, checkpoint, kw)

@@ -37,6 +37,9 @@ class Batch(Pipelineable):
         global_num_tokens: the step's history items over all ranks: the supervised positions of
             the all-position objective (its loss normaliser); -1 when the shards do not record it
             (outputs of fsdata < 0.3), then a world-size-1 run uses its own count.
+        actions: ``[T]`` int64, the action feature column's value at every history position
+            (aligned with ``features["item_ids"].values()``, the model's action input,
+            ``Config.action_column``); None without one.
     """
 
     features: KeyedJaggedTensor
@@ -46,24 +49,29 @@ class Batch(Pipelineable):
     num_samples: int
     global_num_samples: int
     global_num_tokens: int = -1
+    actions: torch.Tensor | None = None
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         """Copy to ``device`` (a new :class:`Batch`; ints stay on the host)."""
         return Batch(self.features.to(device=device, non_blocking=non_blocking),
                      self.target_ids.to(device=device, non_blocking=non_blocking),
                      self.sample_ids.to(device=device, non_blocking=non_blocking),
-                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens)
+                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens,
+                     None if self.actions is None else self.actions.to(device=device, non_blocking=non_blocking))
 
     def record_stream(self, stream: torch.Stream) -> None:
         """Mark every tensor as used by ``stream`` (CUDA only)."""
         self.features.record_stream(stream)
         self.target_ids.record_stream(stream)
         self.sample_ids.record_stream(stream)
+        if self.actions is not None:
+            self.actions.record_stream(stream)
 
     def pin_memory(self) -> "Batch":
         """Page-locked copy for asynchronous host-to-device transfer."""
         return Batch(self.features.pin_memory(), self.target_ids.pin_memory(), self.sample_ids.pin_memory(),
-                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens)
+                     self.step, self.num_samples, self.global_num_samples, self.global_num_tokens,
+                     None if self.actions is None else self.actions.pin_memory())
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -72,7 +80,8 @@ class Batch(Pipelineable):
 
 
 def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray, sample_ids: np.ndarray,
-               step: int, global_num_samples: int, global_num_tokens: int = -1) -> Batch:
+               step: int, global_num_samples: int, global_num_tokens: int = -1,
+               actions: np.ndarray | None = None) -> Batch:
     """Build a :class:`Batch` from flat numpy arrays.
 
     Args:
@@ -83,6 +92,7 @@ def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray
         step: the step number.
         global_num_samples: the step's count over all ranks.
         global_num_tokens: the step's history items over all ranks (-1: unknown).
+        actions: shape ``[T]``, integer: the action column aligned with ``item_values`` (or None).
 
     Returns:
         The batch (CPU tensors).
@@ -94,7 +104,8 @@ def make_batch(item_values: np.ndarray, lengths: np.ndarray, targets: np.ndarray
                                               lengths=kjt_lengths, stride=B)
     return Batch(kjt, torch.from_numpy(np.array(targets, dtype=np.int64)),
                  torch.from_numpy(np.array(sample_ids, dtype=np.int64)),
-                 int(step), B, int(global_num_samples), int(global_num_tokens))
+                 int(step), B, int(global_num_samples), int(global_num_tokens),
+                 None if actions is None else torch.from_numpy(np.array(actions, dtype=np.int64)))
 
 
 __all__ = ["HISTORY_KEY", "TARGET_KEY", "Batch", "make_batch"]

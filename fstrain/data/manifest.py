@@ -6,7 +6,9 @@ Every check here runs before any collective, so a bad OUTPUT fails every rank in
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +19,7 @@ from fsdata import fsio
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest, ManifestError
 from fsdata.errors import command, in_cli, setting
-from fstrain.errors import ShardError, ShardMismatchError
+from fstrain.errors import ConfigError, ShardError, ShardMismatchError
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +220,230 @@ def infer_num_items(manifest: Manifest) -> int:
                 hi = max(hi, int(st.max))
     return hi + 1
 
+
+
+#: Parquet key-value metadata keys (JSON) of ``fsdata convert``'s outputs that may record ``num_items``,
+#: in the order they are read from an evaluation file (docs/format.md).
+EVAL_META_KEYS = (b"freescale.holdout", b"freescale.convert")
+
+
+def recorded_num_items(manifest: Manifest) -> int | None:
+    """The ``num_items`` the manifest records (``fsdata convert`` -> ``fsdata balance``), or None."""
+    v = manifest.extra.get("num_items")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+        raise ShardError(f"{manifest.path}: num_items must be an integer >= 2, got {v!r}; re-run fsdata balance, "
+                         "or pass --num-items")
+    return v
+
+
+def recorded_num_items_of(shards: str | None, eval_path: str) -> int | None:
+    """``num_items`` recorded by the manifest of ``shards`` (e.g. a checkpoint's recorded shards),
+    else by the evaluation file's metadata (:func:`eval_file_num_items`); None if neither records it
+    (shards that moved or are gone are skipped)."""
+    if shards:
+        try:
+            n = recorded_num_items(load_manifest(shards))
+        except ShardError:
+            n = None
+        if n is not None:
+            return n
+    return eval_file_num_items(eval_path) if os.path.isfile(eval_path) else None
+
+
+def eval_file_num_items(path: str) -> int | None:
+    """The ``num_items`` an evaluation file's Parquet metadata records: ``freescale.holdout``'s, else
+    ``freescale.convert``'s ``num_items`` (``fsdata convert`` writes them); None when neither does.
+
+    Raises:
+        ShardError: the file is missing or not Parquet, or a recorded value is not an integer >= 2.
+    """
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except FileNotFoundError:
+        raise ShardError(f"evaluation file {path} not found; write one with "
+                         "`fsdata convert ... --holdout last --holdout-output EVAL.parquet`") from None
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"evaluation file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
+                         "re-create it with fsdata convert --holdout last") from None
+    for key in EVAL_META_KEYS:
+        try:
+            v = json.loads(meta[key]).get("num_items") if key in meta else None
+        except (ValueError, AttributeError):
+            v = None
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 2:
+                raise ShardError(f"evaluation file {path}: {key.decode()} num_items must be an integer >= 2, "
+                                 f"got {v!r}; re-create it with fsdata convert, or pass --num-items")
+            return v
+    return None
+
+
+def eval_file_max_item_id(path: str) -> int:
+    """Largest item id in an evaluation file's histories and targets (-1 when it has no rows).
+
+    Raises:
+        ShardError: unreadable file or missing ``item_ids`` / ``target_item_id`` columns.
+    """
+    try:
+        t = pq.read_table(path, columns=[schema.ITEM_IDS, schema.TARGET_ITEM_ID])
+    except (OSError, pa.ArrowException, KeyError) as e:
+        raise ShardError(f"evaluation file {path} is unreadable or lacks item_ids / target_item_id "
+                         f"({str(e).splitlines()[0]}); re-create it with fsdata convert --holdout last") from None
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    hist = pc.max(t.column(schema.ITEM_IDS).combine_chunks().flatten()).as_py()
+    tgt = pc.max(t.column(schema.TARGET_ITEM_ID)).as_py()
+    return int(max(-1 if hist is None else hist, -1 if tgt is None else tgt))
+
+
+def resolve_num_items(manifest: Manifest, eval_path: str | None = None) -> tuple[int, str]:
+    """The item table size a model trained on these shards needs, and where it came from.
+
+    In order: the manifest's ``num_items`` (recorded by ``fsdata convert``, carried by ``fsdata
+    balance``); the evaluation file's metadata (:func:`eval_file_num_items`); else inferred as
+    ``max id + 1`` over the shards (:func:`infer_num_items`) *and* the evaluation file's histories
+    and targets, so an item seen only as a held-out target still has a row. ``--num-items`` is
+    applied by the caller, before this.
+
+    Args:
+        manifest: the shards' manifest.
+        eval_path: the evaluation file (``--eval-data``), or None.
+
+    Returns:
+        ``(num_items, source)``; ``source`` is ``"manifest"``, ``"evaluation file metadata"`` or
+        ``"inferred"``.
+
+    Raises:
+        ShardError: a recorded value is malformed, or the statistics needed to infer it are missing.
+    """
+    n = recorded_num_items(manifest)
+    if n is not None:
+        return n, "manifest"
+    if eval_path:
+        n = eval_file_num_items(eval_path)
+        if n is not None:
+            return n, "evaluation file metadata"
+    n = infer_num_items(manifest)
+    if eval_path:
+        n = max(n, eval_file_max_item_id(eval_path) + 1)
+    return n, "inferred"
+
+
+def check_eval_ids(eval_path: str, num_items: int, source: str) -> None:
+    """Refuse an evaluation file whose item ids do not fit a model of ``num_items`` rows.
+
+    Raises:
+        ConfigError: an item id in the evaluation file is ``>= num_items`` (the line names both,
+            where ``num_items`` came from, and the fix).
+    """
+    hi = eval_file_max_item_id(eval_path)
+    if hi >= num_items:
+        raise ConfigError(f"evaluation file {eval_path} has item id {hi} but the model has num_items {num_items} "
+                          f"({source}); the evaluation data and the shards come from different conversions: "
+                          f"convert both with the same fsdata convert run, or pass --num-items {hi + 1}")
+
+
+def check_feature_column(arrow_schema: pa.Schema, name: str, where: str) -> None:
+    """Refuse a feature column that cannot be an action input: missing, or not a list of integers.
+
+    Raises:
+        ShardError: naming the column, what ``where`` has, and the fix.
+    """
+    if name not in arrow_schema.names:
+        raise ShardError(f"{where} has no feature column {name!r} (it has {arrow_schema.names}); convert with "
+                         f"fsdata convert --feature-cols {name}, or pass --action-column none")
+    t = arrow_schema.field(name).type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)):
+        raise ShardError(f"{where}: feature column {name!r} is {t}, but an action input needs a list of integer "
+                         "codes aligned with item_ids; pass --action-column none or another column")
+
+
+def feature_columns(manifest: Manifest) -> list[str]:
+    """The manifest's ``feature_columns`` (``fsdata convert --feature-cols``): list columns of the
+    rank files aligned with ``item_ids``; ``[]`` when it lists none."""
+    v = manifest.extra.get("feature_columns") or []
+    return [str(c) for c in v] if isinstance(v, list) else []
+
+
+def resolve_action_column(manifest: Manifest, model: str, requested: str | None) -> str | None:
+    """The feature column a model reads as its action input (``Config.action_column``).
+
+    ``"none"``: None. A named column: checked in rank 0's file (:func:`check_feature_column`).
+    ``None``: for ``hstu``, the manifest's feature column ``action`` if listed, else its first
+    feature column holding integer lists; None for ``sasrec`` or when there is none.
+
+    Raises:
+        ShardError: a named column is missing or not a list of integers.
+    """
+    if requested == "none" or (requested is None and model != "hstu"):
+        return None
+    path = manifest.rank_file(0)
+    try:
+        arrow_schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"rank 0: {path} is unreadable ({str(e).splitlines()[0]}); re-run fsdata balance") from None
+    if requested is not None:
+        check_feature_column(arrow_schema, requested, f"rank 0: {path}")
+        return requested
+    listed = feature_columns(manifest)
+    for name in (["action"] if "action" in listed else []) + listed:
+        t = arrow_schema.field(name).type if name in arrow_schema.names else None
+        if t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type):
+            return name
+    return None
+
+
+def infer_num_codes(manifest: Manifest, column: str) -> int:
+    """Rows an embedding table of list column ``column`` needs: ``max code + 1`` over every rank
+    file, from the Parquet footers' statistics (no data read; every rank gets the same answer).
+
+    Raises:
+        ShardError: a file is unreadable, or has no statistics or a negative code in ``column``.
+    """
+    hi, leaf = -1, f"{column}.list.element"
+    for r in range(manifest.num_ranks):
+        path = manifest.rank_file(r)
+        try:
+            pf = pq.ParquetFile(path)
+        except (OSError, pa.ArrowException) as e:
+            raise ShardError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]}); "
+                             "re-run fsdata balance") from None
+        md = pf.metadata
+        idx = [j for j in range(md.num_columns) if pf.schema.column(j).path == leaf]
+        for g in range(md.num_row_groups):
+            for j in idx:
+                st = md.row_group(g).column(j).statistics
+                if md.row_group(g).column(j).num_values == 0:
+                    continue
+                if st is None or not st.has_min_max:
+                    raise ShardError(f"{path}: no min/max statistics on {leaf}; pass --num-actions explicitly")
+                if int(st.min) < 0:
+                    raise ShardError(f"{path}: {column} has negative code {int(st.min)}; action codes must be >= 0")
+                hi = max(hi, int(st.max))
+    return max(hi + 1, 1)
+
+
+def max_history_length(manifest: Manifest) -> int | None:
+    """The longest history over every rank file, from the footer statistics of ``seq_len``
+    (``fsdata convert`` writes it); None when a file has no such column or statistics."""
+    hi = 0
+    for r in range(manifest.num_ranks):
+        try:
+            pf = pq.ParquetFile(manifest.rank_file(r))
+        except (OSError, pa.ArrowException):
+            return None  # the reader names the broken file
+        md = pf.metadata
+        idx = [j for j in range(md.num_columns) if pf.schema.column(j).path == schema.SEQ_LEN]
+        if not idx:
+            return None
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(idx[0]).statistics
+            if md.row_group(g).num_rows and (st is None or not st.has_min_max):
+                return None
+            hi = max(hi, int(st.max)) if md.row_group(g).num_rows else hi
+    return hi
 
 
 def steps_per_epoch(manifest: Manifest) -> int:

@@ -29,8 +29,8 @@ from torch.autograd.profiler import record_function
 from fsdata.samples import schema
 from fstrain.data.batch import Batch, make_batch
 from fstrain.errors import ShardError, ShardMismatchError
-from fstrain.data.manifest import (check_world_size, file_plan_digest, load_manifest, load_step_counts,
-                                   load_step_tokens, plan_digest)
+from fstrain.data.manifest import (check_feature_column, check_world_size, file_plan_digest, load_manifest,
+                                   load_step_counts, load_step_tokens, plan_digest)
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +55,19 @@ class ShardReader:
             their ``step`` statistics.
         max_steps: yield at most this many steps (``None``: to the end).
         num_prefetch_batches: batches decoded ahead on a background thread (0: synchronous).
+        action_column: a list column of integers aligned with ``item_ids`` (a feature column,
+            manifest ``feature_columns``) carried as :attr:`Batch.actions`; None: none.
 
     Raises:
         ShardMismatchError: version or world-size mismatch, or ``start_step`` out of range.
-        ShardError: missing, truncated or corrupt files, or counts that disagree.
+        ShardError: missing, truncated or corrupt files, or counts that disagree; an action column
+            that is missing, not a list of integers, or not aligned with ``item_ids``.
     """
 
     def __init__(self, shards_dir: str, rank: int, world_size: int | None, *, start_step: int = 0,
-                 max_steps: int | None = None, num_prefetch_batches: int = 2) -> None:
+                 max_steps: int | None = None, num_prefetch_batches: int = 2,
+                 action_column: str | None = None) -> None:
+        self.action_column = action_column
         self.manifest = load_manifest(shards_dir)
         m = self.manifest
         if world_size is not None:
@@ -105,6 +110,8 @@ class ShardReader:
         if missing:
             raise ShardError(f"rank {self.rank}: {path} lacks columns {missing}; re-run fsdata balance")
         self._check_identity(pf)
+        if self.action_column is not None:
+            check_feature_column(pf.schema_arrow, self.action_column, f"rank {self.rank}: {path}")
         step_col = _leaf_index(pf, schema.STEP)
         lo_all, hi_all, keep = None, None, []
         for i in range(md.num_row_groups):
@@ -188,9 +195,11 @@ class ShardReader:
 
     def _decode(self, columns: Sequence[str] = ()) -> Iterator[tuple[Batch, pa.Table | None]]:
         expect = self.start_step
-        read = _READ_COLUMNS + [c for c in columns if c not in _READ_COLUMNS]
+        act = self.action_column
+        read = _READ_COLUMNS + [c for c in [*columns, *([act] if act else [])] if c not in _READ_COLUMNS]
         if self._rank_col and self._rank_col not in read:
             read.append(self._rank_col)
+        read = list(dict.fromkeys(read))
         for i in self._row_groups:
             with record_function("## read_row_group ##"):
                 try:
@@ -204,6 +213,13 @@ class ShardReader:
             values = hist.flatten().to_numpy(zero_copy_only=False)
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
+            actions = None
+            if act:
+                acol = t.column(act).combine_chunks()
+                if not np.array_equal(acol.value_lengths().to_numpy(zero_copy_only=False), lengths):
+                    raise ShardError(f"rank {self.rank}: {self.path} row group {i}: {act} is not aligned with "
+                                     f"item_ids (list lengths differ); re-run fsdata convert --feature-cols")
+                actions = acol.flatten().to_numpy(zero_copy_only=False)
             targets = t.column(schema.TARGET_ITEM_ID).to_numpy()
             sids = t.column(schema.SAMPLE_ID).to_numpy()
             if self._rank_col and (t.column(self._rank_col).to_numpy() != self.rank).any():
@@ -229,7 +245,8 @@ class ShardReader:
                 with record_function("## make_batch ##"):
                     batch = make_batch(values[offsets[a]:offsets[b]], lengths[a:b], targets[a:b], sids[a:b],
                                        s, int(self.global_counts[s]),
-                                       -1 if self._global_tokens is None else int(self._global_tokens[s]))
+                                       -1 if self._global_tokens is None else int(self._global_tokens[s]),
+                                       None if actions is None else actions[offsets[a]:offsets[b]])
                 yield batch, (t.slice(a, b - a).select(list(columns)) if columns else None)
                 expect = s + 1
         if expect != self.end_step:

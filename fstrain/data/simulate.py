@@ -25,16 +25,19 @@ class GlobalBatchReader:
 
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder (any ``num_ranks``).
-        start_step, max_steps: as :class:`fstrain.data.reader.ShardReader`.
+        start_step, max_steps, action_column: as :class:`fstrain.data.reader.ShardReader`.
 
     Raises:
         ShardError / ShardMismatchError: as :class:`fstrain.data.reader.ShardReader`, for any rank file.
     """
 
-    def __init__(self, shards_dir: str, *, start_step: int = 0, max_steps: int | None = None) -> None:
+    def __init__(self, shards_dir: str, *, start_step: int = 0, max_steps: int | None = None,
+                 action_column: str | None = None) -> None:
         self.manifest = load_manifest(shards_dir)
         self.readers = [ShardReader(shards_dir, r, None, start_step=start_step, max_steps=max_steps,
-                                    num_prefetch_batches=0) for r in range(self.manifest.num_ranks)]
+                                    num_prefetch_batches=0, action_column=action_column)
+                        for r in range(self.manifest.num_ranks)]
+        self.action_column = action_column
 
     def __len__(self) -> int:
         return len(self.readers[0])
@@ -48,4 +51,5 @@ class GlobalBatchReader:
                              np.concatenate([p.target_ids.numpy() for p in parts]),
                              np.concatenate([p.sample_ids.numpy() for p in parts]),
                              step, parts[0].global_num_samples,
-                             sum(int(h.lengths().sum()) for h in hist))
+                             sum(int(h.lengths().sum()) for h in hist),
+                             np.concatenate([p.actions.numpy() for p in parts]) if self.action_column else None)

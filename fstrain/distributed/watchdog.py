@@ -314,6 +314,7 @@ class PeerGuard:
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout_seconds = timeout_seconds
         self.watchdog = None
+        self.stepping = False  # set by fstrain.train once the first step starts
 
     def start(self, env) -> None:
         if env.world_size > 1 and self.timeout_seconds > 0 and "MASTER_PORT" in os.environ:

@@ -30,7 +30,7 @@ from torch.autograd.profiler import record_function
 from fsdata.balancer.bubble import run_bubble, step_bubbles
 from fsdata.errors import FsdataError
 from fstrain.data.batch import Batch
-from fstrain.data.manifest import infer_num_items, load_manifest
+from fstrain.data.manifest import load_manifest, resolve_num_items
 from fstrain.data.reader import ShardReader
 from fstrain.errors import ConfigError, ShardError
 from fstrain.models.config import Config
@@ -171,7 +171,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     dev = torch.device(device)
     from fstrain.models.config import objective_for  # noqa: PLC0415
 
-    mdl = make_replay_model(infer_num_items(m), {"objective": objective_for(m), **(model or {})}, seed, dev)
+    mdl = make_replay_model(resolve_num_items(m)[0], {"objective": objective_for(m), **(model or {})}, seed, dev)
     readers = [ShardReader(shards, r, None, max_steps=S, num_prefetch_batches=0) for r in range(m.num_ranks)]
     iters = [iter(rd) for rd in readers]
     C = np.zeros((S, m.num_ranks))

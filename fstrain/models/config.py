@@ -18,6 +18,8 @@ OBJECTIVES = ("all-positions", "last-position")
 NEGATIVE_MODES = ("step", "sample")
 #: ``Config.attention``: how attention runs over jagged sequences.
 ATTENTIONS = ("bucketed", "reference")
+#: ``Config.action_column`` value that turns the action input off.
+NO_ACTIONS = "none"
 #: The objective the field trains each ``fsdata convert --samples`` kind with.
 OBJECTIVE_FOR_SAMPLES = {"per-user": "all-positions", "per-event": "last-position"}
 
@@ -74,6 +76,18 @@ class Config:
     """A length bucket holds lengths in ``[Lmin, Lmin * bucket_ratio]`` and is padded to its max:
     attention padding waste is at most ``bucket_ratio^2 - 1``, keeping a batch's cost close to the
     sum of its samples' costs (what the balancer assumes). Larger: fewer, bigger kernel calls."""
+    action_column: str | None = None
+    """Feature column (manifest ``feature_columns``: a list of integer codes aligned with
+    ``item_ids``, e.g. ``action``) whose embedding is summed into the input at every position, as
+    HSTU's action input; ``None``: ``fstrain train`` takes ``action``, else the first integer
+    feature column, for ``hstu``, and none for ``sasrec``; ``none``: off."""
+    num_actions: int | None = None
+    """Rows of the action table (largest code + 1); ``None``: read from the shards' statistics."""
+
+    @property
+    def uses_actions(self) -> bool:
+        """Whether the model has an action input (an action column and its table size are set)."""
+        return self.action_column not in (None, NO_ACTIONS) and self.num_actions is not None
 
     def __post_init__(self) -> None:
         if self.num_items is not None and self.num_items < 2:
@@ -102,6 +116,8 @@ class Config:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.temperature > 0:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.num_actions is not None and self.num_actions < 1:
+            raise ConfigError(f"num_actions must be >= 1, got {self.num_actions}")
 
     def for_data(self, manifest=None, num_items: int | None = None) -> Config:
         """A copy with ``num_items`` and ``objective`` decided: the ones set here win, else

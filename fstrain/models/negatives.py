@@ -45,7 +45,7 @@ def with_negatives(batch: Batch, num_items: int, num_negatives: int, seed: int, 
         keys=kjt.keys() + [NEGATIVE_KEY], values=torch.cat([kjt.values(), neg]),
         lengths=torch.cat([kjt.lengths(), neg_lengths]), stride=B)
     return Batch(features, batch.target_ids, batch.sample_ids, batch.step, B, batch.global_num_samples,
-                 batch.global_num_tokens)
+                 batch.global_num_tokens, batch.actions)
 
 
 def attach_negatives(batch: Batch, config: "Config", seed: int) -> Batch:

@@ -19,6 +19,11 @@ Models (``Config.model``), both on the jagged values ``[T x d]`` (no padding out
   SiLU attention normalised by the sequence length bound, U gating, relative position bias, no
   feed-forward; same input embedding.
 
+Action input (``Config.action_column``, off by default for ``sasrec``): an embedding of each
+history position's action code (a feature column aligned with ``item_ids``) summed into the input,
+``sqrt(d) * item + position + action``, as HSTU conditions on the actions beside the items
+(generative-recommenders' ``ActionEncoder``); the sequence length is unchanged.
+
 Objectives (``Config.objective``):
 
 * ``all-positions`` (per-user samples, the field's recipe: SASRec, S3-Rec, generative-recommenders'
@@ -117,6 +122,12 @@ class DenseTower(nn.Module):
         # generative-recommenders' LearnablePositionalEmbeddingInputFeaturesPreprocessor: std sqrt(1/d), so
         # positions do not drown the sqrt(d)-scaled item embeddings at init (N(0, 1) would, by ~7x at d 50)
         nn.init.trunc_normal_(self.pos.weight, std=math.sqrt(1.0 / config.embedding_dim))
+        # action input (Config.action_column): one embedding per action code, summed into every position's input,
+        # as generative-recommenders' HSTU encodes actions beside items; none without a feature column
+        self.action = None
+        if config.uses_actions:
+            self.action = nn.Embedding(config.num_actions, config.embedding_dim)
+            nn.init.trunc_normal_(self.action.weight, std=math.sqrt(1.0 / config.embedding_dim))
         self.blocks = nn.ModuleList(_make_block(config) for _ in range(config.num_layers))
         self.drop = KeyedDropout(config.dropout, site=0)
         self.dropout_keys = DropoutKeys()  # masks keyed by (seed, step, sample, position): rank-independent
@@ -156,12 +167,16 @@ class DenseTower(nn.Module):
                                 buckets=length_buckets(lengths_list, cfg.bucket_ratio))
 
     def encode_tokens(self, hist: torch.Tensor, lay: JaggedLayout, *, sample_ids: torch.Tensor | None = None,
-                      step: int | None = None) -> torch.Tensor:
+                      step: int | None = None, actions: torch.Tensor | None = None) -> torch.Tensor:
         """Outputs at every history position, in the layout's sorted token order.
+
+        The input at a position is ``sqrt(d) * item + position`` (+ ``action`` embedding of its
+        action code when the model has an action input, :attr:`Config.action_column`).
 
         Args:
             hist: ``[T x d]`` float: history embeddings, jagged in input order.
             lay: from :meth:`layout`.
+            actions: ``[T]`` int64 action codes in input order (needed iff the model has an action input).
             sample_ids: ``[B]`` int64 global sample ids (input order) and ``step``: key the dropout
                 masks (:mod:`fstrain.models.dropout`) so a sample's masks do not depend on its rank;
                 None: ``torch.nn.functional.dropout``.
@@ -169,6 +184,9 @@ class DenseTower(nn.Module):
 
         Returns:
             ``[T x d]`` float (sorted token order: row ``j`` is input token ``lay.token_index[j]``).
+
+        Raises:
+            ConfigError: the model has an action input but ``actions`` is None.
         """
         cfg = self.config
         self.dropout_keys.keys = None
@@ -177,18 +195,25 @@ class DenseTower(nn.Module):
             per_token = torch.repeat_interleave(sorted_ids, torch.tensor(lay.lengths_list, device=hist.device))
             self.dropout_keys.keys = token_keys(self.seed, step, per_token, lay.positions)
         x = hist.index_select(0, lay.token_index) * math.sqrt(cfg.embedding_dim) + self.pos(lay.positions)
+        if self.action is not None:
+            if actions is None:
+                raise ConfigError(f"the model has an action input ({cfg.action_column!r}) but the batch carries no "
+                                  f"{cfg.action_column} values; pass --action-column none to train without it")
+            x = x + self.action(actions.to(hist.device).index_select(0, lay.token_index))
         x = self.drop(x)
         with record_function("## dense_blocks ##"):
             for blk in self.blocks:
                 x = blk(x, lay.offsets, lay.offsets_list, lay.buckets, lay.lengths_list)
         return self.ln_final(x)
 
-    def encode(self, hist: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, hist: torch.Tensor, lengths: torch.Tensor,
+               actions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """User vectors: the output at each history's last position.
 
         Args:
             hist: ``[T x d]`` float: history embeddings, jagged by ``lengths``.
             lengths: ``[B]`` int64, each in ``1..max_seq_len``.
+            actions: ``[T]`` int64 action codes (models with an action input).
 
         Returns:
             ``(user, perm)``: ``user`` ``[B x d]`` in length-sorted order, ``perm`` ``[B]`` int64
@@ -198,12 +223,13 @@ class DenseTower(nn.Module):
             ConfigError: a history is longer than ``max_seq_len``.
         """
         lay = self.layout(lengths, hist.device)
-        out = self.encode_tokens(hist, lay)
+        out = self.encode_tokens(hist, lay, actions=actions)
         return out.index_select(0, lay.offsets[1:] - 1), lay.perm
 
-    def user_vectors(self, hist: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def user_vectors(self, hist: torch.Tensor, lengths: torch.Tensor,
+                     actions: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`encode` in input order: ``[B x d]`` float (evaluation, :mod:`fstrain.components.evaluator`)."""
-        user, perm = self.encode(hist, lengths)
+        user, perm = self.encode(hist, lengths, actions)
         return torch.empty_like(user).index_copy_(0, perm, user)
 
     def scores(self, user: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -263,8 +289,8 @@ class DenseTower(nn.Module):
     def forward(self, hist: torch.Tensor, lengths: torch.Tensor, target_emb: torch.Tensor, neg_emb: torch.Tensor,
                 target_ids: torch.Tensor, neg_ids: torch.Tensor, global_num_samples: int, *,
                 hist_ids: torch.Tensor | None = None, global_num_tokens: int = -1,
-                sample_ids: torch.Tensor | None = None, step: int | None = None
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+                sample_ids: torch.Tensor | None = None, step: int | None = None,
+                hist_actions: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Loss of one rank's batch.
 
         Args:
@@ -280,6 +306,7 @@ class DenseTower(nn.Module):
             global_num_tokens: history items of this step over all ranks (``all-positions``
                 normaliser; -1: this batch's own count, exact for world size 1).
             sample_ids, step: key the dropout masks (:meth:`encode_tokens`).
+            hist_actions: ``[T]`` int64 action codes of the history (models with an action input).
 
         Returns:
             ``(loss, (loss_sum, num_supervised))``: ``loss`` = sum of per-position cross-entropies
@@ -290,7 +317,7 @@ class DenseTower(nn.Module):
             ConfigError: a history is longer than ``max_seq_len``; ``all-positions`` without ``hist_ids``.
         """
         lay = self.layout(lengths, hist.device)
-        out = self.encode_tokens(hist, lay, sample_ids=sample_ids, step=step)
+        out = self.encode_tokens(hist, lay, sample_ids=sample_ids, step=step, actions=hist_actions)
         per_sample = self.config.negatives == "sample" and self.config.num_negatives > 0
         with record_function("## dense_loss ##"):
             if self.config.objective == "last-position":
@@ -358,6 +385,6 @@ class SequentialRecommender(nn.Module):
 def objective_inputs(batch: Batch) -> dict:
     """The keyword arguments of :meth:`DenseTower.forward` beyond the lookups, from ``batch``: the
     ``all-positions`` objective's ``hist_ids`` and ``global_num_tokens``, and the dropout keys'
-    ``sample_ids`` and ``step``; one place for every step function."""
+    ``sample_ids`` and ``step``, and the action input's ``hist_actions``; one place for every step function."""
     return {"hist_ids": batch.features[HISTORY_KEY].values(), "global_num_tokens": batch.global_num_tokens,
-            "sample_ids": batch.sample_ids, "step": batch.step}
+            "sample_ids": batch.sample_ids, "step": batch.step, "hist_actions": batch.actions}
