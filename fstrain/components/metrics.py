@@ -194,4 +194,5 @@ def compare(ours: dict, baseline: dict) -> dict:
 
 
 __all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times", "write_json",
-           "compare", "null_summary", "describe_bubble", "NULL_TIMES"]
+           "compare",
+           "null_summary", "describe_bubble", "NULL_TIMES"]
