@@ -36,3 +36,12 @@ def test_summary_puts_the_null_control_beside_the_measured_bubble():
     assert "predicted 0.01%" in line and "slowest rank 15.00 ms/step" in line
     assert "null_bubble" not in summarize(train, None, [])
     assert "null control" not in describe_bubble(summarize(train))
+
+
+def test_negative_null_control_steps_is_one_config_error():
+    from fstrain.config import from_dict
+    from fstrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--null-control-steps must be >= 0, got -1"):
+        from_dict({"shards": "s", "metrics.null_control_steps": -1}).check()
+    from_dict({"shards": "s", "metrics.null_control_steps": 0}).check()
