@@ -244,7 +244,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
                file=sys.stderr)
     nullctl = None
-    if cfg.metrics.null_control_steps and (pipe or cfg.pipeline.step_mode != "plain"):
+    if cfg.metrics.null_control_steps and env.world_size > 1 and (pipe or cfg.pipeline.step_mode != "plain"):
         from fstrain.components.nullcontrol import NullControl
 
         nullctl = NullControl(cfg.shards, start_step=start, total_steps=max(0, total_steps),
