@@ -332,7 +332,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     null_timings = [t for part in gathered for t in part[1]]
     summary = summarize(all_timings, manifest.predicted_bubble, null_timings)
     if nullctl is not None and nullctl.after_steps:
-        summary["null_control_after_steps"] = nullctl.after_steps
+        summary.update(null_control_after_steps=nullctl.after_steps, null_control_batch_step=nullctl.control_step)
     summary.update({"first_step": start, "end_step": step, "world_size": env.world_size,
                     "strategy": manifest.strategy})
     summary["simulate_ranks"] = cfg.simulate_ranks

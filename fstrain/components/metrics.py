@@ -144,8 +144,10 @@ def describe_bubble(summary: dict) -> str:
     in %, and the slowest rank's ms per step (from :func:`summarize`'s keys)."""
     text = f"measured bubble {summary.get('measured_bubble', 0.0):.2%}"
     if "null_bubble" in summary:
+        excess = summary["measured_bubble_minus_null"]
         text += (f" (null control {summary['null_bubble']:.2%} over {summary['null_control_steps']} control "
-                 f"steps: what timing noise alone reads; above it {summary['measured_bubble_minus_null']:.2%})")
+                 "steps: what timing noise alone reads; "
+                 + (f"above it {excess:.2%})" if excess > 0 else "the measured bubble is within the noise)"))
     if summary.get("predicted_bubble") is not None:
         text += f", predicted {summary['predicted_bubble']:.2%}"
     text += f"; slowest rank {summary.get('slowest_rank_ms_per_step', 0.0):.2f} ms/step of compute"

@@ -1,8 +1,10 @@
 """The null control of ``fstrain train``: the bubble that timing noise alone reads on this machine.
 
 A few *control steps* are spread over the run (after evenly spaced training steps). In each, every
-rank times the dense forward + backward of the **same** batch (rank 0's batch of the run's first
-step, read from its shard file) exactly as a training step's ``compute_seconds`` is timed
+rank times the dense forward + backward of the **same** batch (rank 0's batch of a typical step of
+the run: the one whose predicted cost is nearest the run's mean per-rank cost, so the control's
+work is the size of a training step's; read from its shard file) exactly as a training step's
+``compute_seconds`` is timed
 (device-synchronised wall clock). ``R`` identical pieces of work timed on ``R`` ranks at the same
 moment: any "bubble" between them (:func:`fsdata.balancer.bubble.run_bubble` of the
 ``[K x R]`` control timings) is noise, the floor under the measured bubble (the same idea as
@@ -56,7 +58,7 @@ class NullControl:
     """Runs this rank's control steps (see the module docstring) and keeps their timings.
 
     Args:
-        shards: the training OUTPUT (rank 0's batch of ``start_step`` is read from it once, lazily).
+        shards: the training OUTPUT (rank 0's batch of a typical step is read from it once, lazily).
         start_step: the run's first step.
         total_steps: training steps of the run (for :func:`control_schedule`).
         num_controls: control steps (0: none).
@@ -71,6 +73,7 @@ class NullControl:
         records: one :class:`StepTiming` per control step: ``step`` is the control's index ``k``,
             ``compute_seconds`` the timed forward + backward; the other times are 0.
         after_steps: ``Batch.step`` of the training step each control followed.
+        control_step: the step whose rank-0 batch the controls time (set at the first control).
         seconds: wall time spent in control steps (left out of throughput).
     """
 
@@ -78,6 +81,8 @@ class NullControl:
                  model_config, seed: int, rank: int, device: torch.device) -> None:
         self._shards, self._start = shards, start_step
         self._schedule = control_schedule(total_steps, num_controls)
+        self._total = total_steps
+        self.control_step = start_step
         self._dense, self._mcfg, self._seed = dense, model_config, seed
         self._rank, self._device = rank, device
         self._inputs = None
@@ -85,11 +90,32 @@ class NullControl:
         self.after_steps: list[int] = []
         self.seconds = 0.0
 
+    def _typical_step(self) -> int:
+        """The run's step whose rank-0 batch has the predicted cost nearest the mean per-rank cost
+        of the run's steps (step stats; the same on every rank), so the control's work is a typical
+        step's; the first step where the stats cannot be read."""
+        import numpy as np  # noqa: PLC0415
+
+        from fstrain.data.manifest import load_manifest  # noqa: PLC0415
+
+        try:
+            t = load_manifest(self._shards).read_step_stats(
+                columns=["step", "rank", "predicted_cost"],
+                filters=[("step", ">=", self._start), ("step", "<", self._start + self._total)])
+        except Exception:  # noqa: BLE001 - the control falls back to the first step; training goes on
+            return self._start
+        step, rank, cost = (t.column(c).to_numpy() for c in ("step", "rank", "predicted_cost"))
+        if not len(step) or not (rank == 0).any():
+            return self._start
+        own = rank == 0
+        return int(step[own][np.argmin(np.abs(cost[own] - cost.mean()))])
+
     def _prepare(self):
         from fstrain.data.reader import ShardReader  # noqa: PLC0415
         from fstrain.models.negatives import attach_negatives  # noqa: PLC0415
 
-        reader = ShardReader(self._shards, 0, None, start_step=self._start, max_steps=1, num_prefetch_batches=0)
+        self.control_step = self._typical_step()
+        reader = ShardReader(self._shards, 0, None, start_step=self.control_step, max_steps=1, num_prefetch_batches=0)
         batch = attach_negatives(next(iter(reader)), self._mcfg, self._seed).to(self._device)
         f = batch.features
         g = torch.Generator().manual_seed(self._seed * 1_000_003 + 7)  # own generator: no global draw

@@ -34,6 +34,9 @@ def test_summary_puts_the_null_control_beside_the_measured_bubble():
     line = describe_bubble(s)
     assert "measured bubble 16.67%" in line and "null control 2.38% over 2 control steps" in line
     assert "predicted 0.01%" in line and "slowest rank 15.00 ms/step" in line
+    assert "above it 14.29%" in line
+    noisy = summarize(train, None, [_rec(0, 0, 0.01), _rec(0, 1, 0.03)])
+    assert "within the noise" in describe_bubble(noisy) and "predicted" not in describe_bubble(noisy)
     assert "null_bubble" not in summarize(train, None, [])
     assert "null control" not in describe_bubble(summarize(train))
 

@@ -207,3 +207,4 @@ def test_null_control_steps_change_nothing_and_report_the_noise_floor(tmp_path):
         assert null["step"] == [k for k in range(5) for _ in range(2)] and null["rank"] == [0, 1] * 5
         summary = json.loads(open(f"{metrics}-{name}/summary.json").read())
         assert summary["null_control_steps"] == 5 and len(summary["null_control_after_steps"]) == 5
+        assert 0 <= summary["null_control_batch_step"] < 4
