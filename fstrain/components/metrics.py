@@ -195,6 +195,5 @@ def compare(ours: dict, baseline: dict) -> dict:
             "measured_reduction": reduction(ours["measured_bubble"], baseline["measured_bubble"])}
 
 
-__all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times", "write_json",
-           "compare",
-           "null_summary", "describe_bubble", "NULL_TIMES"]
+__all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times",
+           "write_json", "compare", "null_summary", "describe_bubble", "NULL_TIMES"]
