@@ -1,9 +1,15 @@
 """All-to-all-v latency and bandwidth: shared-memory backend vs gloo (CPU), copy engine vs NCCL (GPU).
 
 CPU section: for 2 and 4 ranks (processes on this node) and message sizes from 1 KB to 64 MB per
-rank, time ``all_to_all_v`` of the ``shm`` backend and of gloo's ``all_to_all_single``. Each
-iteration starts after a barrier; its time is the slowest rank's; the table gives the median
-over iterations, and the bus bandwidth as bytes leaving one rank for other ranks / time.
+rank, time ``all_to_all_v`` of the ``shm`` backend and of gloo's ``all_to_all_single``, and in
+the same iterations a one-process ``memcpy`` of the same bytes per rank (rank 0 copies its input
+into its output, ``Tensor.copy_``; the other ranks idle): the physical limit of moving those bytes
+once through memory on this machine. Each iteration starts after a barrier; its time is the
+slowest rank's; the table gives the median over iterations, the bus bandwidth (bytes leaving one
+rank for other ranks / time; for memcpy, the bytes copied / time) and ``shm/memcpy``: the memcpy
+time divided by the shm time, i.e. the share of memcpy's speed shm reaches on the same bytes per
+rank (a copy-in/copy-out transport tops out near 50%). ``--fixed-cost`` also times shm with one
+rank (no peer: the call's own fixed cost). The load average is recorded before and after.
 
 GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
 runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
@@ -65,15 +71,15 @@ def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool,
+def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool, shm_cfg: dict,
                 result_path: str) -> None:
-    from fstrain.distributed.comm import CommConfig, build_backend
+    from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
-    shm = build_backend(CommConfig(backend="shm"))
-    gloo = build_backend(CommConfig(backend="gloo"))
+    shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
+    gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
     rows = []
     for size in sizes:
         per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
@@ -81,11 +87,14 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
         x = torch.randn(per_peer * world_size, _ROW_FLOATS)
         out = torch.empty_like(x)
         iters = _iterations(size, quick)
-        medians = _time({name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
-                         for name, comm in (("shm", shm), ("gloo", gloo))}, iters)
+        fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
+               for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
+        if world_size > 1:
+            fns["memcpy"] = (lambda: out.copy_(x)) if rank == 0 else (lambda: None)
+        medians = _time(fns, iters)
         for name, seconds in medians.items():
-            cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4
-            rows.append({"backend": name, "world_size": world_size,
+            cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4 if name != "memcpy" else x.numel() * 4
+            rows.append({"backend": name if world_size > 1 else "shm-1rank", "world_size": world_size,
                          "bytes_per_rank": x.numel() * 4, "iterations": iters,
                          "latency_us": seconds * 1e6,
                          "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
@@ -160,27 +169,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
     parser.add_argument("--out", default=None, help="directory for bench_alltoall.json")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (CPU)")
+    parser.add_argument("--fixed-cost", action="store_true", help="also time shm with one rank (its fixed cost)")
+    parser.add_argument("--shm-chunk-bytes", type=int, default=None, help="ShmBackend.Config.chunk_bytes")
+    parser.add_argument("--shm-spin-us", type=int, default=None, help="ShmBackend.Config.spin_us")
+    parser.add_argument("--shm-num-slots", type=int, default=None, help="ShmBackend.Config.num_slots")
     args = parser.parse_args(argv)
     if any(r < 2 for r in args.ranks):
         parser.error(f"--ranks needs world sizes >= 2, got {args.ranks}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sizes = _QUICK_SIZES if args.quick else _FULL_SIZES
+    shm_cfg = {k: v for k, v in (("chunk_bytes", args.shm_chunk_bytes), ("spin_us", args.shm_spin_us),
+                                 ("num_slots", args.shm_num_slots)) if v is not None}
+    load_before = os.getloadavg()
     cpu_rows: list[dict] = []
-    for w in args.ranks:
+    for w in ([1] if args.fixed_cost else []) + args.ranks:
         logger.info("CPU: %d ranks ...", w)
-        cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick)
+        cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick, shm_cfg)
+    load_after = os.getloadavg()
     print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits (median of slowest-rank "
-          f"times; torch threads = 1 per rank; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores)")
-    print(f"{'ranks':>5} {'bytes/rank':>10} | {'shm us':>10} {'gloo us':>10} | "
-          f"{'shm GB/s':>9} {'gloo GB/s':>9} | {'speedup':>7}")
+          f"times; torch threads = 1 per rank; 1-minute load average {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after, on {os.cpu_count()} cores; shm settings {shm_cfg or 'default'})")
+    print(f"{'ranks':>5} {'bytes/rank':>10} | {'memcpy us':>10} {'shm us':>10} {'gloo us':>10} | "
+          f"{'memcpy GB/s':>11} {'shm GB/s':>9} {'gloo GB/s':>9} | {'shm/memcpy':>10} {'shm/gloo':>8}"
+          f" {'shm 1 rank us':>13}")
     by_key = {(r["backend"], r["world_size"], r["bytes_per_rank"]): r for r in cpu_rows}
     for w in args.ranks:
         for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["world_size"] == w}):
-            s, g = by_key[("shm", w, size)], by_key[("gloo", w, size)]
-            print(f"{w:>5} {_fmt_bytes(size):>10} | {s['latency_us']:>10.1f} {g['latency_us']:>10.1f}"
-                  f" | {s['bus_bandwidth_gbps']:>9.2f} {g['bus_bandwidth_gbps']:>9.2f} | "
-                  f"{g['latency_us'] / s['latency_us']:>6.2f}x")
+            s, g, m = by_key[("shm", w, size)], by_key[("gloo", w, size)], by_key[("memcpy", w, size)]
+            one = by_key.get(("shm-1rank", 1, size))
+            print(f"{w:>5} {_fmt_bytes(size):>10} | {m['latency_us']:>10.1f} {s['latency_us']:>10.1f} "
+                  f"{g['latency_us']:>10.1f} | {m['bus_bandwidth_gbps']:>11.2f} {s['bus_bandwidth_gbps']:>9.2f} "
+                  f"{g['bus_bandwidth_gbps']:>9.2f} | {m['latency_us'] / s['latency_us']:>9.0%} "
+                  f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us'] if one else float('nan'):>13.1f}")
     gpu_rows: list[dict] | str
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         gpu_rows = _spawn(_gpu_worker, torch.cuda.device_count(), args.quick)
@@ -188,14 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         for r in gpu_rows:
             print(f"  {r['mode']:<32} {r['gemm_tflops']:8.1f} TFLOP/s  a2a {r['a2a_gbps']:7.1f} GB/s")
     else:
-        gpu_rows = "not measured: needs at least 2 CUDA devices"
+        gpu_rows = "not measured: needs CUDA (at least 2 CUDA devices)"
         print(f"\nGPU section: {gpu_rows}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bench_alltoall.json")
         command = [sys.executable, "-m", "benchmarks.bench_alltoall", *(argv or sys.argv[1:])]
         payload = {"command": " ".join(command),
-                   "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+                   "cpu_count": os.cpu_count(), "load_average_1min": load_after[0],
+                   "load_average_1min_before": load_before[0], "shm_config": shm_cfg,
                    "torch": torch.__version__,
                    "cpu": cpu_rows, "gpu": gpu_rows}
         with open(path + ".tmp", "w") as f:

@@ -8,8 +8,8 @@ The page shows, for an ``fsdata balance`` OUTPUT (format v1 ``manifest.json`` or
 * the predicted per-rank load of every step *before* (today's practice: the same global batches
   cut into equal contiguous per-rank batches, :func:`fsdata.balancer.partition.partition_shuffle`) and
   *after* (the written assignment, ``step_stats``), as heat maps of load / step mean;
-* the bubble per step before and after, with the per-step lower bound
-  (:func:`fsdata.balancer.bubble.step_lower_bound`);
+* the bubble per step before and after, with the lower bound of the steps as written
+  (:func:`fsdata.balancer.bubble.written_bound_bubbles`; never above "after");
 * the settings and counts from the manifest.
 
 The "before" assignment needs each input row's cost in input order (the global batches are a
@@ -85,8 +85,9 @@ class OutputData:
         after_loads: shape ``[S x R]`` float64, predicted per-rank cost per step (step_stats).
         before_loads: shape ``[S' x R]`` float64, equal-count shuffled per-rank cost of the same
             global batches (S' = S for the fixed policy).
-        step_lower_bound: shape ``[S']`` float64, least possible most-loaded rank per step.
+        step_lower_bound: shape ``[S]`` float64, least possible most-loaded rank of each step as written.
         before_source: how the shuffle assignment was recovered (for the page).
+        bound_kind: that bound's ``fsdata.balancer.bubble.BOUND_TEXT`` key.
     """
 
     manifest: dict
@@ -95,6 +96,7 @@ class OutputData:
     before_loads: np.ndarray
     step_lower_bound: np.ndarray
     before_source: str
+    bound_kind: str = "pigeonhole"
 
 
 def find_manifest(output: str | os.PathLike) -> Path:
@@ -232,17 +234,17 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     step_costs = cost_model.cost(step_lengths)
     if fixed:  # the bound of the written (possibly composed) steps, as the manifest's lower_bound_bubble
         written = cost_model.cost(lengths[np.argsort(out_steps, kind="stable")]).reshape(S_, R * B)
-        bound_fn = bubble.step_proven_bound if m.get("lower_bound_kind") == "pigeonhole" else bubble.step_lower_bound
-        step_bound = bound_fn(written, R, B)
-    else:
-        step_bound = bubble.step_lower_bound(step_costs, R, B)
+        kind = "pigeonhole" if m.get("lower_bound_kind") == "pigeonhole" else "simple"
+        step_bound = (bubble.step_proven_bound if kind == "pigeonhole" else bubble.step_lower_bound)(written, R, B)
+    else:  # cost-budget: counts vary per rank, so the bound of any assignment of each written step's samples
+        kind, step_bound = "any-count", bubble.any_count_bound(cost_model.cost(lengths), out_steps, S_, R)
     before = per_rank_loads(step_costs, np.broadcast_to(partition_shuffle(R * B, R, B), steps.shape), R)
     recorded = m.get("baseline_predicted_bubble")
     got = bubble.run_bubble(before)
     if recorded is not None and abs(got - recorded) > 1e-9 + 1e-6 * abs(recorded):
         raise InputError(f"the recomputed shuffle bubble {got:.6%} differs from the manifest's {recorded:.6%}; {fix}")
     return OutputData(manifest=m, lengths=lengths, after_loads=after, before_loads=before,
-                      step_lower_bound=step_bound, before_source=source)
+                      step_lower_bound=step_bound, before_source=source, bound_kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------- figures
@@ -319,17 +321,16 @@ def _fig_heatmaps(before: np.ndarray, after: np.ndarray) -> bytes:
     return figure_png(fig)
 
 
-def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray) -> bytes:
+def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray, lower_run: float) -> bytes:
     plt = pyplot()
     fig, (top, zoom) = plt.subplots(2, 1, figsize=(10, 5.6), sharex=True, height_ratios=(3, 2), layout="constrained")
     sb, sa = bubble.step_bubbles(before) * 100, bubble.step_bubbles(after) * 100
-    mean_b = before.mean(axis=1)
-    lb = np.where(lower > 0, 1 - mean_b / np.where(lower > 0, lower, 1), 0) * 100
+    lb = lower * 100  # fsdata.balancer.bubble.written_bound_bubbles
     for ax in (top, zoom):
         if ax is top:
             ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
         ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
-        ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label="lower bound")
+        ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label=f"lower bound (run {lower_run:.4%})")
         ax.set_ylabel("bubble (%)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
@@ -341,7 +342,7 @@ def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray) -> by
 
 def output_figures(d: OutputData) -> list[Figure]:
     """The figures of :func:`write_report` for one output."""
-    m = d.manifest
+    m, lower = d.manifest, bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)
     cm = load_cost_model(m["cost_model"])
     R = int(m["num_ranks"])
     return [
@@ -358,15 +359,15 @@ def output_figures(d: OutputData) -> list[Figure]:
                        f"straggler, blue: waits). Before: {d.before_source}.",
                png=_fig_heatmaps(d.before_loads, d.after_loads)),
         Figure(name="bubble_per_step", title="Bubble per step",
-               caption="1 - mean / max of the per-rank predicted load; the lower bound is the least any equal-count "
-                       "assignment of the same global batch reaches (max(sum / R, largest + B-1 smallest)).",
-               png=_fig_bubbles(d.before_loads, d.after_loads, d.step_lower_bound)),
+               caption="1 - mean / max of the per-rank predicted load. Lower bound: 1 - mean / LB per step, 1 - sum "
+                       f"mean / sum LB over the run (the table's), LB {bubble.BOUND_TEXT[d.bound_kind]}; never above "
+                       "'after'.", png=_fig_bubbles(d.before_loads, d.after_loads, *lower)),
     ]
 
 
 def output_rows(d: OutputData) -> list[tuple[str, str]]:
     """Settings and counts table rows ``(name, value)`` for one output."""
-    m = d.manifest
+    m, lower = d.manifest, bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)[1]
     cm = m["cost_model"]
     settings = m.get("settings") or {}
     L = d.lengths
@@ -384,7 +385,7 @@ def output_rows(d: OutputData) -> list[tuple[str, str]]:
          f"{L.mean():.1f} / {p50:.0f} / {p90:.0f} / {p99:.0f} / {L.max()}" if len(L) else "-"),
         ("predicted bubble before (shuffle)", f"{bubble.run_bubble(d.before_loads):.4%}"),
         ("predicted bubble after (written)", f"{bubble.run_bubble(d.after_loads):.4%}"),
-        ("lower bound (equal counts)", f"{m.get('lower_bound_bubble', float('nan')):.4%}"),
+        (f"lower bound of the written steps ({d.bound_kind})", f"{lower:.4%}"),
         ("slowest rank, sum over steps: after / before",
          f"{d.after_loads.max(axis=1).sum() / max(1e-300, d.before_loads.max(axis=1).sum()):.3f}"),
     ]
@@ -482,7 +483,7 @@ def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
 
     Returns:
         ``{"html": path, "png": [paths], "predicted_bubble_before": float,
-        "predicted_bubble_after": float, "lower_bound_bubble": float}``.
+        "predicted_bubble_after": float, "lower_bound_bubble": float}`` (the page's lower bound).
 
     Raises:
         InputError: see :func:`load_output` and :func:`write_page`.
@@ -495,5 +496,5 @@ def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
                      [("Settings and counts", output_rows(d), []), ("Figures", [], output_figures(d))])
     res.update(predicted_bubble_before=bubble.run_bubble(d.before_loads),
                predicted_bubble_after=bubble.run_bubble(d.after_loads),
-               lower_bound_bubble=float(d.manifest.get("lower_bound_bubble", float("nan"))))
+               lower_bound_bubble=bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)[1])
     return res

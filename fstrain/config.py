@@ -85,6 +85,9 @@ class MetricsConfig:
     exposed communication per step); view with: tensorboard --logdir DIR."""
     log_every_steps: int = 10
     """Rank 0 logs loss and throughput every this many steps (0: never)."""
+    null_control_steps: int = 8
+    """Control steps spread over the run: every rank times the same batch (no data, update or
+    random draw of training), so their bubble is the timing noise under the measured one (0: none)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -136,7 +139,8 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"--max-steps must be >= 1, got {self.max_steps}")
         for flag, v in (("--eval-every-steps", self.eval.every_steps), ("--eval-every-epochs", self.eval.every_epochs),
-                        ("--checkpoint-every-steps", self.checkpoint.every_steps)):
+                        ("--checkpoint-every-steps", self.checkpoint.every_steps),
+                        ("--null-control-steps", self.metrics.null_control_steps)):
             if v < 0:
                 raise ConfigError(f"{flag} must be >= 0, got {v}")
         if (self.eval.every_steps or self.eval.every_epochs) and not self.eval.data:

@@ -39,7 +39,7 @@ from fstrain.components.checkpoint import (checkpoint_num_items, init_from_check
                                            resolve_checkpoint, resume_checkpoint, save_checkpoint)
 from fstrain.components.heap import HeapTrimmer
 from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
-from fstrain.components.metrics import StepTiming, summarize, write_json, write_step_times
+from fstrain.components.metrics import NULL_TIMES, StepTiming, describe_bubble, summarize, write_json, write_step_times
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.negatives import attach_negatives
 from fstrain.models.recommender import objective_inputs
@@ -294,7 +294,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir)  # per-step loss; TensorBoard
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
-    total_samples, total_tokens, t_start, eval_seconds = 0, 0, time.perf_counter(), 0.0
+    total_samples, total_tokens, t_start = 0, 0, time.perf_counter()
+    paused = 0.0  # seconds of evaluation, checkpoint saves and control steps: outside every throughput figure
     step = start
     pipe = make_pipeline(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device) if pipe_name else None
     if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
@@ -316,12 +317,19 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     bar = tqdm(total=max(0, total_steps), unit="step", desc="train", disable=not (cfg.progress and env.rank == 0),
                file=sys.stderr)
     guard.stepping = True
-    for item in source:
+    nullctl = None
+    if cfg.metrics.null_control_steps and env.world_size > 1 and (pipe or cfg.pipeline.step_mode != "plain"):
+        from fstrain.components.nullcontrol import NullControl
+
+        nullctl = NullControl(cfg.shards, start_step=start, total_steps=max(0, total_steps),
+                              num_controls=cfg.metrics.null_control_steps, dense=dmp.module.dense, model_config=mcfg,
+                              seed=cfg.seed, rank=env.rank, device=env.device)
+    for index, item in enumerate(source):
         timing = None
         if pipe:
             batch_step, loss_sum, n, num_tokens, timing = item
             timings.append(timing)
-            num_samples = timing.num_samples
+            num_samples = timing.num_samples  # histories
         else:
             batch = item
             num_tokens = int(batch.lengths.sum())  # on the host, before the copy
@@ -336,6 +344,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                 loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
                 timings.append(timing)
             batch_step = batch.step
+        n = int(n)  # the loss's supervised positions: the tokens of tokens/s (histories for last-position)
         step = batch_step + 1
         steplog.add(batch_step, loss_sum, n, timing)
         bar.update(1)
@@ -344,20 +353,24 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         window_loss += loss_sum.to(torch.float64)
         window_n += n
         window_samples += num_samples
-        window_tokens += num_tokens
+        window_tokens += n
         total_samples += num_samples
-        total_tokens += num_tokens
+        total_tokens += n
+        t_pause = time.perf_counter()
+        if nullctl is not None:
+            nullctl.after(index, batch_step)
         if cfg.metrics.log_every_steps and step % cfg.metrics.log_every_steps == 0:
             stats = torch.stack([window_loss] + [torch.tensor(float(v), dtype=torch.float64, device=env.device)
                                                  for v in (window_n, window_samples, window_tokens)])
             dist.all_reduce(stats)
-            dt = time.perf_counter() - t_window
+            dt = max(1e-9, t_pause - t_window)
             if env.rank == 0:
                 logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
                             stats[0].item() / max(1.0, stats[1].item()), stats[2].item() / dt, stats[3].item() / dt)
             steplog.window(step, samples_per_second=stats[2].item() / dt, tokens_per_second=stats[3].item() / dt)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
-            window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
+            window_n, window_samples, window_tokens = 0, 0, 0
+            t_window = t_pause  # the window ended at this step's end; pauses after it are moved below
         if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
@@ -370,12 +383,14 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             metrics = evaluator.maybe_run(dmp.module, step)
             if metrics:
                 steplog.log_eval(step, metrics)
-                eval_seconds += metrics["eval_seconds"]
             guard.step(step)  # an evaluation is progress, not a hang
+        dt_pause = time.perf_counter() - t_pause  # control steps, logging, checkpoint, evaluation
+        paused += dt_pause
+        t_window += dt_pause
     bar.close()
     if pipe:
         pipe.close()  # flushes
-    train_seconds = time.perf_counter() - t_start - eval_seconds
+    train_seconds = time.perf_counter() - t_start - paused
     if evaluator and step > start:
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
@@ -388,9 +403,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard
     gathered: list = [None] * env.world_size
-    dist.all_gather_object(gathered, timings)
-    all_timings = [t for part in gathered for t in part]
-    summary = summarize(all_timings, manifest.predicted_bubble)
+    dist.all_gather_object(gathered, (timings, nullctl.records if nullctl else []))
+    all_timings = [t for part in gathered for t in part[0]]
+    null_timings = [t for part in gathered for t in part[1]]
+    summary = summarize(all_timings, manifest.predicted_bubble, null_timings)
+    if nullctl is not None and nullctl.after_steps:
+        summary.update(null_control_after_steps=nullctl.after_steps, null_control_batch_step=nullctl.control_step)
     summary.update({"first_step": start, "end_step": step, "global_end_step": step + offset,
                     "world_size": env.world_size,
                     "strategy": manifest.strategy})
@@ -398,7 +416,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     totals = torch.tensor([float(total_samples), float(total_tokens)], dtype=torch.float64, device=env.device)
     dist.all_reduce(totals)
     summary.update({"num_samples_trained": int(totals[0]), "num_tokens_trained": int(totals[1]),
-                    "train_seconds": train_seconds, "tokens_per_second": float(totals[1]) / max(train_seconds, 1e-9)})
+                    "train_seconds": train_seconds, "tokens_per_second": float(totals[1]) / max(train_seconds, 1e-9),
+                    "samples_per_second": float(totals[0]) / max(train_seconds, 1e-9)})
     summary["objective"] = mcfg.objective
     summary["model"] = mcfg.model
     if evaluator:
@@ -408,10 +427,11 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     if env.rank == 0:
         if cfg.metrics.dir and all_timings:
             write_step_times(all_timings, os.path.join(cfg.metrics.dir, "step_times.parquet"))
+        if cfg.metrics.dir and null_timings:
+            write_step_times(null_timings, os.path.join(cfg.metrics.dir, NULL_TIMES))
         if cfg.metrics.dir and evaluator and evaluator.records:
             evaluator.write(os.path.join(cfg.metrics.dir, "eval.parquet"))
         if cfg.metrics.dir:
             write_json(summary, os.path.join(cfg.metrics.dir, "summary.json"))
-        logger.info("done: steps %d..%d measured bubble %.4f (predicted %.4f)", start, step - 1,
-                    summary["measured_bubble"], manifest.predicted_bubble)
+        logger.info("done: steps %d..%d; %s", start, step - 1, describe_bubble(summary))
     return TrainResult(summary, dmp, opt)

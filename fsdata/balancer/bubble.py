@@ -229,6 +229,59 @@ def bound_bubble(step_costs: np.ndarray, step_bound: np.ndarray, num_ranks: int)
     return 0.0 if denom <= 0 else max(0.0, float((lb - mean).sum() / denom))
 
 
+#: The lower bound of each kind in words (``fsdata report``'s caption and docs/fsdata.md use these).
+BOUND_TEXT = {
+    "pigeonhole": "the least possible most-loaded rank of each step's samples as written, over every equal-count "
+                  "assignment (pigeonhole bound: max(sum / R, max over k of the k smallest of the (k-1)R+1 costliest "
+                  "plus the B-k smallest), docs/balancer.md)",
+    "simple": "the least possible most-loaded rank of each step's samples as written, over every equal-count "
+              "assignment (max(sum / R, largest + the B-1 smallest))",
+    "any-count": "the least possible most-loaded rank of each step's samples as written, over every assignment with "
+                 "any per-rank counts (max(sum / R, largest sample))",
+}
+
+
+def any_count_bound(costs: np.ndarray, steps: np.ndarray, num_steps: int, num_ranks: int) -> np.ndarray:
+    """Lower bound on the most loaded rank of each step under *any* per-rank counts.
+
+    Args:
+        costs: shape ``[N]`` float, each written sample's cost.
+        steps: shape ``[N]`` int, each sample's step in ``0..num_steps-1``.
+        num_steps: S.
+        num_ranks: R.
+
+    Returns:
+        shape ``[S]`` float64: ``max(sum / R, largest sample)`` of each step.
+    """
+    c = np.asarray(costs, dtype=np.float64)
+    out = np.bincount(steps, weights=c, minlength=num_steps)[:num_steps] / num_ranks
+    np.maximum.at(out, steps, c)
+    return out
+
+
+def written_bound_bubbles(loads: np.ndarray, step_bound: np.ndarray) -> tuple[np.ndarray, float]:
+    """The lower bound as a bubble, per step and over the run, of steps as written.
+
+    Per step ``1 - mean_s / LB_s``, over the run ``1 - sum_s mean_s / sum_s LB_s``
+    (:func:`bound_bubble`'s formula), with ``mean_s`` the step's per-rank mean load and ``LB_s``
+    (raised to ``mean_s``) a bound on the most loaded rank of *the same samples* (e.g.
+    :func:`step_proven_bound` of the written step). Since ``LB_s <= max_r loads[s, r]``, neither
+    value exceeds the achieved :func:`step_bubbles` / :func:`run_bubble` (up to float rounding).
+
+    Args:
+        loads: shape ``[S x R]`` float, per-rank load of each written step.
+        step_bound: shape ``[S]`` float.
+
+    Returns:
+        ``(per step [S] float64 in [0, 1), run value in [0, 1))``; zeros for empty input.
+    """
+    mean = np.asarray(loads, dtype=np.float64).mean(axis=1) if np.size(loads) else np.zeros(0)
+    lb = np.maximum(np.asarray(step_bound, dtype=np.float64), mean)
+    per = np.where(lb > 0, 1 - mean / np.where(lb > 0, lb, 1), 0.0)
+    run = float(1 - mean.sum() / lb.sum()) if lb.sum() > 0 else 0.0
+    return np.maximum(per, 0.0), max(0.0, run)
+
+
 def reduction(ours: float, baseline: float) -> float:
     """Relative bubble reduction ``1 - ours / baseline`` (0.0 when the baseline has no bubble)."""
     return 0.0 if baseline <= 0 else 1.0 - ours / baseline

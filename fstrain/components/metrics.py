@@ -26,7 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fsdata.balancer.bubble import reduction, run_bubble
+from fsdata.balancer.bubble import reduction, run_bubble, step_bubbles
+
+#: The null control's timings beside ``step_times.parquet`` (same columns; ``step`` = control index).
+NULL_TIMES = "null_step_times.parquet"
 
 
 @dataclass(slots=True)
@@ -82,27 +85,73 @@ def step_losses(records: list[StepTiming]) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.array([sums[s][0] / sums[s][1] for s in steps.tolist()], dtype=np.float64)
 
 
-def summarize(records: list[StepTiming], predicted_bubble: float | None = None) -> dict:
+def summarize(records: list[StepTiming], predicted_bubble: float | None = None,
+              null_records: list[StepTiming] | None = None) -> dict:
     """Measured bubble and totals of a run.
 
+    Args:
+        records: every rank's training-step timings.
+        predicted_bubble: the shards' predicted bubble (fraction), recorded as given.
+        null_records: every rank's control-step timings
+            (:class:`fstrain.components.nullcontrol.NullControl`); ``None`` or empty: no null control.
+
     Returns:
-        dict with ``measured_bubble`` (run bubble of ``compute_seconds``), ``wait_fraction``
-        (sum of waits / sum of compute + wait), ``num_steps``, ``num_ranks``,
-        ``compute_seconds_total``, ``wait_seconds_total``, ``predicted_bubble`` when given, and
-        ``loss_first_step`` / ``loss_last_step`` (global mean loss) when the records carry losses.
+        dict with ``measured_bubble`` (run bubble of ``compute_seconds``, a fraction),
+        ``slowest_rank_ms_per_step`` (mean over steps of the slowest rank's ``compute_seconds``,
+        ms), ``wait_fraction`` (sum of waits / sum of compute + wait), ``num_steps``,
+        ``num_ranks``, ``compute_seconds_total``, ``wait_seconds_total``, ``predicted_bubble``
+        when given, ``loss_first_step`` / ``loss_last_step`` (global mean loss) when the records
+        carry losses, and with control records the null control
+        (:func:`null_summary`) plus ``measured_bubble_minus_null``.
     """
     steps, c = timing_matrix(records)
     _, w = timing_matrix(records, "wait_seconds")
     out = {"measured_bubble": run_bubble(c) if c.size else 0.0,
+           "slowest_rank_ms_per_step": float(c.max(axis=1).mean() * 1e3) if c.size else 0.0,
            "wait_fraction": float(w.sum() / max(1e-12, w.sum() + c.sum())) if c.size else 0.0,
            "num_steps": int(len(steps)), "num_ranks": int(c.shape[1]) if c.size else 0,
            "compute_seconds_total": float(c.sum()), "wait_seconds_total": float(w.sum())}
     if predicted_bubble is not None:
         out["predicted_bubble"] = float(predicted_bubble)
+    if null_records:
+        out.update(null_summary(null_records))
+        if "null_bubble" in out:
+            out["measured_bubble_minus_null"] = out["measured_bubble"] - out["null_bubble"]
     ls, lv = step_losses(records)
     if len(ls):
         out.update(loss_first_step=float(lv[0]), loss_last_step=float(lv[-1]))
     return out
+
+
+def null_summary(records: list[StepTiming]) -> dict:
+    """The null control's figures from every rank's control records.
+
+    Returns:
+        ``{}`` without records; else ``null_bubble`` (run bubble of the ``[K x R]`` control
+        timings, a fraction), ``null_step_bubble_p90`` (90th percentile of the per-control
+        bubbles: how high one step's bubble reads from noise alone), ``null_control_steps`` (K),
+        ``null_slowest_rank_ms_per_step`` (mean over controls of the slowest rank, ms).
+    """
+    _, n = timing_matrix(records)
+    if not n.size:
+        return {}
+    return {"null_bubble": run_bubble(n), "null_step_bubble_p90": float(np.percentile(step_bubbles(n), 90)),
+            "null_control_steps": int(n.shape[0]), "null_slowest_rank_ms_per_step": float(n.max(axis=1).mean() * 1e3)}
+
+
+def describe_bubble(summary: dict) -> str:
+    """One line for users: the measured bubble beside its null control and the predicted one, all
+    in %, and the slowest rank's ms per step (from :func:`summarize`'s keys)."""
+    text = f"measured bubble {summary.get('measured_bubble', 0.0):.2%}"
+    if "null_bubble" in summary:
+        excess = summary["measured_bubble_minus_null"]
+        text += (f" (null control {summary['null_bubble']:.2%} over {summary['null_control_steps']} control "
+                 "steps: what timing noise alone reads; "
+                 + (f"above it {excess:.2%})" if excess > 0 else "the measured bubble is within the noise)"))
+    if summary.get("predicted_bubble") is not None:
+        text += f", predicted {summary['predicted_bubble']:.2%}"
+    text += f"; slowest rank {summary.get('slowest_rank_ms_per_step', 0.0):.2f} ms/step of compute"
+    return text
 
 
 def _atomic_write(path: str, write) -> None:
@@ -146,5 +195,5 @@ def compare(ours: dict, baseline: dict) -> dict:
             "measured_reduction": reduction(ours["measured_bubble"], baseline["measured_bubble"])}
 
 
-__all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times", "write_json",
-           "compare"]
+__all__ = ["StepTiming", "timing_matrix", "step_losses", "summarize", "write_step_times", "read_step_times",
+           "write_json", "compare", "null_summary", "describe_bubble", "NULL_TIMES"]

@@ -5,7 +5,8 @@ Adds, from ``fstrain train --metrics-dir RUN`` on the same shards (``RUN/step_ti
 * measured per-rank compute per step (divided by the step's mean, the same scale as the predicted
   heat maps) and the straggler wait per step and rank (ms) as heat maps;
 * the measured bubble per step (``1 - mean / max`` of ``compute_seconds``) beside the predicted
-  one of the same steps;
+  one of the same steps, over the noise floor of the run's null control (``null_step_times.parquet``,
+  :mod:`fstrain.components.nullcontrol`) where the run recorded one;
 * the loss curve: the global mean per-sample loss per step (:func:`fstrain.components.metrics.step_losses`).
 
 The metrics must come from the same shards: same world size, steps within the shards' steps.
@@ -22,7 +23,7 @@ import numpy as np
 from fsdata.balancer import bubble
 from fsdata.report import Figure, pyplot, figure_png, load_output, output_figures, output_rows, write_page
 from fstrain.errors import ConfigError
-from fstrain.components.metrics import read_step_times, step_losses, timing_matrix
+from fstrain.components.metrics import NULL_TIMES, read_step_times, step_losses, timing_matrix
 
 
 def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> bytes:
@@ -49,9 +50,16 @@ def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> b
     return figure_png(fig)
 
 
-def _fig_bubble_measured(steps: np.ndarray, compute: np.ndarray, predicted: np.ndarray) -> bytes:
+def _fig_bubble_measured(steps: np.ndarray, compute: np.ndarray, predicted: np.ndarray,
+                         null: np.ndarray | None = None) -> bytes:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.6))
+    if null is not None and null.size:
+        p90 = float(np.percentile(bubble.step_bubbles(null), 90)) * 100
+        ax.axhspan(0, p90, color="0.85", zorder=0,
+                   label=f"noise floor: 90% of {null.shape[0]} null-control steps below {p90:.2f}%")
+        ax.axhline(bubble.run_bubble(null) * 100, color="0.4", lw=1, ls="--",
+                   label=f"null control (run {bubble.run_bubble(null):.2%})")
     ax.plot(steps, bubble.step_bubbles(compute) * 100, color="#c44e52", lw=1,
             label=f"measured (run {bubble.run_bubble(compute):.2%})")
     ax.plot(steps, bubble.step_bubbles(predicted) * 100, color="#4c72b0", lw=1,
@@ -60,7 +68,7 @@ def _fig_bubble_measured(steps: np.ndarray, compute: np.ndarray, predicted: np.n
     ax.set_ylabel("bubble (%)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper right", fontsize=8)
     return figure_png(fig)
 
 
@@ -86,7 +94,8 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
         input_path: the balance INPUT (see :func:`fsdata.report.load_output`).
 
     Returns:
-        ``{"html", "png", "measured_bubble", "predicted_bubble", "num_steps", "loss_last_step"}``.
+        ``{"html", "png", "measured_bubble", "predicted_bubble", "num_steps", "loss_last_step"}``, plus
+        ``null_bubble`` (fraction) when the run recorded a null control.
 
     Raises:
         ConfigError: no ``step_times.parquet``, or metrics from other shards (world size, steps).
@@ -107,11 +116,16 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
         raise ConfigError(f"{times_path} is from {compute.shape[1]} ranks and steps up to {int(steps.max())}, but "
                           f"{shards} has {R} ranks and {S_} steps: pass the shards that run trained on")
     predicted = d.after_loads[steps]
+    null_path = Path(metrics_dir) / NULL_TIMES
+    null = timing_matrix(read_step_times(str(null_path)))[1] if null_path.is_file() else None
     loss_steps, loss = step_losses(records)
     summary_path = Path(metrics_dir) / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     rows = [("metrics", str(metrics_dir)), ("steps timed", f"{len(steps)} ({int(steps[0])}..{int(steps[-1])})"),
             ("measured bubble (compute)", f"{bubble.run_bubble(compute):.2%}"),
+            ("null control: bubble of identical work (timing noise)",
+             f"{bubble.run_bubble(null):.2%} over {null.shape[0]} control steps" if null is not None and null.size
+             else "not recorded (fstrain train --null-control-steps)"),
             ("predicted bubble, same steps", f"{bubble.run_bubble(predicted):.4%}"),
             ("slowest rank compute, mean ms/step", f"{compute.max(axis=1).mean() * 1e3:.2f}"),
             ("straggler wait, share of compute + wait", f"{wait.sum() / max(1e-12, wait.sum() + compute.sum()):.2%}")]
@@ -125,8 +139,12 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
                    png=_fig_measured(steps, compute, wait)),
             Figure(name="measured_bubble", title="Measured vs predicted bubble per step",
                    caption="Measured: 1 - mean / max of compute_seconds over ranks; predicted: the same formula on "
-                           "step_stats' predicted_cost of the same steps.",
-                   png=_fig_bubble_measured(steps, compute, predicted))]
+                           "step_stats' predicted_cost of the same steps. Grey: the noise floor, from the null "
+                           "control (control steps in which every rank timed the same batch): a measured step inside "
+                           "the band is as even as this machine can tell; the dashed line is the null control's run "
+                           "bubble. Measured sits above predicted by that noise, and by the cost model's error where "
+                           "it was fitted for another model or machine (fstrain calibrate; docs/fstrain.md).",
+                   png=_fig_bubble_measured(steps, compute, predicted, null))]
     if len(loss):
         figs.append(Figure(name="loss", title="Training loss", caption="Global mean per-sample loss of each step "
                            "(the num_samples-weighted mean of the ranks' losses in step_times.parquet).",
@@ -135,6 +153,8 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
     res = write_page(hp, f"fstrain report: {shards} trained -> {metrics_dir}",
                      [("Shards: settings and counts", output_rows(d), []), ("Training", rows, figs),
                       ("Shards: predicted", [], output_figures(d))])
+    if null is not None and null.size:
+        res["null_bubble"] = bubble.run_bubble(null)
     res.update(measured_bubble=bubble.run_bubble(compute), predicted_bubble=bubble.run_bubble(predicted),
                num_steps=int(len(steps)), loss_last_step=float(loss[-1]) if len(loss) else None)
     return res

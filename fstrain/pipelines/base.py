@@ -121,16 +121,19 @@ class StepOutput:
         step: ``Batch.step`` of the batch trained in this call (pipelines read ahead, so the
             caller cannot take it from the last batch it produced).
         num_tokens: history items of that batch on this rank.
+        num_samples: samples (histories) of that batch on this rank (``Batch.num_samples``; the
+            loss's supervised count, ``output[1]``, is larger for the all-positions objective).
     """
 
-    __slots__ = ("output", "_stats", "step", "num_tokens")
+    __slots__ = ("output", "_stats", "step", "num_tokens", "num_samples")
 
     def __init__(self, output: tuple[torch.Tensor, torch.Tensor], stats: StepStats | Callable[[], StepStats],
-                 step: int, num_tokens: int) -> None:
+                 step: int, num_tokens: int, num_samples: int = -1) -> None:
         self.output = output
         self._stats = stats
         self.step = step
         self.num_tokens = num_tokens
+        self.num_samples = num_samples
 
     @property
     def stats(self) -> StepStats:
@@ -162,7 +165,7 @@ class TrainPipeline(abc.ABC):
         self.timed_optimizer = TimedOptimizer(optimizer, self.timer)
         self._index = 0
         self._phases: dict[str, float] = {}
-        self._trained: tuple[int, int] = (-1, 0)  # (Batch.step, num_tokens) of the batch being trained
+        self._trained: tuple[int, int, int] = (-1, 0, 0)  # (Batch.step, num_tokens, num_samples) being trained
         self._batch_hook = dmp.module.register_forward_pre_hook(self._see_batch)
 
     def _see_batch(self, _module, args) -> None:
@@ -171,7 +174,7 @@ class TrainPipeline(abc.ABC):
             self._mark(args[0])
 
     def _mark(self, batch: Batch) -> None:
-        self._trained = (batch.step, int(batch.lengths.sum()))
+        self._trained = (batch.step, int(batch.lengths.sum()), int(batch.num_samples))
 
     @contextlib.contextmanager
     def _phase(self, name: str):
@@ -254,9 +257,11 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int,
             state is then one step ahead of the item: do not checkpoint between items.
 
     Yields:
-        ``(step, loss_sum, num_samples, num_tokens, timing)``: ``Batch.step`` of the trained batch,
-        its detached loss sum (tensor), sample and history-item counts, and a
-        :class:`fstrain.components.metrics.StepTiming` with ``compute_seconds`` (dense forward + backward
+        ``(step, loss_sum, num_supervised, num_tokens, timing)``: ``Batch.step`` of the trained batch,
+        its detached loss sum (tensor), the loss's supervised positions (``B`` for the last-position
+        objective, the history items for all-positions), the history items, and a
+        :class:`fstrain.components.metrics.StepTiming` (``num_samples``: the batch's samples, i.e.
+        histories) with ``compute_seconds`` (dense forward + backward
         + optimizer), ``wait_seconds`` (straggler wait), ``sync_seconds`` (exposed
         communication) and ``sparse_forward_seconds`` 0 (inside the exposed communication).
     """
@@ -264,7 +269,8 @@ def pipeline_steps(pipeline: TrainPipeline, batches: Iterator[Batch], rank: int,
     def item(out: StepOutput):
         loss_sum, n = out.output
         st = out.stats
-        timing = StepTiming(step=out.step, rank=rank, num_samples=int(n), num_tokens=out.num_tokens,
+        samples = out.num_samples if out.num_samples >= 0 else int(n)
+        timing = StepTiming(step=out.step, rank=rank, num_samples=samples, num_tokens=out.num_tokens,
                             sparse_forward_seconds=0.0, compute_seconds=st.compute_seconds,
                             wait_seconds=st.straggler_wait_seconds, sync_seconds=st.exposed_comm_seconds)
         return out.step, loss_sum, int(n), out.num_tokens, timing

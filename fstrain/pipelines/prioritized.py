@@ -11,7 +11,8 @@ Mechanism (implemented here, not torchrec's code): a rank deduplicates the ids o
 (``torch.unique``; sorted ids are already grouped by owner under row-wise sharding), sends them
 to the owning ranks, and the owner classifies each requested row against the set of rows
 requested from it by *all* ranks in the previous batch (a boolean row mask). Everything on the
-way (id all-to-all, classification, NOL lookup, mask and NOL row all-to-alls) runs on one
+way (id all-to-all, classification, NOL lookup, one all-to-all for the OL mask of this batch and
+the keep mask of the previous one, NOL row all-to-all) runs on one
 background thread over a second gloo/NCCL process group, so its collectives never interleave
 with the main thread's. After the update of batch N the main thread fetches the OL rows of
 batch N+1 (one all-to-all) and runs the dense step. Gradients are re-split: rows that batch N+2
@@ -190,6 +191,24 @@ class PrioritizedPipeline(TrainPipeline):
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out
 
+    def _all_to_all_masks(self, masks: list[tuple[torch.Tensor, list[int], list[int]]], group
+                          ) -> list[torch.Tensor]:
+        """Several boolean all-to-alls in one: ``masks[i] = (flags, send, recv)`` as for
+        :meth:`_all_to_all`; each rank's segments for a peer travel together as uint8.
+
+        Returns:
+            The received flags of each entry (bool, on the CPU), as separate all-to-alls would give.
+        """
+        R = self.world_size
+        segs = [torch.split(flags.to(torch.uint8), send) for flags, send, _ in masks]
+        buf = torch.cat([seg[r] for r in range(R) for seg in segs])
+        send = [sum(m[1][r] for m in masks) for r in range(R)]
+        recv = [sum(m[2][r] for m in masks) for r in range(R)]
+        got = torch.split(self._all_to_all(buf.to(self.device), send, recv, group).cpu().bool(),
+                          [m[2][r] for r in range(R) for m in masks])
+        k = len(masks)
+        return [torch.cat([got[r * k + i] for r in range(R)]) for i in range(k)]
+
     # ------------------------------------------------------------- background job
     def _prefetch(self, batch: Batch, prev: _Exchange | None, ready: torch.cuda.Event | None) -> _Exchange:
         """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc).
@@ -226,13 +245,14 @@ class PrioritizedPipeline(TrainPipeline):
             self._touched.zero_()
             self._touched[recv_local] = True
             nol_rows = self._lookup_rows(recv_local[~recv_ol])
-            ol_mask = self._all_to_all(recv_ol.to(torch.uint8).to(self.device), recv, send, g).cpu().bool()
-            nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
-            prev_keep = prev_recv_keep = None
+            masks = [(recv_ol, recv, send)]  # owner -> requester: this batch's OL flags
+            prev_recv_keep = None
             if prev is not None:  # which rows of the previous batch this one touches (backward split)
                 prev_recv_keep = self._touched[prev.recv_local]
-                prev_keep = self._all_to_all(prev_recv_keep.to(torch.uint8).to(self.device), prev.recv_counts,
-                                             prev.send_counts, g).cpu().bool()
+                masks.append((prev_recv_keep, prev.recv_counts, prev.send_counts))
+            ol_mask, *rest = self._all_to_all_masks(masks, g)  # both masks in one all-to-all
+            prev_keep = rest[0] if rest else None
+            nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
         return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol,
                          prev_keep, prev_recv_keep, time.perf_counter() - t0)
 

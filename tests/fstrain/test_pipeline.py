@@ -202,14 +202,17 @@ def test_prefetch_overlaps_dense_compute(results):
 
 @pytest.mark.multiproc
 def test_pipeline_steps_feed_train_metrics(results):
-    """``pipeline_steps`` gives train() the step, loss, counts and a StepTiming of each batch."""
+    """``pipeline_steps`` gives train() the step, loss, counts and a StepTiming of each batch (its
+    ``num_samples``: the batch's samples, fewer than the supervised positions of all-positions)."""
     for rank, r in enumerate(results):
         items, ref = r["pipeline_steps"], r["plain"]
         assert [i[0] for i in items] == list(range(NUM_STEPS))
         torch.testing.assert_close(torch.tensor([i[1] for i in items]), torch.tensor(ref["loss"]))
         assert [i[3] for i in items] == ref["true_tokens"]
         for step, _, n, tokens, t in items:
-            assert (t.step, t.rank, t.num_samples, t.num_tokens) == (step, rank, n, tokens) and n > 0
+            assert (t.step, t.rank, t.num_tokens) == (step, rank, tokens) and n > 0
+            # num_samples counts histories; n the loss's supervised positions (all of them here)
+            assert 0 < t.num_samples < n == tokens
             assert t.compute_seconds > 0 and t.wait_seconds > 0 and t.sync_seconds >= 0
 
 

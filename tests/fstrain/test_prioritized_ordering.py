@@ -53,12 +53,12 @@ def test_gate_is_on_for_nccl_backends_only():
 def _expected_sequence(num_steps: int) -> list[tuple[str, str, str]]:
     """The documented issue order (fstrain.pipelines.prioritized, class doc) for ``num_steps`` batches."""
     a2a, ar = "all_to_all_single", "all_reduce"
-    seq = [("bg", "background", a2a)] * 4  # fill: prefetch of batch 0 (no previous batch)
+    seq = [("bg", "background", a2a)] * 4  # fill: prefetch of batch 0 (no previous batch, no keep mask)
     for step in range(num_steps):
         last = step == num_steps - 1
         seq.append(("main", "default", a2a))  # fetch_ol
         if not last:
-            seq += [("bg", "background", a2a)] * 5  # prefetch of the next batch (+ the keep mask)
+            seq += [("bg", "background", a2a)] * 4  # prefetch of the next batch: counts, ids, masks, NOL rows
         seq += [("main", "straggler", ar), ("main", "default", ar), ("main", "default", a2a)]
         if not last:
             seq.append(("bg", "background", a2a))  # deferred sparse update

@@ -21,7 +21,12 @@ def _shards(tmp_path, ranks=2):
     return out
 
 
-def _metrics(folder, ranks, steps):
+def _metrics(folder, ranks, steps, null_steps=0):
+    nulls = [StepTiming(step=k, rank=r, num_samples=0, num_tokens=0, sparse_forward_seconds=0.0,
+                        compute_seconds=0.01 + 0.0005 * ((k + r) % 2), wait_seconds=0.0, sync_seconds=0.0)
+             for k in range(null_steps) for r in range(ranks)]
+    if nulls:
+        write_step_times(nulls, str(folder / "null_step_times.parquet"))
     recs = []
     for s in range(steps):
         for r in range(ranks):
@@ -46,6 +51,21 @@ def test_train_report_adds_measured_heat_maps_and_loss(tmp_path, capsys):
     for text in ("Measured per-rank compute", "straggler wait", "Training loss", "Per-rank predicted load"):
         assert text in html
     assert 0 < r["measured_bubble"] < 1
+    assert "null_bubble" not in r and "not recorded (fstrain train --null-control-steps)" in html
+
+
+def test_train_report_shows_the_noise_floor_of_the_null_control(tmp_path, capsys):
+    shards = _shards(tmp_path)
+    run = tmp_path / "run"
+    _metrics(run, 2, 5, null_steps=4)
+    capsys.readouterr()
+    assert main(["report", str(shards), "--metrics-dir", str(run), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    html = (run / "report.html").read_text()
+    assert r["null_bubble"] == pytest.approx(0.00025 / 0.0105)  # each control: (0.0105 - 0.01025) / 0.0105
+    assert "null control: bubble of identical work (timing noise)" in html and "over 4 control steps" in html
+    assert "noise floor" in html and "fstrain calibrate" in html
+    assert len(r["png"]) == 7
 
 
 def test_train_report_refuses_metrics_from_other_shards(tmp_path, capsys):

@@ -167,3 +167,44 @@ def test_train_with_pipelines_equals_plain_loop(tmp_path):
             _assert_same(plain, params)
         _assert_same(plain, resumed)
         assert summary["num_steps"] == 4
+
+
+def _null_control_worker(shards, metrics):
+    out = {}
+    for name, pipeline in (("measured", "none"), ("prioritized", "prioritized")):
+        off = _params(shards, 4, pipeline=pipeline, **{"metrics.null_control_steps": 0})
+        on = _params(shards, 4, pipeline=pipeline, **{"metrics.null_control_steps": 5,
+                                                      "metrics.dir": f"{metrics}-{name}"})
+        out[name] = (off, on)
+    return out
+
+
+@pytest.mark.multiproc
+def test_null_control_steps_change_nothing_and_report_the_noise_floor(tmp_path):
+    """Control steps consume no data, update or random draw: same parameters and losses with or
+    without them; the summary carries the null control, and samples differ from supervised tokens
+    for per-user samples (all-positions objective)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=4, batch_size_per_rank=5, seed=7,
+                          samples="per-user")
+    metrics = str(tmp_path / "m")
+    for out in run_ranks(_null_control_worker, 2, shards, metrics):
+        for name, ((p_off, s_off), (p_on, s_on)) in out.items():
+            _assert_same(p_off, p_on, tol=0)
+            assert s_off["loss_last_step"] == s_on["loss_last_step"], name
+            assert "null_bubble" not in s_off
+            assert s_on["null_control_steps"] == 5 and 0.0 <= s_on["null_bubble"] < 1.0
+            assert s_on["measured_bubble_minus_null"] == s_on["measured_bubble"] - s_on["null_bubble"]
+            assert s_on["slowest_rank_ms_per_step"] > 0 and s_on["null_slowest_rank_ms_per_step"] > 0
+            assert s_on["num_samples_trained"] == 2 * 4 * 5  # histories
+            assert s_on["num_tokens_trained"] > s_on["num_samples_trained"]  # supervised positions
+            assert s_on["tokens_per_second"] > s_on["samples_per_second"] > 0
+    for name in ("measured", "prioritized"):
+        null = pq.read_table(f"{metrics}-{name}/null_step_times.parquet").to_pydict()
+        assert null["step"] == [k for k in range(5) for _ in range(2)] and null["rank"] == [0, 1] * 5
+        summary = json.loads(open(f"{metrics}-{name}/summary.json").read())
+        assert summary["null_control_steps"] == 5 and len(summary["null_control_after_steps"]) == 5
+        assert 0 <= summary["null_control_batch_step"] < 4
