@@ -25,6 +25,7 @@ from fsdata import fsio
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
                             cli_main, configure_logging, new_parser, resolve_progress, settings_help)
 from fsdata.errors import FsdataError
+from fsdata.atomic import check_replaceable
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
@@ -330,6 +331,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
     if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
+    check_replaceable(a.plan, "plan", name="PLAN")
     table = make_plan_table(open_samples(a.input, a.columns), settings)
     try:
         write_plan(a.plan, table, overwrite=a.overwrite)
@@ -385,6 +387,7 @@ def _cmd_synth(a: argparse.Namespace) -> int:
     check_output_apart(a.output, [a.lengths_from], output_name="output", input_name="--lengths-from")
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    check_replaceable(a.output, "samples")
     if not Path(a.lengths_from).exists():
         raise FsdataError(f"--lengths-from {a.lengths_from} does not exist; pass a dataset file")
     source = read_lengths(a.lengths_from, layout=a.layout, max_seq_len=a.max_seq_len)

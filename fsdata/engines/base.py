@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from fsdata import fsio
-from fsdata.atomic import atomic_output, output_taken
+from fsdata.atomic import atomic_output, check_replaceable, output_taken
 from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
 from fsdata.errors import ConfigError, InputError, setting
@@ -149,6 +149,7 @@ class Engine(ABC):
         if output_taken(output) and not s.overwrite:
             raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
                               f"{setting('overwrite', True)} to replace it")
+        check_replaceable(output, "shards", flag=setting("overwrite", True))  # before anything is read
         src = self.open_input(input, s.columns)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}
@@ -222,6 +223,8 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
             overlaps INPUT or PLAN, exists without overwrite, or the engine cannot write the plan.
     """
     output, (input, plan) = Engine.check_paths(output, [input, plan], input_name="INPUT or PLAN")
+    if overwrite:
+        check_replaceable(output, "shards", flag=setting("overwrite_arg", True))
     table = read_plan(plan)
     engine = get_engine(BalanceSettings(num_ranks=table.num_ranks,
                                         batch_size_per_rank=int(table.meta["batch_size_per_rank"]), **settings))

@@ -58,7 +58,7 @@ from tqdm import tqdm
 
 from fsdata import fsio
 from fsdata.samples import schema as S
-from fsdata.atomic import atomic_output
+from fsdata.atomic import atomic_output, check_replaceable
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
@@ -322,6 +322,10 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if holdout_output and Path(holdout_output).exists() and not overwrite:
         raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
+    if overwrite:  # before the input is read: only what FreeScale wrote is replaced
+        check_replaceable(output_path, "samples", flag=setting("overwrite_arg", True))
+        if holdout_output:
+            check_replaceable(holdout_output, "eval", name="--holdout-output", flag=setting("overwrite_arg", True))
     events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
     max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)

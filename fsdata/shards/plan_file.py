@@ -347,7 +347,7 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
     meta_json = json.dumps(table.meta).encode()
     t = t.replace_schema_metadata({PLAN_METADATA_KEY: meta_json, PLAN_DIGEST_KEY: plan_digest(table).encode(),
                                    PLAN_SHA256_KEY: _plan_content_sha256(t, meta_json).encode()})
-    with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+    with atomic_output(path, overwrite=overwrite, is_dir=False, kind="plan") as tmp:
         fs, where = fsio.filesystem_and_path(str(tmp))
         pq.write_table(t, where, compression="zstd", filesystem=fs)
 
