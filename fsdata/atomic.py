@@ -35,8 +35,8 @@ from pathlib import Path
 
 from fsdata import fsio
 from fsdata.errors import ConfigError, FsdataError, setting
-from fsdata.guards import (OUTPUT_MARKERS, EnvironmentFailure, check_not_inside_output, environment_errno,
-                           environment_error, process_alive)
+from fsdata.guards import (OUTPUT_MARKERS, EnvironmentFailure, check_not_inside_output, enclosing_output,
+                           environment_errno, environment_error, process_alive)
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +136,18 @@ def _parquet_test(keys: tuple[bytes, ...]):
     return test
 
 
-def _is_report_page(path: str) -> bool:
-    try:
-        with fsio.open_input(path) as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return HTML_MARKER.encode() in head
+def _head_has(marker: bytes, magic: bytes = b""):
+    def test(path: str) -> bool:
+        try:
+            with fsio.open_input(path) as f:
+                head = f.read(4096)
+        except OSError:
+            return False
+        return head.startswith(magic) and marker in head
+    return test
+
+
+_is_report_page = _head_has(HTML_MARKER.encode())
 
 
 register_output_kind("shards", "an fsdata balance OUTPUT (a folder with a _manifest.json, or rank folders only)",
@@ -152,6 +157,28 @@ for _k, _keys in PARQUET_KEYS.items():
                          _parquet_test(_keys))
 register_output_kind("report", "a page fsdata report wrote (it carries the generator tag freescale-report)",
                      _is_report_page)
+register_output_kind("report-figure", "a figure fsdata report wrote (PNG with Software freescale-report)",
+                     _head_has(b"freescale-report", b"\x89PNG"))
+
+
+def check_regenerable(path: str | os.PathLike, kind: str, *, overwrite: bool, name: str = "output") -> None:
+    """The rule of outputs regenerated at will (report pages and their figures): ``path`` may be
+    replaced when it is missing, empty or something FreeScale wrote of ``kind``; any other file
+    only with ``overwrite``; a folder never; nothing inside an ``fsdata balance`` OUTPUT.
+
+    Raises:
+        ConfigError: one line naming the path, what it holds and the fix.
+    """
+    try:
+        check_replaceable(path, kind, name=name)
+    except ConfigError:
+        p = fsio.normalize(path)
+        if fsio.is_dir(p) or enclosing_output(p) is not None:
+            raise
+        if not overwrite:
+            raise ConfigError(f"{name} {path} already exists and is not {_KINDS[kind][0]}; choose another path or "
+                              f"pass {setting('overwrite_arg', True)} to replace it") from None
+        log.warning("%s %s: replacing a file FreeScale did not write (--overwrite)", name, path)
 
 
 def check_replaceable(path: str | os.PathLike, kind: str, *, name: str = "output",

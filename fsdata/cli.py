@@ -188,6 +188,8 @@ def build_parser():
                    help="page to write (default: OUTPUT-report.html beside OUTPUT); PNGs go beside it")
     p.add_argument("--input", default=None,
                    help="the balance INPUT; needed only when sample_ids are not the input's row numbers")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing file that fsdata report did not write (its own pages are replaced anyway)")
     _balance_flags(p, "report")
     add_json_flag(p, "print the written paths and bubbles as JSON")
     add_common_flags(p, name="fsdata")
@@ -420,7 +422,7 @@ def _cmd_verify(a: argparse.Namespace) -> int:
 def _cmd_report(a: argparse.Namespace) -> int:
     from fsdata.report import write_report
 
-    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns)
+    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns, overwrite=a.overwrite)
     if a.json:
         print(json.dumps(r, indent=2))
     else:

@@ -157,3 +157,50 @@ def test_a_file_where_an_output_folder_goes_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main(["balance", str(inp), str(f), *_BALANCE, "--overwrite"]) == 2
     assert "is a file" in _one_line(capsys) and f.read_text() == "mine"
+
+
+# --- fsdata report --html (issue 35): its own pages only; never inside OUTPUT, never onto an input
+
+
+@pytest.fixture
+def balanced(tmp_path):
+    pytest.importorskip("matplotlib")
+    inp = write_samples(tmp_path / "s.parquet", n=200)
+    out = tmp_path / "out"
+    assert main(["balance", str(inp), str(out), *_BALANCE]) == 0
+    return inp, out
+
+
+def test_report_replaces_its_own_page_but_no_other_file_without_overwrite(balanced, tmp_path, capsys):
+    inp, out = balanced
+    rep = ["report", str(out), "--input", str(inp), "--html"]
+    page = tmp_path / "page.html"
+    assert main([*rep, str(page)]) == 0
+    assert main([*rep, str(page)]) == 0  # its own page: replaced
+    foreign = tmp_path / "notes.html"
+    foreign.write_text("<html>mine</html>")
+    capsys.readouterr()
+    assert main([*rep, str(foreign)]) == 2
+    assert "--overwrite" in _one_line(capsys) and foreign.read_text() == "<html>mine</html>"
+    assert not list(tmp_path.glob("notes-*.png"))  # nothing written beside it either
+    png = tmp_path / "fig-lengths.png"
+    png.write_bytes(b"\x89PNG mine")
+    assert main([*rep, str(tmp_path / "fig.html")]) == 2
+    assert "figure" in _one_line(capsys) and png.read_bytes() == b"\x89PNG mine"
+    assert main([*rep, str(foreign), "--overwrite"]) == 0
+    assert "freescale-report" in foreign.read_text()
+
+
+def test_report_never_onto_its_input_nor_inside_output(balanced, tmp_path, capsys):
+    inp, out = balanced
+    before = {**_digests(inp), **_digests(out)}
+    capsys.readouterr()
+    for html in (inp, out / "r.html", out / "rank-00000" / "r.html"):
+        assert main(["report", str(out), "--input", str(inp), "--html", str(html), "--overwrite"]) == 2
+        assert "OUTPUT or --input" in _one_line(capsys)
+    assert {**_digests(inp), **_digests(out)} == before
+    assert main(["verify", str(out), "--input", str(inp), "--no-progress"]) == 0
+    d = tmp_path / "folder.html"
+    d.mkdir()
+    assert main(["report", str(out), "--input", str(inp), "--html", str(d), "--overwrite"]) == 2
+    assert "is a folder" in _one_line(capsys) and d.is_dir()
