@@ -324,6 +324,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
+    from fsdata.balancer.cost import cost_model_file
     from fsdata.engines.planning import make_plan_table
     from fsdata.shards.plan_file import write_plan
     from fsdata.samples.io import open_samples
@@ -331,6 +332,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     settings = _settings_from_args(a)
     a.input, a.plan = fsio.normalize(a.input), fsio.normalize(a.plan)
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
+    check_output_apart(a.plan, [cost_model_file(a.cost_model)], output_name="PLAN", input_name="--cost-model")
     if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
     check_replaceable(a.plan, "plan", name="PLAN")

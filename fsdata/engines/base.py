@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from fsdata import fsio
 from fsdata.atomic import atomic_output, check_replaceable, output_taken
-from fsdata.balancer.cost import CostModel, load_cost_model
+from fsdata.balancer.cost import CostModel, cost_model_file, load_cost_model
 from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
@@ -146,6 +146,7 @@ class Engine(ABC):
         s = self.settings
         self.check()
         output, (input,) = self.check_paths(output, [input])
+        check_output_apart(output, [cost_model_file(s.cost_model)], output_name="OUTPUT", input_name="--cost-model")
         if output_taken(output) and not s.overwrite:
             raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
                               f"{setting('overwrite', True)} to replace it")

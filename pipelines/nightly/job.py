@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from fsdata._version import __version__ as fsdata_version
-from fsdata.balancer.cost import load_cost_model
+from fsdata.balancer.cost import cost_model_file, load_cost_model
 from fsdata.balancer.plan import high_bubble_warning
 from fsdata.balancer.profile import profile
 from fsdata.engines import balance
@@ -194,6 +194,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
     t0 = time.perf_counter()
     _validate(cfg)
     check_output_apart(cfg.job.output, [cfg.convert.input], output_name="--output", input_name="--input")
+    check_output_apart(cfg.job.output, [cost_model_file(cfg.balance.cost_model)], output_name="--output",
+                       input_name="--cost-model")
     work = Path(cfg.job.output)
     with store.work_lock(work, cfg.job.lock_timeout_seconds):
         key = run_key(cfg)

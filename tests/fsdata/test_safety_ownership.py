@@ -204,3 +204,22 @@ def test_report_never_onto_its_input_nor_inside_output(balanced, tmp_path, capsy
     d.mkdir()
     assert main(["report", str(out), "--input", str(inp), "--html", str(d), "--overwrite"]) == 2
     assert "is a folder" in _one_line(capsys) and d.is_dir()
+
+
+# --- every file a command reads is an input for the overlap rules (issue 35)
+
+
+def test_cost_model_inside_output_is_refused_like_a_plan(tmp_path, capsys):
+    inp = write_samples(tmp_path / "in.parquet", n=200)
+    out = tmp_path / "out"
+    assert main(["balance", str(inp), str(out), *_BALANCE]) == 0
+    cm = out / "cm.json"
+    cm.write_text('{"name": "poly", "coefficients": [0, 1, 0]}')
+    before = _digests(out)
+    capsys.readouterr()
+    assert main(["balance", str(inp), str(out), *_BALANCE, "--cost-model", str(cm), "--overwrite"]) == 2
+    err = _one_line(capsys)
+    assert "--cost-model" in err and "contains" in err
+    assert _digests(out) == before
+    assert main(["plan", str(inp), str(cm), *_BALANCE, "--cost-model", str(cm), "--overwrite"]) == 2
+    assert "--cost-model" in _one_line(capsys) and _digests(out) == before
