@@ -323,6 +323,9 @@ class Manifest:
         files_raw = raw["files"]
         if not isinstance(files_raw, list):
             raise ManifestError(f"{where}: 'files' is not a list; rerun 'fsdata balance'")
+        if len(files_raw) != num_ranks:  # before anything is allocated by num_ranks (an untrusted count)
+            raise ManifestError(f"{where}: num_ranks is {num_ranks} but 'files' has {len(files_raw)} entries (one "
+                                "per rank); rerun 'fsdata balance'")
         files: dict[int, FileEntry] = {}
         for i, e in enumerate(files_raw):
             w = f"{where}: files[{i}]"
@@ -347,6 +350,10 @@ class Manifest:
             raise ManifestError(f"{where}: num_ranks is {num_ranks} but the file entries cover ranks "
                                 f"{sorted(files)[:8]}{'...' if len(files) > 8 else ''} (missing {absent[:8]}, "
                                 f"outside {outside[:8]}); rerun 'fsdata balance'")
+        fewest = min((f.num_rows for f in files.values()), default=0)
+        if num_steps > fewest:  # every step holds at least one sample on every rank
+            raise ManifestError(f"{where}: num_steps {num_steps} exceeds the {fewest} rows of the smallest rank "
+                                "file (every step holds at least one sample per rank); rerun 'fsdata balance'")
         counts = {k: (_int(raw, k, where) if k in raw else None)
                   for k in ("num_samples_input", "num_samples_written", "num_samples_dropped")}
         seed = raw.get("seed")

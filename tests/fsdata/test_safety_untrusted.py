@@ -1,0 +1,76 @@
+"""Untrusted metadata and unstable inputs (issue 35): counts read from a manifest or plan are checked
+against the files before anything is allocated for them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+
+from fsdata.cli import main
+from fsdata.shards.manifest import Manifest, ManifestError
+from fsdata.shards.plan_file import PLAN_METADATA_KEY, PLAN_SHA256_KEY
+from tests.fsdata.helpers import write_samples
+
+_ARGS = ["--ranks", "2", "--batch-size-per-rank", "8", "--seed", "3", "--no-progress"]
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fsdata: error:") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    d = tmp_path_factory.mktemp("u")
+    inp = write_samples(d / "in.parquet", n=300)
+    assert main(["balance", str(inp), str(d / "out"), *_ARGS]) == 0
+    assert main(["plan", str(inp), str(d / "plan.parquet"), *_ARGS]) == 0
+    return inp, d / "out", d / "plan.parquet"
+
+
+def _edited(out, tmp_path, edit):
+    dst = shutil.copytree(out, tmp_path / "edited")
+    m = json.loads((dst / "_manifest.json").read_text())
+    edit(m)
+    (dst / "_manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda m: m.update(num_ranks=10**12), "'files' has 2 entries"),
+    (lambda m: m.update(num_steps=10**12), "exceeds the"),
+    (lambda m: [f.update(num_rows=10**13) for f in m["files"]] and m.update(num_steps=10**12), "expected num_steps"),
+])
+def test_huge_counts_in_a_manifest_are_one_line_and_fast(made, tmp_path, capsys, edit, words):
+    _, out, _ = made
+    bad = _edited(out, tmp_path, edit)
+    capsys.readouterr()
+    assert main(["verify", str(bad), "--no-progress"]) == 2
+    assert words in _one_line(capsys)
+
+
+def test_manifest_read_refuses_num_ranks_beyond_its_files_before_allocating(made, tmp_path):
+    _, out, _ = made
+    bad = _edited(out, tmp_path, lambda m: m.update(num_ranks=10**12))
+    with pytest.raises(ManifestError, match="one per rank"):
+        Manifest.read(bad)  # the reader fstrain's ShardDataset uses too
+
+
+@pytest.mark.parametrize("key, words", [("epochs", "epochs 1000000000000"), ("num_steps", "exceeds its"),
+                                        ("num_ranks", "exceeds its")])
+def test_huge_counts_in_a_plan_are_one_line_and_fast(made, tmp_path, capsys, key, words):
+    inp, _, plan = made
+    t = pq.read_table(plan)
+    md = dict(t.schema.metadata)
+    meta = json.loads(md[PLAN_METADATA_KEY])
+    meta[key] = 10**12
+    md[PLAN_METADATA_KEY] = json.dumps(meta).encode()
+    md.pop(PLAN_SHA256_KEY, None)
+    pq.write_table(t.replace_schema_metadata(md), tmp_path / "p.parquet")
+    capsys.readouterr()
+    assert main(["write", str(inp), str(tmp_path / "p.parquet"), str(tmp_path / "w"), "--no-progress"]) == 2
+    assert words in _one_line(capsys) and not (tmp_path / "w").exists()
