@@ -199,6 +199,14 @@ class Manifest:
         return int(self.extra.get("epochs", 1))
 
     @property
+    def plan_digest(self) -> str | None:
+        """The plan digest every rank file carries (``plan_digest``; the rank files' Parquet key
+        ``fsdata.plan_digest``, :func:`fsdata.shards.plan_file.plan_digest`); None in outputs
+        written by earlier versions."""
+        v = self.extra.get("plan_digest")
+        return v if isinstance(v, str) else None
+
+    @property
     def steps_per_epoch(self) -> int:
         """Steps per epoch: ``steps_per_epoch`` when every epoch has the same count (always under
         the fixed policy; epoch ``e`` is then steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``);
@@ -376,6 +384,9 @@ class Manifest:
             v = raw.get(k)
             if v is not None and (os.path.isabs(v) or ".." in Path(v).parts or "/" in v or not v):
                 raise ManifestError(f"{where}: '{k}' {v!r} must be a file name inside OUTPUT; rerun 'fsdata balance'")
+        if raw.get("plan_digest") is not None and not isinstance(raw["plan_digest"], str):
+            raise ManifestError(f"{where}: 'plan_digest' is {raw['plan_digest']!r}, expected a string; "
+                                "rerun 'fsdata balance'")
         if "epochs" in raw or "steps_per_epoch" in raw or "epoch_num_steps" in raw:
             E = _int(raw, "epochs", where, minimum=1)
             per = raw.get("epoch_num_steps")

@@ -74,3 +74,31 @@ def test_huge_counts_in_a_plan_are_one_line_and_fast(made, tmp_path, capsys, key
     capsys.readouterr()
     assert main(["write", str(inp), str(tmp_path / "p.parquet"), str(tmp_path / "w"), "--no-progress"]) == 2
     assert words in _one_line(capsys) and not (tmp_path / "w").exists()
+
+
+# --- the manifest records the plan digest its rank files carry
+
+
+def test_manifest_records_the_plan_digest_of_its_rank_files(made):
+    _, out, _ = made
+    m = Manifest.read(out)
+    assert m.plan_digest and list(m.to_json())[-1] == "plan_digest"
+    for r in range(m.num_ranks):
+        assert pq.read_schema(m.rank_file(r)).metadata[b"fsdata.plan_digest"].decode() == m.plan_digest
+
+
+def test_verify_refuses_a_rank_file_of_another_plan_with_updated_checksums(made, tmp_path, capsys):
+    import hashlib
+
+    inp, out, _ = made
+    other = tmp_path / "other"
+    assert main(["balance", str(inp), str(other), *_ARGS[:-3], "--seed", "9", "--no-progress"]) == 0
+    bad = shutil.copytree(out, tmp_path / "bad")
+    m = json.loads((bad / "_manifest.json").read_text())
+    src = other / m["files"][1]["path"]
+    shutil.copyfile(src, bad / m["files"][1]["path"])
+    m["files"][1].update(sha256=hashlib.sha256(src.read_bytes()).hexdigest(), num_bytes=src.stat().st_size)
+    (bad / "_manifest.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["verify", str(bad), "--no-progress"]) == 2
+    assert "plan digest" in _one_line(capsys)
