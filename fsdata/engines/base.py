@@ -152,6 +152,7 @@ class Engine(ABC):
                               f"{setting('overwrite', True)} to replace it")
         check_replaceable(output, "shards", flag=setting("overwrite", True))  # before anything is read
         src = self.open_input(input, s.columns)
+        before = input_state(src)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}
         with self.session(t):
@@ -162,11 +163,41 @@ class Engine(ABC):
                 t2 = time.perf_counter()
                 t.setdefault("write_ranks", t2 - t1)
                 m = finalize(tmp, plan, files)
+                check_input_unchanged(src, before, input)  # else nothing is published
             t["finalize"] = time.perf_counter() - t2
         m.path = str(output)
         if timings is not None:
             timings.update({k: t[k] for k in self.stages})
         return m
+
+
+def input_state(src: SampleSource) -> tuple:
+    """What identifies the input's bytes now: per file its modification time (ns; an object's
+    ``mtime`` where the store reports one) and the input digest (sizes and Parquet footers,
+    :func:`fsdata.shards.plan_file.input_digest`). Read at the start and at the end of a run."""
+    times = []
+    for path in src.files:
+        try:
+            if fsio.is_remote(path):
+                r = fsio.resolve(path)
+                mtime = r.fs.get_file_info(r.path).mtime
+                times.append(None if mtime is None else mtime.timestamp())
+            else:
+                times.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            times.append(None)
+    return tuple(times), input_digest(src)
+
+
+def check_input_unchanged(src: SampleSource, before: tuple, input: str) -> None:
+    """Raise InputError when the input changed while the run read it (:func:`input_state` differs)."""
+    try:
+        now = input_state(src)
+    except InputError:
+        now = None
+    if now != before:
+        raise InputError(f"input {input} changed while this run read it (a file's size, modification time or Parquet "
+                         "footer differs from the start); nothing was published: rerun once the input is complete")
 
 
 _REGISTRY: dict[str, type[Engine]] = {}
@@ -234,6 +265,9 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
     if input_digest(src) != table.meta.get("input_digest"):
         raise InputError(f"input {input} is not the input plan {plan} was made from (input digests differ); "
                          "rerun 'fsdata plan' on this input")
+    before = input_state(src)
     with engine.session({}), atomic_output(output, overwrite=overwrite) as tmp:
-        return engine.write_ranks(src, table, tmp)
+        files = engine.write_ranks(src, table, tmp)
+        check_input_unchanged(src, before, input)
+    return files
 

@@ -102,3 +102,36 @@ def test_verify_refuses_a_rank_file_of_another_plan_with_updated_checksums(made,
     capsys.readouterr()
     assert main(["verify", str(bad), "--no-progress"]) == 2
     assert "plan digest" in _one_line(capsys)
+
+
+# --- an input replaced while balance runs
+
+
+@pytest.mark.parametrize("stage", ["plan", "finalize"])
+def test_input_replaced_during_balance_publishes_nothing(tmp_path, monkeypatch, capsys, stage):
+    import os
+
+    from fsdata.engines import base
+    from fsdata.engines.local import LocalEngine
+
+    inp = write_samples(tmp_path / "in.parquet", n=300, seed=1)
+    new = write_samples(tmp_path / "new.parquet", n=300, seed=2)
+    prev = tmp_path / "prev"
+    assert main(["balance", str(inp), str(prev), *_ARGS]) == 0
+    before = {p.name: p.read_bytes() for p in prev.rglob("*") if p.is_file()}
+    real = base.finalize if stage == "finalize" else LocalEngine.plan
+
+    def swap_then(*a, **k):
+        os.replace(new, inp)  # mv new.parquet in.parquet while the run works
+        return real(*a, **k)
+
+    if stage == "finalize":
+        monkeypatch.setattr(base, "finalize", swap_then)
+    else:
+        monkeypatch.setattr(LocalEngine, "plan", swap_then)
+    capsys.readouterr()
+    assert main(["balance", str(inp), str(tmp_path / "out"), *_ARGS]) == 2
+    assert "changed while this run read it" in _one_line(capsys)
+    assert not (tmp_path / "out").exists()
+    assert {p.name: p.read_bytes() for p in prev.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "prev"]
