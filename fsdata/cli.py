@@ -418,6 +418,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
               + ("; input fully accounted for" if r["checked_input"] else ""))
+        for what in r.get("not_checked", []):
+            print(f"  not checked: {what}")
     return 0
 
 

@@ -135,3 +135,26 @@ def test_input_replaced_during_balance_publishes_nothing(tmp_path, monkeypatch, 
     assert not (tmp_path / "out").exists()
     assert {p.name: p.read_bytes() for p in prev.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "prev"]
+
+
+# --- verify says what it could not check
+
+
+def test_verify_without_input_says_what_it_did_not_check(made, capsys):
+    from fsdata.shards.verify import verify
+
+    inp, out, _ = made
+    capsys.readouterr()
+    assert main(["verify", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "not checked: the samples against the input" in printed and "--input" in printed
+    assert verify(out)["not_checked"] and verify(out, inp)["not_checked"] == []
+
+
+def test_verify_names_the_plan_check_it_skips_for_an_edited_fsdata_version(made, tmp_path, capsys):
+    inp, out, _ = made
+    bad = _edited(out, tmp_path, lambda m: m.update(fsdata_version="0.1.0"))
+    capsys.readouterr()
+    assert main(["verify", str(bad), "--input", str(inp), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "not checked: the plan recomputed from --input" in printed and "fsdata 0.1.0" in printed
