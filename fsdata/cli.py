@@ -242,6 +242,9 @@ def _load_lengths(a: argparse.Namespace):
 def _cmd_profile(a: argparse.Namespace) -> int:
     from fsdata.balancer.profile import format_report, profile
 
+    from fsdata.balancer.settings import check_seed
+
+    check_seed(a.seed)
     _, cost_model, lengths, _ = _load_lengths(a)
     report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
                      compose_window=a.compose_window)
@@ -388,6 +391,13 @@ def _cmd_finalize(a: argparse.Namespace) -> int:
 def _cmd_synth(a: argparse.Namespace) -> int:
     from fsdata.samples.synth import read_lengths, write_synth_samples
 
+    from fsdata.balancer.settings import check_seed
+
+    check_seed(a.seed)
+    for flag, v, hi in (("--num-samples", a.num_samples, 2**63 - 1), ("--max-seq-len", a.max_seq_len, 2**31 - 1),
+                        ("--num-items", a.num_items, 2**63 - 2)):  # item ids are drawn in 1..num_items (int64)
+        if not 1 <= v <= hi:
+            raise FsdataError(f"{flag} must be an integer in 1..{hi}, got {v}")
     check_output_apart(a.output, [a.lengths_from], output_name="output", input_name="--lengths-from")
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")

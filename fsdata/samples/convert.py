@@ -311,8 +311,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
     if samples not in SAMPLE_MODES:
         raise ConfigError(f"unknown --samples '{samples}'; use one of {', '.join(SAMPLE_MODES)}")
-    if max_seq_len < 1:
-        raise ConfigError(f"--max-seq-len must be >= 1, got {max_seq_len}")
+    if not 1 <= max_seq_len < 2**31:  # seq_len is int32
+        raise ConfigError(f"--max-seq-len must be an integer in 1..{2**31 - 1}, got {max_seq_len}")
     check_output_apart(output_path, [input_path], output_name="output", input_name="input")
     check_holdout_args(holdout, holdout_output)
     if holdout_output:

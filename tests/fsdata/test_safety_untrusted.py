@@ -158,3 +158,43 @@ def test_verify_names_the_plan_check_it_skips_for_an_edited_fsdata_version(made,
     assert main(["verify", str(bad), "--input", str(inp), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "not checked: the plan recomputed from --input" in printed and "fsdata 0.1.0" in printed
+
+
+# --- negative and huge integers in flags: one line, exit 2
+
+
+@pytest.mark.parametrize("args, words", [
+    (["balance", "{inp}", "{t}/o", "--ranks", "2", "--batch-size-per-rank", "8", "--seed", "-5"], "--seed"),
+    (["balance", "{inp}", "{t}/o", "--ranks", "2", "--batch-size-per-rank", "8", "--seed", str(2**70)], "--seed"),
+    (["profile", "{inp}", "--ranks", "2", "--batch-size-per-rank", "8", "--seed", "-5"], "--seed"),
+    (["plan", "{inp}", "{t}/p.parquet", "--ranks", "2", "--batch-size-per-rank", "8", "--seed", "-5"], "--seed"),
+    (["balance", "{inp}", "{t}/o", "--ranks", "2", "--batch-size-per-rank", "8", "--num-threads", "-3"],
+     "--num-threads"),
+    (["balance", "{inp}", "{t}/o", "--ranks", "2", "--batch-size-per-rank", "8", "--epochs", str(10**14)],
+     "lower --epochs"),
+    (["synth", "{t}/s.parquet", "--num-samples", "10", "--lengths-from", "{log}", "--seed", "-5"], "--seed"),
+    (["synth", "{t}/s.parquet", "--num-samples", "10", "--lengths-from", "{log}", "--num-items", str(10**20)],
+     "--num-items"),
+    (["convert", "{log}", "{t}/c.parquet", "--format", "sequences", "--max-seq-len", str(10**20)], "--max-seq-len"),
+])
+def test_negative_or_huge_integer_flags_are_one_line(made, tmp_path, capsys, args, words):
+    inp, _, _ = made
+    log = tmp_path / "log.txt"
+    log.write_text("1 2 3 4\n2 3 4 5\n")
+    argv = [a.format(inp=inp, t=tmp_path, log=log) for a in args] + ["--no-progress"] * (args[0] != "convert")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert words in _one_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.txt"]
+
+
+def test_nightly_negative_seed_is_one_line_before_the_lock(made, tmp_path, capsys):
+    from pipelines import nightly
+
+    inp, _, _ = made
+    capsys.readouterr()
+    assert nightly.main(["-o", str(tmp_path / "w"), "--input", str(inp), "--format", "samples", "--ranks", "2",
+                         "--batch-size-per-rank", "8", "--seed", "-5", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nightly: error:") and "--seed" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "w").exists()
