@@ -26,7 +26,13 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   the input row of the same ``sample_id`` (a per-sample hash of all input columns); the written
   steps hold the seeded global batches (``seed``; epoch e: :func:`fsdata.balancer.order.epoch_seed`), window by window under composition
   (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
-  batch is the seeded contiguous slice.
+  batch is the seeded contiguous slice;
+* every rank file carries the manifest's ``plan_digest`` (where recorded); counts read from the
+  manifest are checked against the files before anything is allocated for them.
+
+What could not be checked is returned as sentences in the summary's ``not_checked`` (no
+``--input``; a plan not recomputed for another fsdata version, several epochs or format 1; no
+``plan_digest``), which the CLI prints after ``OK``.
 
 OUTPUT (and ``--input``) may be a :mod:`pyarrow.fs` URI (``s3://bucket/shards``; :mod:`fsdata.fsio`):
 every listing and read then goes through its ``FileSystem``; a prefix without ``_manifest.json`` is
@@ -221,7 +227,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
             "predicted_bubble": achieved, "baseline_predicted_bubble": baseline, "lower_bound_bubble": lower,
-            "checked_input": checked_input, "not_checked": not_checked, **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
+            "checked_input": checked_input, "not_checked": not_checked,
+            **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
                if E > 1 else {})}
 
 
