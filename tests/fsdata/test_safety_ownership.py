@@ -223,3 +223,22 @@ def test_cost_model_inside_output_is_refused_like_a_plan(tmp_path, capsys):
     assert _digests(out) == before
     assert main(["plan", str(inp), str(cm), *_BALANCE, "--cost-model", str(cm), "--overwrite"]) == 2
     assert "--cost-model" in _one_line(capsys) and _digests(out) == before
+
+
+def test_register_output_kind_extends_the_one_rule(tmp_path):
+    from fsdata.atomic import register_output_kind
+
+    register_output_kind("test-ckpt", "a test checkpoint folder", lambda p: (Path(p) / ".ckpt").is_file(),
+                         folder=True)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    check_replaceable(ck, "test-ckpt")  # empty
+    (ck / "model.pt").write_text("x")
+    with pytest.raises(ConfigError, match="did not write"):
+        check_replaceable(ck, "test-ckpt")
+    (ck / ".ckpt").write_text("")
+    check_replaceable(ck, "test-ckpt")
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_replaceable(f, "test-ckpt")
