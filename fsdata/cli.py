@@ -25,6 +25,7 @@ from fsdata import fsio
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
                             cli_main, configure_logging, new_parser, resolve_progress, settings_help)
 from fsdata.errors import FsdataError
+from fsdata.atomic import check_replaceable
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
@@ -187,6 +188,8 @@ def build_parser():
                    help="page to write (default: OUTPUT-report.html beside OUTPUT); PNGs go beside it")
     p.add_argument("--input", default=None,
                    help="the balance INPUT; needed only when sample_ids are not the input's row numbers")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing file that fsdata report did not write (its own pages are replaced anyway)")
     _balance_flags(p, "report")
     add_json_flag(p, "print the written paths and bubbles as JSON")
     add_common_flags(p, name="fsdata")
@@ -239,6 +242,9 @@ def _load_lengths(a: argparse.Namespace):
 def _cmd_profile(a: argparse.Namespace) -> int:
     from fsdata.balancer.profile import format_report, profile
 
+    from fsdata.balancer.settings import check_seed
+
+    check_seed(a.seed)
     _, cost_model, lengths, _ = _load_lengths(a)
     report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
                      compose_window=a.compose_window)
@@ -321,6 +327,7 @@ def _cmd_balance(a: argparse.Namespace) -> int:
 
 
 def _cmd_plan(a: argparse.Namespace) -> int:
+    from fsdata.balancer.cost import cost_model_file
     from fsdata.engines.planning import make_plan_table
     from fsdata.shards.plan_file import write_plan
     from fsdata.samples.io import open_samples
@@ -328,8 +335,10 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     settings = _settings_from_args(a)
     a.input, a.plan = fsio.normalize(a.input), fsio.normalize(a.plan)
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
+    check_output_apart(a.plan, [cost_model_file(a.cost_model)], output_name="PLAN", input_name="--cost-model")
     if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
+    check_replaceable(a.plan, "plan", name="PLAN")
     table = make_plan_table(open_samples(a.input, a.columns), settings)
     try:
         write_plan(a.plan, table, overwrite=a.overwrite)
@@ -382,9 +391,17 @@ def _cmd_finalize(a: argparse.Namespace) -> int:
 def _cmd_synth(a: argparse.Namespace) -> int:
     from fsdata.samples.synth import read_lengths, write_synth_samples
 
+    from fsdata.balancer.settings import check_seed
+
+    check_seed(a.seed)
+    for flag, v, hi in (("--num-samples", a.num_samples, 2**63 - 1), ("--max-seq-len", a.max_seq_len, 2**31 - 1),
+                        ("--num-items", a.num_items, 2**63 - 2)):  # item ids are drawn in 1..num_items (int64)
+        if not 1 <= v <= hi:
+            raise FsdataError(f"{flag} must be an integer in 1..{hi}, got {v}")
     check_output_apart(a.output, [a.lengths_from], output_name="output", input_name="--lengths-from")
     if Path(a.output).exists() and not a.overwrite:
         raise FsdataError(f"output {a.output} already exists; choose a new path or pass --overwrite to replace it")
+    check_replaceable(a.output, "samples")
     if not Path(a.lengths_from).exists():
         raise FsdataError(f"--lengths-from {a.lengths_from} does not exist; pass a dataset file")
     source = read_lengths(a.lengths_from, layout=a.layout, max_seq_len=a.max_seq_len)
@@ -411,13 +428,15 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
               + ("; input fully accounted for" if r["checked_input"] else ""))
+        for what in r.get("not_checked", []):
+            print(f"  not checked: {what}")
     return 0
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
     from fsdata.report import write_report
 
-    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns)
+    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns, overwrite=a.overwrite)
     if a.json:
         print(json.dumps(r, indent=2))
     else:

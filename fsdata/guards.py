@@ -174,6 +174,47 @@ def check_output_apart(output: str | os.PathLike, inputs: Iterable[str | os.Path
 
 
 # ---------------------------------------------------------------------------------------------
+# outputs inside outputs
+
+#: Names of the files that mark a folder (or object-store prefix) as an ``fsdata balance`` OUTPUT:
+#: the manifest (v2/v3, v1) and the pointer object of a replaced object-store OUTPUT.
+OUTPUT_MARKERS = ("_manifest.json", "manifest.json", fsio.POINTER_NAME)
+
+
+def enclosing_output(path: str | os.PathLike) -> str | None:
+    """The ``fsdata balance`` OUTPUT that ``path`` lies inside (a parent holding a manifest or an
+    object store's ``_current.json``), or None. ``path`` itself does not count."""
+    p = fsio.normalize(path)
+    if fsio.is_remote(p):
+        r = fsio.resolve(p)
+        parts = r.path.rstrip("/").split("/")
+        parents = [r.uri("/".join(parts[:i])) for i in range(len(parts) - 1, 1, -1)]
+    else:
+        real = Path(_real(p))
+        parents = [str(q) for q in real.parents]
+    for parent in parents:
+        try:
+            if any(fsio.is_file(fsio.join(parent, m)) for m in OUTPUT_MARKERS):
+                return parent
+        except OSError:
+            continue
+    return None
+
+
+def check_not_inside_output(path: str | os.PathLike, *, name: str = "output") -> None:
+    """Refuse to write ``path`` inside another ``fsdata balance`` OUTPUT (which is never modified:
+    ``fsdata verify`` would then fail it, and ``--overwrite`` would replace a part of it).
+
+    Raises:
+        ConfigError: one line naming the enclosing OUTPUT and the fix.
+    """
+    parent = enclosing_output(path)
+    if parent is not None:
+        raise ConfigError(f"{name} {path} lies inside the fsdata balance OUTPUT {parent}, which is never modified; "
+                          f"choose a path outside it")
+
+
+# ---------------------------------------------------------------------------------------------
 # environment failures
 
 #: errno -> (cause, fix)

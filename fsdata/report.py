@@ -1,16 +1,13 @@
 """``fsdata report``: one self-contained HTML page (plus PNG files) about a balanced output.
 
 The page shows, for an ``fsdata balance`` OUTPUT (format v1 ``manifest.json`` or v2
-``_manifest.json``; rank files always from the manifest's ``files[].path``):
-
-* the length histogram (log-spaced bins, log counts) and the cost per sample under the
-  manifest's cost model;
-* the predicted per-rank load of every step *before* (today's practice: the same global batches
-  cut into equal contiguous per-rank batches, :func:`fsdata.balancer.partition.partition_shuffle`) and
-  *after* (the written assignment, ``step_stats``), as heat maps of load / step mean;
-* the bubble per step before and after, with the lower bound of the steps as written
-  (:func:`fsdata.balancer.bubble.written_bound_bubbles`; never above "after");
-* the settings and counts from the manifest.
+``_manifest.json``; rank files always from the manifest's ``files[].path``): the length histogram
+(log-spaced bins, log counts) and the cost per sample under the manifest's cost model; the
+predicted per-rank load of every step *before* (today's practice: the same global batches cut into
+equal contiguous per-rank batches, :func:`fsdata.balancer.partition.partition_shuffle`) and *after*
+(the written assignment, ``step_stats``), as heat maps of load / step mean; the bubble per step
+before and after, with the lower bound of the steps as written
+(:func:`fsdata.balancer.bubble.written_bound_bubbles`; never above "after"); the settings and counts.
 
 The "before" assignment needs each input row's cost in input order (the global batches are a
 seeded permutation of input rows, :func:`fsdata.balancer.plan.shuffled_steps`). It is recovered exactly
@@ -18,8 +15,8 @@ either from ``input_path`` (the balance INPUT) or, without it, when the output's
 the input's row numbers (as ``fsdata convert`` and ``fsdata synth`` write them); both are checked
 against the output's step membership and the manifest's ``baseline_predicted_bubble``.
 
-Images are embedded as base64 PNG, so the page needs no network at view time. Plotting uses
-matplotlib with the Agg backend and lives only here (and in :mod:`fstrain.report`).
+Images are embedded as base64 PNG (no network at view time); matplotlib (Agg) is used only here
+and in :mod:`fstrain.report`. The page is never written inside OUTPUT nor onto an input.
 """
 
 from __future__ import annotations
@@ -39,7 +36,9 @@ import pyarrow.parquet as pq
 from fsdata.balancer import bubble
 from fsdata.samples import schema as S
 from fsdata.balancer.cost import load_cost_model
+from fsdata.atomic import HTML_MARKER, check_regenerable
 from fsdata.errors import InputError
+from fsdata.guards import check_output_apart
 from fsdata.balancer.partition import partition_shuffle, per_rank_loads
 from fsdata.balancer.plan import LEGACY_SHUFFLE, shuffled_steps
 from fsdata.shards.manifest import READ_VERSIONS, Manifest, ManifestError
@@ -100,11 +99,7 @@ class OutputData:
 
 
 def find_manifest(output: str | os.PathLike) -> Path:
-    """``OUTPUT/_manifest.json`` (format v2 and v3) or ``OUTPUT/manifest.json`` (v1).
-
-    Raises:
-        InputError: neither exists.
-    """
+    """``OUTPUT/_manifest.json`` (format v2, v3) or ``OUTPUT/manifest.json`` (v1); InputError if neither exists."""
     for name in MANIFEST_NAMES:
         p = Path(output) / name
         if p.is_file():
@@ -252,7 +247,7 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
 def figure_png(fig) -> bytes:
     """Render a matplotlib figure to PNG bytes (100 dpi) and close it."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": "freescale-report"})
     pyplot().close(fig)
     return buf.getvalue()
 
@@ -410,7 +405,7 @@ def html_page(title: str, sections: list[tuple[str, list[tuple[str, str]], list[
     Returns:
         The HTML text (no external resources).
     """
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'>{HTML_MARKER}<title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
     for heading, rows, figs in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
@@ -437,29 +432,30 @@ def _atomic_bytes(path: Path, data: bytes) -> None:
 
 
 def write_page(html_path: str | os.PathLike, title: str,
-               sections: list[tuple[str, list[tuple[str, str]], list[Figure]]]) -> dict:
+               sections: list[tuple[str, list[tuple[str, str]], list[Figure]]], *, overwrite: bool = False) -> dict:
     """Write the HTML page and one PNG per figure (``<stem>-<figure name>.png`` beside it).
 
-    Every file is written to a temporary name and renamed into place; existing report files of
-    the same name are replaced (a report is a view, regenerated at will).
+    Every file is written to a temporary name and renamed into place. A page or figure this
+    command wrote before (it carries :data:`fsdata.atomic.HTML_MARKER` / PNG ``Software
+    freescale-report``) is replaced; any other file only with ``overwrite``; a folder, or a path
+    inside an ``fsdata balance`` OUTPUT, never (:func:`fsdata.atomic.check_regenerable`).
 
     Returns:
         ``{"html": path, "png": [paths]}``.
 
     Raises:
-        InputError: the folder of ``html_path`` does not exist.
+        InputError: the folder of ``html_path`` does not exist. ConfigError: a path is taken (above).
     """
     hp = Path(html_path)
     if not hp.parent.is_dir():
         raise InputError(f"folder {hp.parent} of --html {hp} does not exist; create it or choose another path")
-    pngs = []
-    for _, _, figs in sections:
-        for f in figs:
-            p = hp.with_name(f"{hp.stem}-{f.name}.png")
-            _atomic_bytes(p, f.png)
-            pngs.append(str(p))
+    pngs = [(hp.with_name(f"{hp.stem}-{f.name}.png"), f) for _, _, figs in sections for f in figs]
+    for p, kind in [(hp, "report"), *((p, "report-figure") for p, _ in pngs)]:  # all before anything is written
+        check_regenerable(p, kind, overwrite=overwrite, name="--html" if p == hp else "figure")
+    for p, f in pngs:
+        _atomic_bytes(p, f.png)
     _atomic_bytes(hp, html_page(title, sections).encode())
-    return {"html": str(hp), "png": pngs}
+    return {"html": str(hp), "png": [str(p) for p, _ in pngs]}
 
 
 def default_html_path(output: str | os.PathLike) -> Path:
@@ -470,7 +466,7 @@ def default_html_path(output: str | os.PathLike) -> Path:
 
 def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | None = None, *,
                  input_path: str | os.PathLike | None = None, column_map: str | None = None,
-                 label: str | None = None) -> dict:
+                 label: str | None = None, overwrite: bool = False) -> dict:
     """One call: read a balance OUTPUT and write its HTML report and PNG figures.
 
     Args:
@@ -480,20 +476,24 @@ def write_report(output_dir: str | os.PathLike, html_path: str | os.PathLike | N
         column_map: ``--columns`` mapping of the input.
         label: how the page names the output and input (default: their paths as given; the nightly
             job passes the published names, since it writes the page before the run is renamed).
+        overwrite: replace a file fsdata report did not write (:func:`write_page`).
 
     Returns:
         ``{"html": path, "png": [paths], "predicted_bubble_before": float,
         "predicted_bubble_after": float, "lower_bound_bubble": float}`` (the page's lower bound).
 
     Raises:
-        InputError: see :func:`load_output` and :func:`write_page`.
+        InputError: see :func:`load_output` and :func:`write_page`. ConfigError: the page would lie
+            inside OUTPUT or be the input (:func:`fsdata.guards.check_output_apart`), or is taken.
     """
+    hp = Path(html_path) if html_path is not None else default_html_path(output_dir)
+    check_output_apart(hp, [output_dir, input_path], output_name="--html", input_name="OUTPUT or --input")
     d = load_output(output_dir, input_path, column_map)
     if label is not None and input_path is not None:
         d.before_source = d.before_source.replace(str(input_path), "the run's samples")
-    hp = Path(html_path) if html_path is not None else default_html_path(output_dir)
     res = write_page(hp, f"fsdata report: {label or output_dir}",
-                     [("Settings and counts", output_rows(d), []), ("Figures", [], output_figures(d))])
+                     [("Settings and counts", output_rows(d), []), ("Figures", [], output_figures(d))],
+                     overwrite=overwrite)
     res.update(predicted_bubble_before=bubble.run_bubble(d.before_loads),
                predicted_bubble_after=bubble.run_bubble(d.after_loads),
                lower_bound_bubble=bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)[1])

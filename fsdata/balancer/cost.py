@@ -105,6 +105,15 @@ def _checked(model: CostModel) -> CostModel:
     return model
 
 
+def cost_model_file(spec: str | dict | None) -> str | None:
+    """The file a cost-model spec reads (a ``.json`` path or any spec with a path separator), or
+    None for a name (``hstu:d_model=512``) or a dict: an input for the overlap rules
+    (:func:`fsdata.guards.check_output_apart`)."""
+    if isinstance(spec, str) and (spec.endswith(".json") or os.path.sep in spec):
+        return spec
+    return None
+
+
 def load_cost_model(spec: str | dict) -> CostModel:
     """Build a cost model from a CLI spec, a JSON file path, or a manifest's JSON form.
 
@@ -121,7 +130,7 @@ def load_cost_model(spec: str | dict) -> CostModel:
     if isinstance(spec, dict):
         coef = spec.get("coefficients", [])
         return _checked(CostModel(spec.get("name", "polynomial"), tuple(float(c) for c in coef)))
-    if spec.endswith(".json") or os.path.sep in spec:
+    if cost_model_file(spec) is not None:
         if not os.path.exists(spec):
             raise ConfigError(f"cost model file {spec} does not exist; pass an existing JSON file "
                               "or a name: tokens, quadratic, verl, hstu, poly")

@@ -116,12 +116,42 @@ def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None
 def check_epochs(settings: BalanceSettings) -> None:
     """Validate ``settings.epochs`` (an engine may support fewer: :meth:`fsdata.engines.base.Engine.check`).
 
+    Also the other integer settings read before any input: ``seed`` (:func:`check_seed`) and
+    ``num_threads`` (:func:`check_threads`).
+
     Raises:
-        ConfigError: not an integer >= 1.
+        ConfigError: not an integer >= 1; a seed or thread count out of range.
     """
     E = settings.epochs
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
         raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
+    check_seed(settings.seed)
+    check_threads(settings.num_threads)
+
+
+#: Seeds are recorded as int64 (manifest, plan, Parquet metadata): 0 <= seed < 2^63.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: object, flag: str = "--seed") -> None:
+    """Refuse a seed that is not an integer in ``0 .. 2^63-1`` (numpy's generators take no negative
+    seed; the seed is recorded as int64).
+
+    Raises:
+        ConfigError: one line naming ``flag`` and the range.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{flag} must be an integer in 0..{MAX_SEED} (2^63-1), got {seed!r}")
+
+
+def check_threads(num_threads: object) -> None:
+    """Refuse a thread count below 1 or above 4096.
+
+    Raises:
+        ConfigError: one line naming ``--num-threads``.
+    """
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or not 1 <= num_threads <= 4096:
+        raise ConfigError(f"--num-threads must be an integer in 1..4096, got {num_threads!r}")
 
 
 def check_ranks_and_batch(num_ranks: int, batch_size_per_rank: int) -> None:

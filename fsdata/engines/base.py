@@ -26,8 +26,8 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from fsdata import fsio
-from fsdata.atomic import atomic_output, output_taken
-from fsdata.balancer.cost import CostModel, load_cost_model
+from fsdata.atomic import atomic_output, check_replaceable, output_taken
+from fsdata.balancer.cost import CostModel, cost_model_file, load_cost_model
 from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
@@ -146,10 +146,13 @@ class Engine(ABC):
         s = self.settings
         self.check()
         output, (input,) = self.check_paths(output, [input])
+        check_output_apart(output, [cost_model_file(s.cost_model)], output_name="OUTPUT", input_name="--cost-model")
         if output_taken(output) and not s.overwrite:
             raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
                               f"{setting('overwrite', True)} to replace it")
+        check_replaceable(output, "shards", flag=setting("overwrite", True))  # before anything is read
         src = self.open_input(input, s.columns)
+        before = input_state(src)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}
         with self.session(t):
@@ -160,11 +163,41 @@ class Engine(ABC):
                 t2 = time.perf_counter()
                 t.setdefault("write_ranks", t2 - t1)
                 m = finalize(tmp, plan, files)
+                check_input_unchanged(src, before, input)  # else nothing is published
             t["finalize"] = time.perf_counter() - t2
         m.path = str(output)
         if timings is not None:
             timings.update({k: t[k] for k in self.stages})
         return m
+
+
+def input_state(src: SampleSource) -> tuple:
+    """What identifies the input's bytes now: per file its modification time (ns; an object's
+    ``mtime`` where the store reports one) and the input digest (sizes and Parquet footers,
+    :func:`fsdata.shards.plan_file.input_digest`). Read at the start and at the end of a run."""
+    times = []
+    for path in src.files:
+        try:
+            if fsio.is_remote(path):
+                r = fsio.resolve(path)
+                mtime = r.fs.get_file_info(r.path).mtime
+                times.append(None if mtime is None else mtime.timestamp())
+            else:
+                times.append(os.stat(path).st_mtime_ns)
+        except OSError:
+            times.append(None)
+    return tuple(times), input_digest(src)
+
+
+def check_input_unchanged(src: SampleSource, before: tuple, input: str) -> None:
+    """Raise InputError when the input changed while the run read it (:func:`input_state` differs)."""
+    try:
+        now = input_state(src)
+    except InputError:
+        now = None
+    if now != before:
+        raise InputError(f"input {input} changed while this run read it (a file's size, modification time or Parquet "
+                         "footer differs from the start); nothing was published: rerun once the input is complete")
 
 
 _REGISTRY: dict[str, type[Engine]] = {}
@@ -222,6 +255,8 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
             overlaps INPUT or PLAN, exists without overwrite, or the engine cannot write the plan.
     """
     output, (input, plan) = Engine.check_paths(output, [input, plan], input_name="INPUT or PLAN")
+    if overwrite:
+        check_replaceable(output, "shards", flag=setting("overwrite_arg", True))
     table = read_plan(plan)
     engine = get_engine(BalanceSettings(num_ranks=table.num_ranks,
                                         batch_size_per_rank=int(table.meta["batch_size_per_rank"]), **settings))
@@ -230,6 +265,9 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
     if input_digest(src) != table.meta.get("input_digest"):
         raise InputError(f"input {input} is not the input plan {plan} was made from (input digests differ); "
                          "rerun 'fsdata plan' on this input")
+    before = input_state(src)
     with engine.session({}), atomic_output(output, overwrite=overwrite) as tmp:
-        return engine.write_ranks(src, table, tmp)
+        files = engine.write_ranks(src, table, tmp)
+        check_input_unchanged(src, before, input)
+    return files
 

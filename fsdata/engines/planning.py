@@ -12,6 +12,7 @@ import numpy as np
 
 from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.balancer.plan import Plan
+from fsdata.errors import ConfigError
 from fsdata.balancer.settings import BalanceSettings, check_epochs, plan_costs
 from fsdata.samples.io import SampleSource
 from fsdata.shards.plan_file import PlanTable, plan_positions, plan_table_from_plan
@@ -33,10 +34,17 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
     return plan_table(src, settings, load_cost_model(settings.cost_model), timings=timings)
 
 
+#: Most rows a plan holds (E epochs x N samples): steps and positions are int32.
+MAX_PLAN_ROWS = 2**31 - 1
+
+
 def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostModel, *,
                timings: dict[str, float] | None = None) -> PlanTable:
     """:func:`make_plan_table` after the pre-flight (:meth:`fsdata.engines.base.Engine.run` checked
     the columns and settings and loaded ``cost_model``)."""
+    if settings.epochs * src.num_rows > MAX_PLAN_ROWS:  # before anything is allocated for E x N rows
+        raise ConfigError(f"--epochs {settings.epochs} x {src.num_rows} samples = {settings.epochs * src.num_rows} "
+                          f"plan rows, over {MAX_PLAN_ROWS} (2^31-1; about 28 bytes of memory each): lower --epochs")
     t0 = time.perf_counter()
     lengths, ids = src.lengths_and_ids()
     t1 = time.perf_counter()

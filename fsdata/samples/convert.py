@@ -58,7 +58,7 @@ from tqdm import tqdm
 
 from fsdata import fsio
 from fsdata.samples import schema as S
-from fsdata.atomic import atomic_output
+from fsdata.atomic import atomic_output, check_replaceable
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
@@ -311,8 +311,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
     if samples not in SAMPLE_MODES:
         raise ConfigError(f"unknown --samples '{samples}'; use one of {', '.join(SAMPLE_MODES)}")
-    if max_seq_len < 1:
-        raise ConfigError(f"--max-seq-len must be >= 1, got {max_seq_len}")
+    if not 1 <= max_seq_len < 2**31:  # seq_len is int32
+        raise ConfigError(f"--max-seq-len must be an integer in 1..{2**31 - 1}, got {max_seq_len}")
     check_output_apart(output_path, [input_path], output_name="output", input_name="input")
     check_holdout_args(holdout, holdout_output)
     if holdout_output:
@@ -322,6 +322,10 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if holdout_output and Path(holdout_output).exists() and not overwrite:
         raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
+    if overwrite:  # before the input is read: only what FreeScale wrote is replaced
+        check_replaceable(output_path, "samples", flag=setting("overwrite_arg", True))
+        if holdout_output:
+            check_replaceable(holdout_output, "eval", name="--holdout-output", flag=setting("overwrite_arg", True))
     events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
     max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)

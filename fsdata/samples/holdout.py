@@ -113,7 +113,7 @@ def write_eval_file(table: pa.Table, path: str | os.PathLike, summary: HoldoutSu
         ConfigError: ``path`` exists and ``overwrite`` is False.
     """
     meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
-    with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+    with atomic_output(path, overwrite=overwrite, is_dir=False, kind="eval") as tmp:
         pq.write_table(table.replace_schema_metadata(meta), str(tmp), compression="zstd")
 
 
@@ -155,7 +155,7 @@ class EvalSpool:
         lengths = lf.select(pl.col(S.SEQ_LEN).cast(pl.Int64)).collect()[S.SEQ_LEN].to_numpy() \
             if self.num_rows else np.zeros(0, np.int64)
         cum = np.cumsum(lengths)
-        with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+        with atomic_output(path, overwrite=overwrite, is_dir=False, kind="eval") as tmp:
             with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
                 a = 0
                 while True:

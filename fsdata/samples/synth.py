@@ -20,6 +20,7 @@ resampled from such a distribution, one row group at a time so memory stays flat
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -221,5 +222,8 @@ def write_synth_samples(path: str | os.PathLike, num_samples: int, source_length
             writer.write_table(table, row_group_size=n)
             total_items += int(offsets[-1])
             groups += 1
+        # marks the file as FreeScale's (fsdata.atomic.check_replaceable: --overwrite replaces only such files)
+        writer.add_key_value_metadata({b"freescale.synth": json.dumps(
+            {"num_samples": int(num_samples), "seed": int(seed), "num_items": int(num_items)}).encode()})
     return {"path": str(path), "num_samples": int(num_samples), "num_row_groups": groups,
             "num_items_total": total_items, "num_bytes": path.stat().st_size}

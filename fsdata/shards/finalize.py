@@ -197,7 +197,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             step_stats_sha256=sha256_file(stats_path),
             dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
             input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-            extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
+            extra={**meta.get("manifest_extra", {}), "plan_digest": plan_digest(plan)})
         if remote:
             m.write(out)
         else:

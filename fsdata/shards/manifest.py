@@ -199,6 +199,14 @@ class Manifest:
         return int(self.extra.get("epochs", 1))
 
     @property
+    def plan_digest(self) -> str | None:
+        """The plan digest every rank file carries (``plan_digest``; the rank files' Parquet key
+        ``fsdata.plan_digest``, :func:`fsdata.shards.plan_file.plan_digest`); None in outputs
+        written by earlier versions."""
+        v = self.extra.get("plan_digest")
+        return v if isinstance(v, str) else None
+
+    @property
     def steps_per_epoch(self) -> int:
         """Steps per epoch: ``steps_per_epoch`` when every epoch has the same count (always under
         the fixed policy; epoch ``e`` is then steps ``e*steps_per_epoch .. (e+1)*steps_per_epoch - 1``);
@@ -323,6 +331,9 @@ class Manifest:
         files_raw = raw["files"]
         if not isinstance(files_raw, list):
             raise ManifestError(f"{where}: 'files' is not a list; rerun 'fsdata balance'")
+        if len(files_raw) != num_ranks:  # before anything is allocated by num_ranks (an untrusted count)
+            raise ManifestError(f"{where}: num_ranks is {num_ranks} but 'files' has {len(files_raw)} entries (one "
+                                "per rank); rerun 'fsdata balance'")
         files: dict[int, FileEntry] = {}
         for i, e in enumerate(files_raw):
             w = f"{where}: files[{i}]"
@@ -347,6 +358,10 @@ class Manifest:
             raise ManifestError(f"{where}: num_ranks is {num_ranks} but the file entries cover ranks "
                                 f"{sorted(files)[:8]}{'...' if len(files) > 8 else ''} (missing {absent[:8]}, "
                                 f"outside {outside[:8]}); rerun 'fsdata balance'")
+        fewest = min((f.num_rows for f in files.values()), default=0)
+        if num_steps > fewest:  # every step holds at least one sample on every rank
+            raise ManifestError(f"{where}: num_steps {num_steps} exceeds the {fewest} rows of the smallest rank "
+                                "file (every step holds at least one sample per rank); rerun 'fsdata balance'")
         counts = {k: (_int(raw, k, where) if k in raw else None)
                   for k in ("num_samples_input", "num_samples_written", "num_samples_dropped")}
         seed = raw.get("seed")
@@ -369,6 +384,9 @@ class Manifest:
             v = raw.get(k)
             if v is not None and (os.path.isabs(v) or ".." in Path(v).parts or "/" in v or not v):
                 raise ManifestError(f"{where}: '{k}' {v!r} must be a file name inside OUTPUT; rerun 'fsdata balance'")
+        if raw.get("plan_digest") is not None and not isinstance(raw["plan_digest"], str):
+            raise ManifestError(f"{where}: 'plan_digest' is {raw['plan_digest']!r}, expected a string; "
+                                "rerun 'fsdata balance'")
         if "epochs" in raw or "steps_per_epoch" in raw or "epoch_num_steps" in raw:
             E = _int(raw, "epochs", where, minimum=1)
             per = raw.get("epoch_num_steps")

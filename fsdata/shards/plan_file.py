@@ -215,6 +215,9 @@ def check_plan(plan: PlanTable, where: str) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise InputError(f"plan {where}: {k} is {v!r}, not an integer >= {lo}; {fix}")
     R, S_, N = m["num_ranks"], m["num_steps"], len(plan.sample_id)
+    if S_ * R > N:  # every (step, rank) holds a row: checked before anything is allocated by these counts
+        raise InputError(f"plan {where}: num_steps {S_} x num_ranks {R} exceeds its {N} rows (every step gives every "
+                         f"rank at least one); {fix}")
     if N != plan.epochs * m["num_samples_input"]:  # E epochs: E*N rows
         raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']} x epochs "
                          f"{plan.epochs}; {fix}")
@@ -347,7 +350,7 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
     meta_json = json.dumps(table.meta).encode()
     t = t.replace_schema_metadata({PLAN_METADATA_KEY: meta_json, PLAN_DIGEST_KEY: plan_digest(table).encode(),
                                    PLAN_SHA256_KEY: _plan_content_sha256(t, meta_json).encode()})
-    with atomic_output(path, overwrite=overwrite, is_dir=False) as tmp:
+    with atomic_output(path, overwrite=overwrite, is_dir=False, kind="plan") as tmp:
         fs, where = fsio.filesystem_and_path(str(tmp))
         pq.write_table(t, where, compression="zstd", filesystem=fs)
 
@@ -377,11 +380,14 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
         raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
     E, S_all = meta.get("epochs", 1), meta.get("num_steps")
+    if isinstance(E, int) and not isinstance(E, bool) and E > max(t.num_rows, 1):  # before a list of E entries
+        E = None
     per = meta.get("epoch_num_steps", [meta.get("steps_per_epoch")] * E if isinstance(E, int) else None)
     if (isinstance(E, bool) or not isinstance(E, int) or E < 1 or t.num_rows % E
             or (E > 1 and (not isinstance(per, list) or len(per) != E
                            or not all(isinstance(x, int) and x > 0 for x in per) or sum(per) != S_all))):
-        raise InputError(f"plan {path}: epochs {E!r} and steps per epoch {per!r} do not match its {t.num_rows} rows "
+        raise InputError(f"plan {path}: epochs {meta.get('epochs', 1)!r} and steps per epoch {per!r} do not match its "
+                         f"{t.num_rows} rows "
                          f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
     recorded = (t.schema.metadata or {}).get(PLAN_SHA256_KEY)
     if recorded is not None and recorded.decode() != _plan_content_sha256(t.select(list(need)), raw):

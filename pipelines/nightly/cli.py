@@ -18,6 +18,7 @@ import yaml
 
 from fsdata.cliutil import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser, resolve_progress,
                             settings_values)
+from fsdata.guards import check_output_apart
 from pipelines import nightly
 from pipelines.nightly.config import FLAGS, NO_FLAG, SECTIONS, NightlyConfig
 from pipelines.nightly.job import run_nightly
@@ -97,6 +98,8 @@ def _main(a: jsonargparse.Namespace, parser: jsonargparse.ArgumentParser) -> int
                if a.balance.get(name) is None]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)} (unless --rollback RUN)")
+    configs = [str(c) for c in (a.get("config") or []) if c is not None]  # every file read is an input
+    check_output_apart(job.output, configs, output_name="--output", input_name="--config")
     r = run_nightly(config_from_args(a))
     if a.json:
         print(json.dumps({k: r[k] for k in ("run_dir", "run_key", "skipped", "rebuilt", "published",

@@ -14,9 +14,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from fsdata._version import __version__ as fsdata_version
-from fsdata.balancer.cost import load_cost_model
+from fsdata.balancer.cost import cost_model_file, load_cost_model
 from fsdata.balancer.plan import high_bubble_warning
 from fsdata.balancer.profile import profile
+from fsdata.balancer.settings import check_epochs
 from fsdata.engines import balance
 from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import check_output_apart
@@ -105,6 +106,7 @@ def _validate(cfg: NightlyConfig) -> None:
         raise ConfigError("--input (convert.input) is required (unless --rollback RUN)")
     if cfg.convert.format not in ("sequences", "events", "samples"):
         raise ConfigError(f"unknown --format '{cfg.convert.format}'; use sequences, events or samples")
+    check_epochs(cfg.balance)  # and --seed, --num-threads: before the profile stage reads them
     if cfg.job.keep_runs < 1:
         raise ConfigError(f"--keep-runs must be >= 1, got {cfg.job.keep_runs}")
     if cfg.balance.columns and cfg.convert.format != "samples":
@@ -194,6 +196,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
     t0 = time.perf_counter()
     _validate(cfg)
     check_output_apart(cfg.job.output, [cfg.convert.input], output_name="--output", input_name="--input")
+    check_output_apart(cfg.job.output, [cost_model_file(cfg.balance.cost_model)], output_name="--output",
+                       input_name="--cost-model")
     work = Path(cfg.job.output)
     with store.work_lock(work, cfg.job.lock_timeout_seconds):
         key = run_key(cfg)

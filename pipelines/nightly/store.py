@@ -21,6 +21,7 @@ from filelock import FileLock, Timeout
 
 from fsdata.atomic import exchange
 from fsdata.errors import ConfigError, FsdataError
+from fsdata.guards import OUTPUT_MARKERS, check_not_inside_output
 from fsdata.shards.manifest import sha256_file
 
 log = logging.getLogger("pipelines.nightly")
@@ -33,6 +34,8 @@ SUCCESS_NAME = "_SUCCESS"
 #: Manifest names of the balance OUTPUT, newest format first (v2 ``_manifest.json``, v1 ``manifest.json``).
 MANIFEST_NAMES = ("_manifest.json", "manifest.json")
 _RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
+#: The hidden folders of a run being built (``.KEY.tmp-PID-ID``) or moved aside (``.KEY.old-PID-ID``).
+_RUN_TMP = re.compile(r"^\.([0-9a-f]{16})\.(tmp|old)-\d+-[0-9a-f]{8}$")
 
 
 class LockHeldError(FsdataError):
@@ -97,8 +100,13 @@ def work_lock(work_dir: str | os.PathLike, timeout_seconds: float = 0.0) -> Iter
 
     Raises:
         LockHeldError: another process holds the lock; the message names its pid, host and start.
+        ConfigError: the work folder is or lies inside an ``fsdata balance`` OUTPUT.
     """
     work = Path(work_dir)
+    check_not_inside_output(work, name="--output")  # before the lock is written: another job's output stays intact
+    if any((work / m).is_file() for m in OUTPUT_MARKERS):
+        raise ConfigError(f"--output {work} is an fsdata balance OUTPUT, which is never modified; choose the nightly "
+                          "job's own work folder")
     work.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(work / LOCK_NAME), timeout=timeout_seconds)
     try:
@@ -236,13 +244,43 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
 
+def is_our_run(path: str | os.PathLike, recorded: set[str] | None = None) -> bool:
+    """Whether ``runs/NAME`` is a run this job wrote, the only folders it ever deletes.
+
+    A run folder is named by its run key (16 hex digits) and is either recorded in
+    ``history.jsonl`` (``recorded``), or carries the job's marker (``run.json`` naming that key),
+    or, written by an earlier version, holds a shard manifest and ``_SUCCESS``. A hidden
+    ``.KEY.tmp-PID-ID`` / ``.KEY.old-PID-ID`` folder is one being built or moved aside. Anything
+    else under ``runs/`` (a user's ``runs/myproject/``) is not the job's and is left alone.
+    """
+    p = Path(path)
+    if _RUN_TMP.match(p.name):
+        return p.is_dir() and not p.is_symlink()
+    if not _RUN_KEY.match(p.name) or p.is_symlink() or not p.is_dir():
+        return False
+    if recorded is not None and p.name in recorded:
+        return True
+    info = _read_json(p / RUN_INFO_NAME)
+    if info is not None and info.get("run_key") == p.name:
+        return True
+    return _manifest(p / "shards") is not None and (p / SUCCESS_NAME).exists()
+
+
+def _recorded(runs: Path) -> set[str]:
+    return {str(h["run_key"]) for h in _history(runs.parent)}
+
+
 def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
     """Remove runs being built by a dead process (we hold the lock: every one is stale) and run
-    folders without ``_SUCCESS``; never ``protect`` (the published run)."""
+    folders without ``_SUCCESS``; never ``protect`` (the published run) and never a folder that is
+    not one of the job's runs (:func:`is_our_run`)."""
     removed = []
     if not runs.is_dir():
         return removed
+    recorded = _recorded(runs)
     for p in sorted(runs.iterdir()):
+        if not is_our_run(p, recorded):
+            continue
         if p.name.startswith(".") and ".old-" in p.name:
             key = p.name[1:].split(".old-", 1)[0]
             if not (runs / key).exists() and (p / SUCCESS_NAME).exists():
@@ -257,8 +295,8 @@ def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
                 os.replace(p, runs / key)
                 log.warning("kept complete run %s from %s left by a killed run", key, p.name)
                 continue
-        stale = p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name)
-        unfinished = not p.name.startswith(".") and p.is_dir() and not (p / SUCCESS_NAME).exists()
+        stale = p.name.startswith(".")
+        unfinished = not p.name.startswith(".") and not (p / SUCCESS_NAME).exists()
         if (stale or unfinished) and (protect is None or p.resolve() != protect.resolve()):
             log.warning("removing unfinished run %s (a failed or killed earlier run); it is redone from the start", p)
             _remove(p)
@@ -269,7 +307,8 @@ def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
 def keep_newest_runs(work_dir: str | os.PathLike, keep_runs: int) -> list[str]:
     """Remove complete runs beyond the ``keep_runs`` newest (by recorded creation time).
 
-    Never removes the published run or the target of the last rollback.
+    Never removes the published run, the target of the last rollback, or a folder that is not one
+    of the job's runs (:func:`is_our_run`).
 
     Returns:
         The removed run folders.
@@ -283,7 +322,9 @@ def keep_newest_runs(work_dir: str | os.PathLike, keep_runs: int) -> list[str]:
     rollbacks = [h for h in _history(work) if h.get("rollback")]
     if rollbacks:
         protect.add((runs / rollbacks[-1]["run_key"]).resolve())
-    complete = [p for p in runs.iterdir() if not p.name.startswith(".") and (p / SUCCESS_NAME).exists()]
+    recorded = _recorded(runs)
+    complete = [p for p in runs.iterdir()
+                if not p.name.startswith(".") and (p / SUCCESS_NAME).exists() and is_our_run(p, recorded)]
     complete.sort(key=lambda p: (_created_ns(p) or 0, p.name), reverse=True)
     removed = []
     for p in complete[keep_runs:]:

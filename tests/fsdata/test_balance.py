@@ -116,8 +116,12 @@ def test_existing_output_refused_then_replaced(tmp_path, capsys):
     (out / "keep").write_text("x")
     assert _balance(inp, out) == 2
     assert "--overwrite" in capsys.readouterr().err and (out / "keep").exists()
-    assert _balance(inp, out, "--overwrite") == 0
-    assert not (out / "keep").exists() and (out / "_manifest.json").exists()
+    assert _balance(inp, out, "--overwrite") == 2  # a folder FreeScale did not write is never replaced
+    assert "did not write" in capsys.readouterr().err and (out / "keep").read_text() == "x"
+    (out / "keep").unlink()
+    assert _balance(inp, out) == 0  # an empty folder is free
+    assert _balance(inp, out, "--seed", "5", "--overwrite") == 0  # an OUTPUT FreeScale wrote is replaced
+    assert (out / "_manifest.json").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

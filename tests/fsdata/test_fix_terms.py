@@ -48,8 +48,13 @@ def test_existing_output_python_names_the_setting_cli_the_flag(tmp_path, capsys)
     assert main(["balance", str(inp), str(out), *BAL]) == 2
     err = capsys.readouterr().err
     assert "--overwrite" in err and "BalanceSettings" not in err and (out / "keep").exists()
+    with pytest.raises(ConfigError, match="did not write"):  # a folder FreeScale did not write is never replaced
+        fsdata.balance(inp, out, _settings(overwrite=True))
+    assert (out / "keep").exists()
+    (out / "keep").unlink()
+    fsdata.balance(inp, out, _settings())
     fsdata.balance(inp, out, _settings(overwrite=True))
-    assert not (out / "keep").exists() and (out / "_manifest.json").exists()
+    assert (out / "_manifest.json").exists()
 
 
 def test_impossible_sizes_in_each_callers_terms(tmp_path, capsys):

@@ -160,12 +160,15 @@ def test_existing_output_prefix_is_refused_then_replaced_with_overwrite(s3, s3_i
     err = capsys.readouterr().err
     assert "already exists" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert s3.keys(f"{b}/taken") == ["notes.txt"]
-    assert main(["balance", inp, f"s3://{b}/taken", *_BALANCE, "--overwrite"]) == 0
+    assert main(["balance", inp, f"s3://{b}/taken", *_BALANCE, "--overwrite"]) == 2  # not FreeScale's: kept
+    assert "did not write" in capsys.readouterr().err and s3.keys(f"{b}/taken") == ["notes.txt"]
+    assert main(["balance", inp, f"s3://{b}/ours", *_BALANCE[:-3], "--seed", "9", "--no-progress"]) == 0
+    assert main(["balance", inp, f"s3://{b}/ours", *_BALANCE, "--overwrite"]) == 0
     # replaced by a new version prefix and the pointer object readers follow (nothing deleted first)
-    current = fsio.resolve_pointer(f"s3://{b}/taken")
-    assert current.startswith(f"s3://{b}/taken/_versions/")
+    current = fsio.resolve_pointer(f"s3://{b}/ours")
+    assert current.startswith(f"s3://{b}/ours/_versions/")
     assert s3.digests(current[len("s3://"):]) == _local_digests(local_out)
-    assert "notes.txt" not in s3.keys(f"{b}/taken")  # the previous content is gone once the pointer switched
+    assert "_manifest.json" not in s3.keys(f"{b}/ours")  # the previous output is gone once the pointer switched
 
 
 @pytest.mark.parametrize("error, words", [

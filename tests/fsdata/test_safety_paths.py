@@ -71,6 +71,7 @@ def test_kill_between_the_renames_of_a_local_replace_keeps_the_previous_output(t
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
+    (final / "_manifest.json").write_text("{}")  # a FreeScale output: --overwrite replaces only those
     r = _run_py(_KILL_SECOND_RENAME, final, cwd=tmp_path)
     assert r.returncode == 9 and not final.exists()  # the kill point: the previous output lies aside
     with pytest.raises(Exception, match="already exists"):  # the next run puts it back first
@@ -84,7 +85,7 @@ def test_local_replace_is_one_exchange(tmp_path, monkeypatch):
 
     final = tmp_path / "out"
     final.mkdir()
-    (final / "old.txt").write_text("old")
+    (final / "_manifest.json").write_text("{}")  # a FreeScale output: --overwrite replaces only those
     seen = []
     real = atomic.exchange
     monkeypatch.setattr(atomic, "exchange", lambda a, b: seen.append(real(a, b)) or seen[-1])

@@ -314,3 +314,24 @@ def test_kill_at_each_point_of_an_s3_replace(s3, s3_input, local_out, tmp_path, 
     assert s3.digests(fsio.resolve_pointer(out)[len("s3://"):]) == _local_digests(local_out)
     assert {k.split("/")[0] for k in s3.keys(f"{b}/out")} == {"_current.json", "_versions"}
     assert len({k.split("/")[0] for k in s3.keys(f"{b}/out/_versions")}) == 1  # stale versions removed
+
+
+def test_overwrite_refuses_a_prefix_freescale_did_not_write(s3, s3_input, capsys):
+    b, inp = s3_input
+    with s3.fs.open_output_stream(f"{b}/user/notes.txt") as f:
+        f.write(b"keep me")
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/user", *_BALANCE, "--overwrite"]) == 2
+    err = _err_line(capsys)
+    assert "did not write" in err and "notes.txt" in err
+    assert s3.keys(f"{b}/user") == ["notes.txt"]
+
+
+def test_overwrite_onto_a_rank_prefix_of_another_output_is_refused_on_s3(s3, s3_input, capsys):
+    b, inp = s3_input
+    assert main(["balance", inp, f"s3://{b}/other", *_BALANCE]) == 0
+    before = s3.digests(f"{b}/other")
+    capsys.readouterr()
+    assert main(["balance", inp, f"s3://{b}/other/rank-00001", *_BALANCE, "--overwrite"]) == 2
+    assert "lies inside the fsdata balance OUTPUT" in _err_line(capsys)
+    assert s3.digests(f"{b}/other") == before

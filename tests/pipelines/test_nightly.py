@@ -225,10 +225,16 @@ def test_failed_unpublished_run_is_cleaned_and_redone(tmp_path, monkeypatch):
     # a killed run's leftovers (a half-built folder, an old-layout folder without _SUCCESS) go too
     (work / "runs" / ".deadbeef00000000.tmp-999999-abcdef12").mkdir()
     (work / "runs" / "deadbeef00000000").mkdir()
+    (work / "runs" / "deadbeef00000000" / "run.json").write_text('{"run_key": "deadbeef00000000"}')
+    # ... but never what is not the job's: a user's folder, a key-named folder without the job's marker
+    (work / "runs" / "myproject").mkdir()
+    (work / "runs" / "myproject" / "notes.txt").write_text("keep")
+    (work / "runs" / "0123456789abcdef").mkdir()
     monkeypatch.undo()
     r = run_nightly(at(cfg, work))
     assert r["published"] and not r["skipped"]
-    assert sorted(p.name for p in (work / "runs").iterdir()) == [r["run_key"]]
+    assert sorted(p.name for p in (work / "runs").iterdir()) == sorted([r["run_key"], "myproject", "0123456789abcdef"])
+    assert (work / "runs" / "myproject" / "notes.txt").read_text() == "keep"
 
 
 def test_keep_runs_removes_old_runs_but_never_the_published_or_rollback_target(tmp_path):

@@ -26,7 +26,13 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   the input row of the same ``sample_id`` (a per-sample hash of all input columns); the written
   steps hold the seeded global batches (``seed``; epoch e: :func:`fsdata.balancer.order.epoch_seed`), window by window under composition
   (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
-  batch is the seeded contiguous slice.
+  batch is the seeded contiguous slice;
+* every rank file carries the manifest's ``plan_digest`` (where recorded); counts read from the
+  manifest are checked against the files before anything is allocated for them.
+
+What could not be checked is returned as sentences in the summary's ``not_checked`` (no
+``--input``; a plan not recomputed for another fsdata version, several epochs or format 1; no
+``plan_digest``), which the CLI prints after ``OK``.
 
 OUTPUT (and ``--input``) may be a :mod:`pyarrow.fs` URI (``s3://bucket/shards``; :mod:`fsdata.fsio`):
 every listing and read then goes through its ``FileSystem``; a prefix without ``_manifest.json`` is
@@ -58,6 +64,11 @@ from fsdata.shards.verify.recorded import (bound_kind, check_listing, check_mani
                                            recorded_cost_model)
 
 
+#: What ``fsdata verify`` cannot check without ``--input`` (its summary's ``not_checked`` says so).
+NOT_CHECKED_WITHOUT_INPUT = ("the samples against the input (pass --input INPUT): without it a lost, duplicated or "
+                             "edited sample, or rows swapped or ids edited with updated checksums, pass")
+
+
 def read_manifest(output: str | os.PathLike) -> Manifest:
     """Read an OUTPUT's manifest (thin wrapper of :meth:`Manifest.read`).
 
@@ -84,7 +95,9 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
     Returns:
         Summary dict: ``format_version``, ``num_ranks``, ``num_steps``, ``num_samples_written``,
         ``num_samples_dropped``, ``predicted_bubble`` (recomputed), ``baseline_predicted_bubble``,
-        ``lower_bound_bubble``, ``checked_input``.
+        ``lower_bound_bubble``, ``checked_input``, ``not_checked`` (sentences naming each check
+        that could not run and why: without ``input_path`` the input-side checks; a plan not
+        recomputed for an output of another fsdata version; no ``plan_digest``).
 
     Raises:
         VerifyError: any violation or malformed file, one line with the rank/step and numbers.
@@ -200,15 +213,22 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
             raise VerifyError(f"recomputed lower_bound_bubble {lb:.9%} differs from the manifest's {lower:.9%}")
     checked_input = False
     baseline = m.baseline_predicted_bubble
+    not_checked: list[str] = []
     if input_path is not None:
         baseline = check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
                                         np.concatenate(all_hashes), dropped, out, dropped_epoch,
-                                        np.concatenate(rank_of))
+                                        np.concatenate(rank_of), skipped=not_checked)
         checked_input = True
+    else:
+        not_checked.append(NOT_CHECKED_WITHOUT_INPUT)
+    if m.plan_digest is None:
+        not_checked.append("that every rank file comes from the same plan (the manifest records no plan_digest: "
+                           "written by an earlier fsdata)")
     return {"format_version": m.format_version, "num_ranks": R, "num_steps": steps,
             "num_samples_written": int(len(ids)), "num_samples_dropped": int(len(dropped)),
             "predicted_bubble": achieved, "baseline_predicted_bubble": baseline, "lower_bound_bubble": lower,
-            "checked_input": checked_input, **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
+            "checked_input": checked_input, "not_checked": not_checked,
+            **({"epochs": E, "steps_per_epoch": m.steps_per_epoch, "epoch_num_steps": m.epoch_num_steps}
                if E > 1 else {})}
 
 

@@ -24,10 +24,12 @@ from fsdata.shards.verify.recorded import is_close, out_path, recorded_compose_w
 
 def check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
                          steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path | str,
-                         dropped_epoch: np.ndarray | None = None, ranks_written: np.ndarray | None = None):
+                         dropped_epoch: np.ndarray | None = None, ranks_written: np.ndarray | None = None,
+                         skipped: list[str] | None = None):
     """Sample set, per-sample content, seed, strategy and input-side bubbles against the input
     (per epoch with E > 1); the input digest; and (same fsdata version, one epoch) the whole plan
-    recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`)."""
+    recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`); when that
+    is not possible, a sentence saying why is appended to ``skipped``."""
     from fsdata.balancer.order import epoch_seed
 
     if column_map is None:
@@ -130,8 +132,16 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
             raise VerifyError(f"the manifest's input_digest {m.input_digest[:30]}... is not the digest of --input "
                               f"{input_path} ({got[:30]}...): the output was made from another input (or a rewritten "
                               "copy of it), or the manifest was edited: rerun 'fsdata balance' on this input")
-    if ranks_written is not None and E == 1:  # several epochs: the per-epoch checks above
-        _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
+    why = None
+    if ranks_written is None:
+        why = f"format_version {m.format_version} rank files carry no rank column"
+    elif E > 1:
+        why = f"an output of {E} epochs (the per-epoch batch checks above ran)"
+    else:  # several epochs: the per-epoch checks above
+        why = _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
+    if why is not None and skipped is not None:
+        skipped.append(f"the plan recomputed from --input (which step and rank each sample of a global batch "
+                       f"takes; rows swapped between ranks of one step pass): {why}")
     return baseline
 
 
@@ -149,8 +159,8 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
     every recorded setting and figure (``settings`` incl. ``partition_info``, ``compose``,
     ``plan_window``, ``budget_used``; the extra figures; ``predicted_bubble``...) equal.
 
-    Skipped (with a log line) for outputs of another fsdata version or shuffle, whose plans this
-    version does not reproduce.
+    Skipped for outputs of another fsdata version or shuffle, whose plans this version does not
+    reproduce: then the reason is returned (verify reports it as a check it skipped), else None.
 
     Raises:
         VerifyError: the first difference, one line.
@@ -166,7 +176,8 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
     if m.fsdata_version != __version__ or st.get("shuffle") != SHUFFLE:
         logging.getLogger(__name__).info("plan not recomputed: %s was written by fsdata %s (this is %s)", out,
                                          m.fsdata_version, __version__)
-        return
+        return (f"the manifest says fsdata {m.fsdata_version} (this is {__version__}) or shuffle "
+                f"{st.get('shuffle')!r}, whose plans this version does not reproduce")
     try:
         settings = BalanceSettings(
             num_ranks=m.num_ranks, batch_size_per_rank=m.batch_size_per_rank, seed=m.seed, strategy=m.strategy,

@@ -109,6 +109,10 @@ def check_rank_file(out: Path | str, m: Manifest, f, check_checksums: bool, hash
         missing = [c for c in need if c not in names]
         if missing:
             raise VerifyError(f"rank {r}: {path} lacks columns {missing}")
+        got = (pf.schema_arrow.metadata or {}).get(b"fsdata.plan_digest", b"").decode() or None
+        if m.plan_digest is not None and got != m.plan_digest:
+            raise VerifyError(f"rank {r}: {path} carries plan digest {got}, the manifest says {m.plan_digest} (a rank "
+                              "file of another output or plan); rerun 'fsdata balance' or copy the whole OUTPUT")
         # all columns only when comparing content with the input; else the ones checked here
         t = pf.read(columns=None if hash_content else need)
     except (pa.ArrowException, OSError) as e:
