@@ -24,7 +24,7 @@ os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
 from fsdata import fsio
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
                             cli_main, configure_logging, new_parser, resolve_progress, settings_help)
-from fsdata.errors import ConfigError, FsdataError
+from fsdata.errors import ConfigError, FsdataError, setting
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
@@ -239,7 +239,7 @@ def _load_lengths(a: argparse.Namespace):
             lengths, ids = src.lengths_and_ids()
         return src, cost_model, lengths, ids
     if a.from_step is not None:
-        raise ConfigError(f"--from-step needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not one (it has no "
+        raise ConfigError(f"{setting('from_step')} needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not one (it has no "
                           "_manifest.json)")
     src = open_samples(a.input, a.columns)
     lengths, ids = src.lengths_and_ids()

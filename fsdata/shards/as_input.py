@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fsdata import fsio
-from fsdata.errors import ConfigError, InputError
+from fsdata.errors import ConfigError, InputError, setting
 from fsdata.samples import schema as S
 from fsdata.shards.manifest import MANIFEST_NAMES, Manifest, ManifestError
 from fsdata.shards.plan_file import PLAN_DIGEST_KEY
@@ -127,7 +127,7 @@ def check_from_step(m: Manifest, from_step: int | None) -> None:
         return
     if isinstance(from_step, bool) or not isinstance(from_step, (int, np.integer)) or not (
             0 <= from_step < m.num_steps):
-        raise ConfigError(f"--from-step {from_step!r} is outside the steps of {m.path} (0 .. {m.num_steps - 1}); "
+        raise ConfigError(f"{setting('from_step', from_step)} is outside the steps of {m.path} (0 .. {m.num_steps - 1}); "
                           "pass the number of steps already trained")
 
 
@@ -180,7 +180,7 @@ def select_rows(m: Manifest, from_step: int | None) -> tuple[list[np.ndarray], O
             info.epochs_left = E - e
     info.num_samples = int(keep.sum())
     if info.num_samples == 0:
-        raise ConfigError(f"--from-step {from_step}: {m.path} holds no sample at or after that step; nothing is "
+        raise ConfigError(f"{setting('from_step', from_step)}: {m.path} holds no sample at or after that step; nothing is "
                           "left to train")
     return np.split(keep, np.cumsum(sizes)[:-1]), info
 
@@ -264,7 +264,7 @@ def reshard_settings(settings, view: OutputInput):
         return settings
     E = view.epochs_left
     if settings.epochs not in (1, E):
-        raise ConfigError(f"--epochs {settings.epochs} with --from-step {view.from_step}: the new OUTPUT holds the "
+        raise ConfigError(f"--epochs {settings.epochs} with {setting('from_step', view.from_step)}: the new OUTPUT holds the "
                           f"{E} epoch(s) left of {view.manifest.path} (the rest of its epoch {view.epoch}, then the "
                           f"whole ones after it); drop --epochs or pass --epochs {E}")
     if view.plan_digest is None:
