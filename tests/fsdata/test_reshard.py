@@ -14,11 +14,7 @@ import pytest
 from fsdata.cli import main
 from fsdata.shards.manifest import Manifest
 from fsdata.shards.verify import verify
-
-DATA = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "ml-1m_ensfm" / "sequences.txt"
-if not DATA.exists():
-    DATA = Path("/work/shared/datasets/ml-1m_ensfm/sequences.txt")
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason="the real datasets are not here")
+from tests.conftest import dataset_path
 
 B = 16
 FAST = ["--compose-window", "1", "--no-progress"]
@@ -27,8 +23,9 @@ FAST = ["--compose-window", "1", "--no-progress"]
 @pytest.fixture(scope="module")
 def old(tmp_path_factory):
     """ml-1m per-user samples and an OUTPUT of them for R=4, B=16, three epochs."""
+    data = dataset_path("ml-1m_ensfm/sequences.txt")
     d = tmp_path_factory.mktemp("reshard")
-    assert main(["convert", str(DATA), str(d / "s.parquet"), "--format", "sequences", "--samples", "per-user",
+    assert main(["convert", str(data), str(d / "s.parquet"), "--format", "sequences", "--samples", "per-user",
                  "--no-progress"]) == 0
     assert main(["balance", str(d / "s.parquet"), str(d / "old"), "--ranks", "4", "--batch-size-per-rank", str(B),
                  "--epochs", "3", *FAST]) == 0

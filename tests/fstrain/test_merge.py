@@ -73,3 +73,35 @@ def test_train_on_half_the_ranks_equals_one_rank_with_the_whole_global_batch(tmp
     [(merged, _)] = run_ranks(_world_worker, 1, two, "gloo")
     for key in ref:
         torch.testing.assert_close(merged[key], ref[key], atol=1e-5, rtol=1e-5, msg=lambda m: f"{key}: {m}")
+
+
+def test_real_data_merge_4_to_2_trains_every_sample_once_per_epoch(tmp_path):
+    """ml-1m per-user samples, three epochs planned for R=4, read by a 2-rank job: every step holds
+    the 4 rank files' rows, and every sample is trained once per epoch or listed as dropped."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from fsdata.cli import main as fsdata_main
+    from fsdata.shards.manifest import Manifest
+    from tests.conftest import dataset_path
+
+    data = dataset_path("ml-1m_ensfm/sequences.txt")
+    assert fsdata_main(["convert", str(data), str(tmp_path / "s.parquet"), "--format", "sequences", "--samples",
+                        "per-user", "--no-progress"]) == 0
+    out = str(tmp_path / "old")
+    assert fsdata_main(["balance", str(tmp_path / "s.parquet"), out, "--ranks", "4", "--batch-size-per-rank", "16",
+                        "--epochs", "3", "--compose-window", "1", "--no-progress"]) == 0
+    m = Manifest.read(out)
+    ids, steps = [], []
+    for rp in range(2):
+        for st in ShardDataset(out, rp, 2, columns=[], num_prefetch_batches=0):
+            assert st.batch.num_samples == 2 * 16
+            ids += st.batch.sample_ids.tolist()
+            steps += [st.step] * st.batch.num_samples
+    ids, epoch = np.array(ids), m.epoch_of_step(np.array(steps))
+    dropped = pq.read_table(tmp_path / "old" / m.dropped_file)
+    every = np.sort(pq.read_table(tmp_path / "s.parquet", columns=["sample_id"]).column(0).to_numpy())
+    for e in range(3):
+        held = np.concatenate([ids[epoch == e],
+                               dropped.filter(pc.equal(dropped.column("epoch"), e)).column(0).to_numpy()])
+        assert np.array_equal(np.sort(held), every), e
