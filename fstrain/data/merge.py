@@ -17,6 +17,7 @@ from contextlib import ExitStack, closing
 import numpy as np
 import pyarrow as pa
 
+from fsdata.errors import in_cli, setting
 from fsdata.samples import schema
 from fsdata.shards.manifest import Manifest
 from fstrain.data.batch import Batch, make_batch
@@ -37,11 +38,17 @@ def merge_factor(manifest: Manifest, world_size: int) -> int:
     R = manifest.num_ranks
     if world_size >= 1 and R % world_size == 0:
         return R // world_size
+    if in_cli():
+        launch = f"launch with {setting('world_size', R)} or a divisor of {R}"
+        reshard = f"fsdata balance {manifest.path} NEW --ranks {world_size} --from-step S"
+    else:
+        launch = f"launch {R} processes (or a divisor of {R}) and pass {setting('world_size', R, owner=None)}"
+        reshard = (f"fsdata.balance('{manifest.path}', 'NEW', BalanceSettings(num_ranks={world_size}, from_step=S, "
+                   "...)) (the command line: fsdata balance OUTPUT NEW --ranks R' --from-step S)")
     raise ShardMismatchError(
-        f"{manifest.path} was written for {R} ranks and this job has world size {world_size}, which does not "
-        f"divide {R} (a rank can read several rank files only when it does); re-plan the samples for it: "
-        f"fsdata balance {manifest.path} NEW --ranks {world_size} --from-step S (S: the steps already trained, "
-        "0 for a fresh start) and train on NEW")
+        f"{manifest.path} was written for {R} ranks but this job has world size {world_size}, which does not "
+        f"divide {R}; {launch}, or re-plan the samples for it: {reshard} (S: the steps already trained, 0 for a "
+        "fresh start) and train on NEW")
 
 
 class MergedShardReader:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from fsdata.errors import cli_terms
 from fstrain.data import ShardDataset, ShardReader
 from fstrain.data.merge import MergedShardReader, open_rank_reader
 from fstrain.errors import ShardMismatchError
@@ -56,7 +57,11 @@ def test_world_size_not_dividing_r_names_the_reshard_command(tmp_path):
     with pytest.raises(ShardMismatchError) as e:
         ShardDataset(out, 0, 3)
     msg = str(e.value)
-    assert "\n" not in msg and f"fsdata balance {out} NEW --ranks 3 --from-step S" in msg
+    assert "\n" not in msg and "BalanceSettings(num_ranks=3, from_step=S" in msg
+    assert "fsdata balance OUTPUT NEW --ranks R' --from-step S" in msg
+    with cli_terms(), pytest.raises(ShardMismatchError) as e:
+        ShardDataset(out, 0, 3)
+    assert f"fsdata balance {out} NEW --ranks 3 --from-step S" in str(e.value)
     with pytest.raises(ShardMismatchError, match="world size 8"):
         ShardDataset(out, 0, 8)  # more ranks than files: re-plan too
 
