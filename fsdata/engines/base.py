@@ -153,6 +153,9 @@ class Engine(ABC):
             raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
                               f"{setting('overwrite', True)} to replace it")
         if is_output(input):  # an OUTPUT read back as INPUT (fsdata.shards.as_input)
+            if s.columns:
+                raise ConfigError(f"{setting('columns')} does not apply to INPUT {input}, an 'fsdata balance' "
+                                  "OUTPUT (its rank files use the sample schema's names): leave it out")
             with output_as_input(input, s.from_step) as view:
                 self.settings = reshard_settings(s, view)
                 self.first_epoch_mask = view.first_epoch_mask

@@ -132,6 +132,7 @@ def test_verify_from_another_step_fails(old, tmp_path, capsys):
 @pytest.mark.parametrize("args,words", [
     (["--from-step", "9999"], "outside the steps"),
     (["--from-step", "10", "--epochs", "2"], "drop --epochs or pass --epochs 3"),
+    (["--columns", "item_ids=history"], "--columns does not apply"),
 ])
 def test_bad_reshard_is_one_line(old, tmp_path, capsys, args, words):
     rc = main(["balance", str(old / "old"), str(tmp_path / "x"), "--ranks", "2", "--batch-size-per-rank", str(B),
@@ -152,3 +153,8 @@ def test_plan_refuses_an_output_with_the_commands_that_read_it(old, tmp_path, ca
     rc = main(["plan", str(old / "old"), str(tmp_path / "p.parquet"), "--ranks", "2", "--batch-size-per-rank", "8"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "is an 'fsdata balance' OUTPUT" in err
+
+
+def test_verify_from_step_needs_input(old, capsys):
+    assert main(["verify", str(old / "old"), "--from-step", "3"]) == 2
+    assert "--from-step needs --input OLD" in capsys.readouterr().err

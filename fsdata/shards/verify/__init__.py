@@ -209,6 +209,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
             raise VerifyError(f"recomputed lower_bound_bubble {lb:.9%} differs from the manifest's {lower:.9%}")
     checked_input = False
     baseline = m.baseline_predicted_bubble
+    if from_step is not None and input_path is None:
+        raise VerifyError("--from-step needs --input OLD, the OUTPUT this one was resharded from")
     if input_path is not None and is_output(input_path):  # OLD of a resharded output (fsdata.shards.as_input)
         with output_as_input(input_path, from_step) as view:
             baseline = check_against_input(m, view.path, None, cost_model, ids, np.concatenate(step_of),
