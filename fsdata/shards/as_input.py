@@ -41,6 +41,8 @@ from fsdata.shards.plan_file import PLAN_DIGEST_KEY
 VIEW_NAME = "samples.parquet"
 #: Rows per row group of that file.
 VIEW_ROW_GROUP = 1 << 16
+#: Codec of that file (a local scratch file, written and read once).
+VIEW_COMPRESSION = "none"
 
 
 def is_output(path: str | os.PathLike) -> bool:
@@ -192,10 +194,11 @@ def write_rows(m: Manifest, masks: list[np.ndarray], path: str) -> None:
     try:
         for r, mask in enumerate(masks):
             fs, where = fsio.filesystem_and_path(m.rank_file(r))
-            t = pq.read_table(where, filesystem=fs)
-            t = t.drop_columns([c for c in (S.STEP, S.RANK) if c in t.schema.names]).replace_schema_metadata(None)
-            if writer is None:
-                writer = pq.ParquetWriter(path, t.schema, compression="zstd")
+            names = pq.read_schema(where, filesystem=fs).names
+            t = pq.read_table(where, columns=[c for c in names if c not in (S.STEP, S.RANK)], filesystem=fs)
+            t = t.replace_schema_metadata(None)
+            if writer is None:  # a scratch file read once: no codec (encoding it cost more than its I/O)
+                writer = pq.ParquetWriter(path, t.schema, compression=VIEW_COMPRESSION)
             if not mask.all():
                 t = t.filter(pa.array(mask))
             if t.num_rows:
