@@ -239,8 +239,8 @@ def _load_lengths(a: argparse.Namespace):
             lengths, ids = src.lengths_and_ids()
         return src, cost_model, lengths, ids
     if a.from_step is not None:
-        raise ConfigError(f"{setting('from_step')} needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not one (it has no "
-                          "_manifest.json)")
+        raise ConfigError(f"{setting('from_step')} needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not "
+                          "one (it has no _manifest.json)")
     src = open_samples(a.input, a.columns)
     lengths, ids = src.lengths_and_ids()
     return src, cost_model, lengths, ids

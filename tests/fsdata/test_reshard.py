@@ -158,3 +158,13 @@ def test_plan_refuses_an_output_with_the_commands_that_read_it(old, tmp_path, ca
 def test_verify_from_step_needs_input(old, capsys):
     assert main(["verify", str(old / "old"), "--from-step", "3"]) == 2
     assert "--from-step needs --input OLD" in capsys.readouterr().err
+
+
+def test_profile_from_step_reads_the_samples_left(old, capsys):
+    """--from-step 230 (last epoch of 3 x 94 steps): the 52 steps left, 64 samples each."""
+    assert main(["profile", str(old / "old"), "--ranks", "2", "--batch-size-per-rank", "8", "--from-step", "230",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_samples"] == (282 - 230) * 4 * B
+    assert main(["profile", str(old / "s.parquet"), "--ranks", "2", "--batch-size-per-rank", "8",
+                 "--from-step", "3"]) == 2
+    assert "needs an 'fsdata balance' OUTPUT as INPUT" in capsys.readouterr().err
