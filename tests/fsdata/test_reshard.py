@@ -168,3 +168,31 @@ def test_profile_from_step_reads_the_samples_left(old, capsys):
     assert main(["profile", str(old / "s.parquet"), "--ranks", "2", "--batch-size-per-rank", "8",
                  "--from-step", "3"]) == 2
     assert "needs an 'fsdata balance' OUTPUT as INPUT" in capsys.readouterr().err
+
+
+def test_dropped_samples_stay_dropped(tmp_path):
+    """One epoch: the samples read are exactly the written ones (the remainder is not read back)."""
+    from tests.fsdata.helpers import write_samples
+
+    inp = write_samples(tmp_path / "in.parquet", n=500)
+    assert main(["balance", str(inp), str(tmp_path / "old"), "--ranks", "4", "--batch-size-per-rank", "8",
+                 *FAST]) == 0
+    assert main(["balance", str(tmp_path / "old"), str(tmp_path / "new"), "--ranks", "2", "--batch-size-per-rank",
+                 "8", *FAST]) == 0
+    mo, mn = Manifest.read(tmp_path / "old"), Manifest.read(tmp_path / "new")
+    assert mo.num_samples_dropped == 500 - 480 and mn.num_samples_input == 480
+    assert set(_rows(tmp_path / "new")[0]) | set(_dropped(tmp_path / "new")[0]) == set(_rows(tmp_path / "old")[0])
+
+
+def test_carried_keys_rewrite_the_vocab_path(tmp_path):
+    from types import SimpleNamespace
+
+    from fsdata.shards.as_input import carried_keys
+
+    old = SimpleNamespace(path=str(tmp_path / "nightly" / "old"),
+                          extra={"num_items": 3707, "feature_columns": ["user_id"], "other": 1,
+                                 "vocab": {"digest": "sha256:ab", "path": "../vocab.json"}})
+    got = carried_keys(old, tmp_path / "restart" / "new")
+    assert got == {"num_items": 3707, "feature_columns": ["user_id"],
+                   "vocab": {"digest": "sha256:ab", "path": "../../nightly/vocab.json"}}
+    assert carried_keys(SimpleNamespace(path="x", extra={}), "y") == {}
