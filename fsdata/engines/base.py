@@ -138,13 +138,19 @@ class Engine(ABC):
                 docs/format.md); a local path or a :mod:`pyarrow.fs` URI.
             output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
                 accepted) unless ``settings.overwrite``.
-            timings: if given, filled with seconds per stage (:attr:`stages`).
+            timings: if given, filled with seconds per stage (:attr:`stages`; plus ``read_output``, the
+                copy of the samples read, when ``input`` is an OUTPUT).
+
+        An ``fsdata balance`` OUTPUT as ``input`` is read through :mod:`fsdata.shards.as_input`
+        (``settings.from_step``: only its samples not yet trained); the new manifest records its
+        lineage (:func:`fsdata.shards.as_input.record_lineage`).
 
         Returns:
             The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
 
         Raises:
-            InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
+            InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite,
+                or ``from_step`` without an OUTPUT as input or outside its steps.
         """
         s = self.settings
         self.check()
@@ -156,14 +162,19 @@ class Engine(ABC):
             if s.columns:
                 raise ConfigError(f"{setting('columns')} does not apply to INPUT {input}, an 'fsdata balance' "
                                   "OUTPUT (its rank files use the sample schema's names): leave it out")
+            t0 = time.perf_counter()
             with output_as_input(input, s.from_step) as view:
+                copied = time.perf_counter() - t0
                 self.settings = reshard_settings(s, view)
                 self.first_epoch_mask = view.first_epoch_mask
                 self.check(what=f"INPUT {input} from step {s.from_step}" if s.from_step is not None else None)
                 try:
-                    return self._run(view.path, output, timings, view)
+                    m = self._run(view.path, output, timings, view)
                 finally:
                     self.settings = s
+            if timings is not None:
+                timings["read_output"] = copied
+            return m
         if s.from_step is not None:
             raise ConfigError(f"{setting('from_step', s.from_step)} needs an 'fsdata balance' OUTPUT as INPUT; "
                               f"{input} is not one (it has no _manifest.json)")
