@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,6 +155,10 @@ def select_rows(m: Manifest, from_step: int | None) -> tuple[list[np.ndarray], O
         InputError: a rank file cannot be read, or the files carry different plan digests.
     """
     check_from_step(m, from_step)
+    info = OutputInput(manifest=m, plan_digest=_plan_digest(m), from_step=from_step)
+    if from_step is None and m.epochs == 1:  # every row, once: nothing to read to choose them
+        info.num_samples = sum(f.num_rows for f in m.files)
+        return [np.ones(f.num_rows, dtype=bool) for f in m.files], info
     ids_l, steps_l = [], []
     for r in range(m.num_ranks):
         fs, where = fsio.filesystem_and_path(m.rank_file(r))
@@ -167,7 +172,6 @@ def select_rows(m: Manifest, from_step: int | None) -> tuple[list[np.ndarray], O
     sizes = [len(x) for x in ids_l]
     ids, steps = np.concatenate(ids_l), np.concatenate(steps_l)
     E, first = m.epochs, m.epoch_first_steps()
-    info = OutputInput(manifest=m, plan_digest=_plan_digest(m), from_step=from_step)
     if from_step is None:
         keep = _first_occurrence(ids, steps) if E > 1 else np.ones(len(ids), dtype=bool)
     else:
@@ -190,19 +194,30 @@ def select_rows(m: Manifest, from_step: int | None) -> tuple[list[np.ndarray], O
 def write_rows(m: Manifest, masks: list[np.ndarray], path: str) -> None:
     """Write the selected rows of every rank file, in rank-file order, without ``step`` and
     ``rank``, to the local Parquet file ``path`` (column types kept)."""
-    writer = None
-    try:
-        for r, mask in enumerate(masks):
-            fs, where = fsio.filesystem_and_path(m.rank_file(r))
+    def read(r: int) -> pa.Table:
+        fs, where = fsio.filesystem_and_path(m.rank_file(r))
+        try:
             names = pq.read_schema(where, filesystem=fs).names
             t = pq.read_table(where, columns=[c for c in names if c not in (S.STEP, S.RANK)], filesystem=fs)
-            t = t.replace_schema_metadata(None)
-            if writer is None:  # a scratch file read once: no codec (encoding it cost more than its I/O)
-                writer = pq.ParquetWriter(path, t.schema, compression=VIEW_COMPRESSION)
-            if not mask.all():
-                t = t.filter(pa.array(mask))
-            if t.num_rows:
-                writer.write_table(t, row_group_size=VIEW_ROW_GROUP)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(f"input {m.rank_file(r)}: cannot read the rank file ({str(e).splitlines()[0]}); "
+                             f"run 'fsdata verify {m.path}'") from None
+        t = t.replace_schema_metadata(None)
+        return t if masks[r].all() else t.filter(pa.array(masks[r]))
+
+    writer = None
+    try:  # the next rank file is read (on a thread, Arrow releases the GIL) while one is written
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            ahead = ex.submit(read, 0)
+            for r in range(len(masks)):
+                t = ahead.result()
+                if r + 1 < len(masks):
+                    ahead = ex.submit(read, r + 1)
+                if writer is None:  # a scratch file read once: no codec (encoding it cost more than its I/O)
+                    writer = pq.ParquetWriter(path, t.schema, compression=VIEW_COMPRESSION)
+                if t.num_rows:
+                    writer.write_table(t, row_group_size=VIEW_ROW_GROUP)
+                del t
     finally:
         if writer is not None:
             writer.close()

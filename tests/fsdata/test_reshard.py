@@ -196,3 +196,18 @@ def test_carried_keys_rewrite_the_vocab_path(tmp_path):
     assert got == {"num_items": 3707, "feature_columns": ["user_id"],
                    "vocab": {"digest": "sha256:ab", "path": "../../nightly/vocab.json"}}
     assert carried_keys(SimpleNamespace(path="x", extra={}), "y") == {}
+
+
+def test_a_corrupt_rank_file_is_one_line(tmp_path, capsys):
+    from tests.fsdata.helpers import write_samples
+
+    inp = write_samples(tmp_path / "in.parquet", n=300)
+    assert main(["balance", str(inp), str(tmp_path / "old"), "--ranks", "2", "--batch-size-per-rank", "8",
+                 *FAST]) == 0
+    victim = Manifest.read(tmp_path / "old").rank_file(1)
+    Path(victim).write_bytes(Path(victim).read_bytes()[:200])
+    rc = main(["balance", str(tmp_path / "old"), str(tmp_path / "new"), "--ranks", "3", "--batch-size-per-rank",
+               "8", "--from-step", "2", *FAST])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "cannot read the rank file" in err, err
+    assert not (tmp_path / "new").exists()
