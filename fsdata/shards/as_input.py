@@ -130,8 +130,8 @@ def check_from_step(m: Manifest, from_step: int | None) -> None:
         return
     if isinstance(from_step, bool) or not isinstance(from_step, (int, np.integer)) or not (
             0 <= from_step < m.num_steps):
-        raise ConfigError(f"{setting('from_step', from_step)} is outside the steps of {m.path} (0 .. {m.num_steps - 1}); "
-                          "pass the number of steps already trained")
+        raise ConfigError(f"{setting('from_step', from_step)} is outside the steps of {m.path} "
+                          f"(0 .. {m.num_steps - 1}); pass the number of steps already trained")
 
 
 def _first_occurrence(ids: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -186,8 +186,8 @@ def select_rows(m: Manifest, from_step: int | None) -> tuple[list[np.ndarray], O
             info.epochs_left = E - e
     info.num_samples = int(keep.sum())
     if info.num_samples == 0:
-        raise ConfigError(f"{setting('from_step', from_step)}: {m.path} holds no sample at or after that step; nothing is "
-                          "left to train")
+        raise ConfigError(f"{setting('from_step', from_step)}: {m.path} holds no sample at or after that step; "
+                          "nothing is left to train")
     return np.split(keep, np.cumsum(sizes)[:-1]), info
 
 
@@ -282,8 +282,8 @@ def reshard_settings(settings, view: OutputInput):
         return settings
     E = view.epochs_left
     if settings.epochs not in (1, E):
-        raise ConfigError(f"--epochs {settings.epochs} with {setting('from_step', view.from_step)}: the new OUTPUT holds the "
-                          f"{E} epoch(s) left of {view.manifest.path} (the rest of its epoch {view.epoch}, then the "
+        raise ConfigError(f"--epochs {settings.epochs} with {setting('from_step', view.from_step)}: the new OUTPUT "
+                          f"holds the {E} epoch(s) left of {view.manifest.path} (the rest of its epoch {view.epoch}, then the "
                           f"whole ones after it); drop --epochs or pass --epochs {E}")
     if view.plan_digest is None:
         raise InputError(f"input {view.manifest.path}: its rank files record no plan digest (written by an older "
