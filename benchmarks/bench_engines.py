@@ -31,6 +31,10 @@ storage layer, i.e. pages dirtied; ``cancelled_write_bytes``: dirtied pages of f
 write-back), and peak resident memory (``ru_maxrss``). The output is deleted before each run (not
 timed), and the ratio balance / copy is taken per round and over the medians. Writes
 ``OUT/bench_offline_stage.json``.
+
+``--engines reshard`` (docs/results/bench_reshard.md) times ``fsdata balance OLD NEW --ranks R/2
+--from-step 0`` (OLD: the input balanced for ``--ranks``) against ``fsdata balance INPUT NEW --ranks
+R/2`` from the samples' Parquet, ``--rounds`` times alternated; writes ``OUT/bench_reshard.json``.
 """
 
 from __future__ import annotations
@@ -251,6 +255,44 @@ def bench_size(n: int, a: argparse.Namespace, work: Path) -> dict:
     return row
 
 
+def bench_reshard(n: int, a: argparse.Namespace, work: Path) -> dict:
+    """``--engines reshard``: ``fsdata balance OLD NEW --ranks R/2 --from-step S`` (OLD: the input
+    balanced for ``--ranks``, not timed) against ``fsdata balance INPUT --ranks R/2`` on the samples'
+    Parquet, alternated ``--rounds`` times, local engine, each in a child process (wall seconds,
+    stage seconds, peak memory). S = 0 plans every sample of OLD, as many as the direct run."""
+    py = sys.executable
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    inp = work / f"synth-{n}-L{a.max_seq_len}.parquet"
+    if not inp.exists():
+        subprocess.run([py, "-m", "fsdata", "synth", str(inp), "--num-samples", str(n), "--lengths-from",
+                        a.lengths_from, "--layout", "event", "--max-seq-len", str(a.max_seq_len), "--no-progress"],
+                       check=True, env=env)
+    old = work / f"reshard-old-{n}"
+    flags = ["--batch-size-per-rank", str(a.batch_size_per_rank), "--no-progress", "--json", "--overwrite",
+             "--cost-model", a.cost_model, "--num-threads", str(a.ray_cpus)]
+    if not old.exists():
+        subprocess.run([py, "-m", "fsdata", "balance", str(inp), str(old), "--ranks", str(a.ranks), *flags],
+                       check=True, env=env, capture_output=True)
+    new_ranks = max(1, a.ranks // 2)
+    row: dict = {"num_samples": n, "old_ranks": a.ranks, "new_ranks": new_ranks, "from_step": 0, "rounds": []}
+    for _ in range(a.rounds):
+        r = {}
+        for name, src, extra in (("balance", inp, []), ("reshard", old, ["--from-step", "0"])):
+            out = work / f"reshard-{name}-{n}"
+            r[name] = run_measured([py, "-m", "fsdata", "balance", str(src), str(out), "--ranks", str(new_ranks),
+                                    *flags, *extra], env)
+            shutil.rmtree(out, ignore_errors=True)
+        r["reshard_over_balance_wall"] = r["reshard"]["wall_seconds"] / r["balance"]["wall_seconds"]
+        row["rounds"].append(r)
+        print(f"  {n:,} balance {r['balance']['wall_seconds']:.1f} s, reshard {r['reshard']['wall_seconds']:.1f} s",
+              flush=True)
+    walls = {k: statistics.median(r[k]["wall_seconds"] for r in row["rounds"]) for k in ("balance", "reshard")}
+    row.update(median_wall_seconds=walls, reshard_over_balance_wall=walls["reshard"] / walls["balance"])
+    if not a.keep_outputs:
+        shutil.rmtree(old, ignore_errors=True)
+    return row
+
+
 _CHILD_FLAG = "--measure-child"
 
 
@@ -413,8 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-outputs", action="store_true")
     p.add_argument("--plan-window", type=int, default=None,
                    help="--plan-window K passed to both engines (default: fsdata's)")
-    p.add_argument("--engines", default="local,ray", choices=["local,ray", "ray", "copy,local"],
-                   help="local,ray (both: byte identity checked), ray, or copy,local (against a Polars copy)")
+    p.add_argument("--engines", default="local,ray", choices=["local,ray", "ray", "copy,local", "reshard"],
+                   help="local,ray (both: byte identity checked), ray, copy,local (against a Polars copy), or "
+                        "reshard (balance OLD --from-step against balance from the samples' Parquet)")
     p.add_argument("--rounds", type=int, default=2, help="copy,local: copy and balance alternated this many times")
     p.add_argument("--cost-model", default="quadratic", help="copy,local: --cost-model (default L^2 + 64L)")
     p.add_argument("--keep-input", action="store_true", help="copy,local: keep the generated inputs")
@@ -422,6 +465,17 @@ def main(argv: list[str] | None = None) -> int:
     work, out = Path(a.work), Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    if a.engines == "reshard":  # fsdata balance OLD NEW --from-step against balance from the samples' Parquet
+        rows = [bench_reshard(int(x), a, work) for x in a.sizes.split(",") if x]
+        (out / "bench_reshard.json").write_text(json.dumps(
+            {"settings": vars(a), "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+             "results": rows}, indent=2) + "\n")
+        for r in rows:
+            print(f"{r['num_samples']:>11,} R {r['old_ranks']} -> {r['new_ranks']}: balance "
+                  f"{r['median_wall_seconds']['balance']:.1f} s, reshard {r['median_wall_seconds']['reshard']:.1f} s "
+                  f"({r['reshard_over_balance_wall']:.2f}x)")
+        print(f"JSON: {out / 'bench_reshard.json'}")
+        return 0
     if a.engines == "copy,local":
         rows = []
         for n in [int(x) for x in a.sizes.split(",") if x]:

@@ -24,7 +24,7 @@ os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
 from fsdata import fsio
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
                             cli_main, configure_logging, new_parser, resolve_progress, settings_help)
-from fsdata.errors import FsdataError
+from fsdata.errors import ConfigError, FsdataError, setting
 from fsdata.atomic import check_replaceable
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
@@ -67,14 +67,15 @@ _EPILOG_REPORT = """examples:
 FLAGS = {"num_ranks": "--ranks", "has_header": "--header"}
 #: Metavars of settings flags, where the field's name says less.
 METAVARS = {"columns": "MAP", "compose_window": "W", "plan_window": "K", "epochs": "E", "num_threads": "N",
-            "ray_address": "HOST:PORT"}
+            "ray_address": "HOST:PORT", "from_step": "S"}
 #: The BalanceSettings fields each command takes as flags (``fsdata balance`` takes them all but
 #: ``progress``, the common ``--progress/--no-progress``); every one is generated from its field.
 INPUT_FIELDS = ("columns", "cost_model", "num_ranks", "batch_size_per_rank", "seed", "compose_window")
 PLAN_FIELDS = ("strategy", "batch_policy", "budget", "plan_window", "partitioner", "remainder", "epochs")
 WRITE_FIELDS = ("overwrite", "num_threads", "bucket_compression", "engine", "ray_address")
-BALANCE_FIELDS = {"profile": INPUT_FIELDS, "balance": INPUT_FIELDS + PLAN_FIELDS + WRITE_FIELDS,
-                  "plan": INPUT_FIELDS + PLAN_FIELDS, "write": WRITE_FIELDS, "verify": ("columns",),
+BALANCE_FIELDS = {"profile": INPUT_FIELDS + ("from_step",),
+                  "balance": INPUT_FIELDS + PLAN_FIELDS + WRITE_FIELDS + ("from_step",),
+                  "plan": INPUT_FIELDS + PLAN_FIELDS, "write": WRITE_FIELDS, "verify": ("columns", "from_step"),
                   "report": ("columns",)}
 #: ConvertSettings fields that are not flags of ``fsdata convert``: ``INPUT`` is positional and
 #: ``--format`` (a log's, required) is written out below.
@@ -232,8 +233,17 @@ def _cmd_convert(a: argparse.Namespace) -> int:
 def _load_lengths(a: argparse.Namespace):
     from fsdata.balancer.cost import load_cost_model
     from fsdata.samples.io import open_samples
+    from fsdata.shards.as_input import is_output, output_as_input
 
     cost_model = load_cost_model(a.cost_model)
+    if is_output(a.input):  # an OUTPUT's samples (docs/fsdata.md, "Changing the world size")
+        with output_as_input(a.input, a.from_step) as view:
+            src = open_samples(view.path)
+            lengths, ids = src.lengths_and_ids()
+        return src, cost_model, lengths, ids
+    if a.from_step is not None:
+        raise ConfigError(f"{setting('from_step')} needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not "
+                          "one (it has no _manifest.json)")
     src = open_samples(a.input, a.columns)
     lengths, ids = src.lengths_and_ids()
     return src, cost_model, lengths, ids
@@ -418,7 +428,7 @@ def _cmd_synth(a: argparse.Namespace) -> int:
 def _cmd_verify(a: argparse.Namespace) -> int:
     from fsdata.shards.verify import verify
 
-    r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress)
+    r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress, from_step=a.from_step)
     if a.json:
         print(json.dumps(r, indent=2))
     else:

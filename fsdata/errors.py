@@ -65,6 +65,7 @@ SETTINGS: dict[str, Spelling] = {
     "ray_address": Spelling("--ray-address", "ray_address", "BalanceSettings"),
     "cost_model": Spelling("--cost-model", "cost_model", "BalanceSettings"),
     "columns": Spelling("--columns", "columns", "BalanceSettings"),
+    "from_step": Spelling("--from-step", "from_step", "BalanceSettings"),
     # the reader's world size: torchrun's flag from the command line, the argument from Python
     "world_size": Spelling("--nproc-per-node", "world_size", "ShardDataset"),
     # a plain function argument (fsdata.samples.convert.convert, ...)

@@ -28,10 +28,10 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import (check_eval_ids, check_world_size, infer_num_codes, infer_num_items, load_manifest,
+from fstrain.data.manifest import (check_eval_ids, infer_num_codes, infer_num_items, load_manifest,
                                    max_history_length, plan_digest, resharded_from, resolve_action_column,
                                    resolve_num_items, steps_per_epoch)
-from fstrain.data.reader import ShardReader
+from fstrain.data.merge import merge_factor, open_rank_reader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
@@ -225,7 +225,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         raise ConfigError(f"--simulate-ranks runs in one process (it reads every rank file); this job has world "
                           f"size {world}")
     if not cfg.simulate_ranks:
-        check_world_size(manifest, world)
+        merge_factor(manifest, world)  # R or a divisor of R (fstrain.data.merge); else the reshard command
     pipe_name = None
     if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
         pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.comm.backend))
@@ -275,8 +275,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
 
             reader, err = GlobalBatchReader(cfg.shards, start_step=start, max_steps=max_steps, action_column=action), ""
         else:
-            reader, err = ShardReader(cfg.shards, env.rank, env.world_size, start_step=start, max_steps=max_steps,
-                                      action_column=action), ""
+            reader, err = open_rank_reader(cfg.shards, env.rank, env.world_size, start_step=start,
+                                           max_steps=max_steps, action_column=action), ""
     except FstrainError as e:
         reader, err = None, str(e)
     _check_all_ranks(reader is not None, err, env)

@@ -62,6 +62,10 @@ class BalanceSettings:
         epochs: E (``--epochs``), epochs written one after the other, each with its own seeded
             shuffle and composition (epoch e from :func:`fsdata.balancer.order.epoch_seed`);
             steps are numbered on across epochs. 1: the single-epoch output of fsdata 0.2.
+        from_step: S (``--from-step``), only with an ``fsdata balance`` OUTPUT as INPUT: plan only
+            the samples of its steps ``>= S`` (those not yet trained after S steps; with several
+            epochs the rest of S's epoch, then the whole epochs left, ``epochs`` taken from the
+            OUTPUT). None: every sample of the OUTPUT (docs/fsdata.md, "Changing the world size").
     """
 
     num_ranks: int
@@ -89,6 +93,7 @@ class BalanceSettings:
     ray_address: str | None = None
     num_workers: int | None = None
     epochs: int = 1
+    from_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers is not None:  # the old name (threads, not processes): still accepted

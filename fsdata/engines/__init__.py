@@ -32,12 +32,15 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
 
     Args:
         input: a Parquet file, a folder of Parquet files, or a glob (the sample schema, docs/format.md);
-            a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md).
+            a local path or a :mod:`pyarrow.fs` URI (``s3://bucket/samples/``, docs/cluster.md); or an
+            ``fsdata balance`` OUTPUT (``settings.from_step``: its samples not yet trained; docs/fsdata.md,
+            "Changing the world size").
         output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
             accepted) unless ``settings.overwrite``.
         settings: every setting (:class:`fsdata.balancer.settings.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
-            ``finalize``; the Ray engine adds ``ray_connect`` and ``verify``).
+            ``finalize``; the Ray engine adds ``ray_connect`` and ``verify``; an OUTPUT as ``input``
+            adds ``read_output``, :mod:`fsdata.shards.as_input`).
 
     Returns:
         The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).

@@ -33,6 +33,7 @@ from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
 from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.finalize import finalize
+from fsdata.shards.as_input import OutputInput, is_output, output_as_input, record_lineage, reshard_settings
 from fsdata.shards.manifest import FileEntry, Manifest
 from fsdata.shards.plan_file import PlanTable, input_digest, read_plan
 from fsdata.shards.writer import output_schema
@@ -57,6 +58,8 @@ class Engine(ABC):
 
     def __init__(self, settings: BalanceSettings):
         self.settings = settings
+        #: shape ``[N]`` bool: a resharded OUTPUT's partial first epoch (:mod:`fsdata.shards.as_input`)
+        self.first_epoch_mask = None
 
     # ---- pre-flight, once for every engine -------------------------------------------------------
 
@@ -135,13 +138,19 @@ class Engine(ABC):
                 docs/format.md); a local path or a :mod:`pyarrow.fs` URI.
             output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
                 accepted) unless ``settings.overwrite``.
-            timings: if given, filled with seconds per stage (:attr:`stages`).
+            timings: if given, filled with seconds per stage (:attr:`stages`; plus ``read_output``, the
+                copy of the samples read, when ``input`` is an OUTPUT).
+
+        An ``fsdata balance`` OUTPUT as ``input`` is read through :mod:`fsdata.shards.as_input`
+        (``settings.from_step``: only its samples not yet trained); the new manifest records its
+        lineage (:func:`fsdata.shards.as_input.record_lineage`).
 
         Returns:
             The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).
 
         Raises:
-            InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite.
+            InputError: bad input. ConfigError: impossible settings, or OUTPUT exists without overwrite,
+                or ``from_step`` without an OUTPUT as input or outside its steps.
         """
         s = self.settings
         self.check()
@@ -151,12 +160,39 @@ class Engine(ABC):
             raise ConfigError(f"output {output} already exists and is not empty; choose a new path or pass "
                               f"{setting('overwrite', True)} to replace it")
         check_replaceable(output, "shards", flag=setting("overwrite", True))  # before anything is read
-        src = self.open_input(input, s.columns)
+        if is_output(input):  # an OUTPUT read back as INPUT (fsdata.shards.as_input)
+            if s.columns:
+                raise ConfigError(f"{setting('columns')} does not apply to INPUT {input}, an 'fsdata balance' "
+                                  "OUTPUT (its rank files use the sample schema's names): leave it out")
+            t0 = time.perf_counter()
+            with output_as_input(input, s.from_step) as view:
+                copied = time.perf_counter() - t0
+                self.settings = reshard_settings(s, view)
+                self.first_epoch_mask = view.first_epoch_mask
+                self.check(what=f"INPUT {input} from step {s.from_step}" if s.from_step is not None else None)
+                try:
+                    m = self._run(view.path, output, timings, view)
+                finally:
+                    self.settings = s
+            if timings is not None:
+                timings["read_output"] = copied
+            return m
+        if s.from_step is not None:
+            raise ConfigError(f"{setting('from_step', s.from_step)} needs an 'fsdata balance' OUTPUT as INPUT; "
+                              f"{input} is not one (it has no _manifest.json)")
+        return self._run(input, output, timings, None)
+
+    def _run(self, input: str, output: str, timings: dict[str, float] | None, view: OutputInput | None) -> Manifest:
+        """:meth:`run` after the pre-flight of the paths; ``view``: the OUTPUT ``input`` was read from."""
+        s = self.settings
+        src = self.open_input(input, None if view is not None else s.columns)
         before = input_state(src)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}
         with self.session(t):
             plan = self.plan(src, cost_model, timings=t)
+            if view is not None:
+                record_lineage(plan, view, output)
             t1 = time.perf_counter()
             with atomic_output(output, overwrite=s.overwrite) as tmp:
                 files = self.write_ranks(src, plan, tmp, timings=t)

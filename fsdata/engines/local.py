@@ -305,7 +305,7 @@ class LocalEngine(Engine):
     """Every stage in this process, threads for the rank files (``--num-threads``); the default."""
 
     def plan(self, src: SampleSource, cost_model: CostModel, *, timings: dict[str, float]) -> PlanTable:
-        return plan_table(src, self.settings, cost_model, timings=timings)
+        return plan_table(src, self.settings, cost_model, timings=timings, first_epoch_mask=self.first_epoch_mask)
 
     def write_ranks(self, src: SampleSource, plan: PlanTable, output: str | os.PathLike, *,
                     timings: dict[str, float] | None = None) -> list[FileEntry]:

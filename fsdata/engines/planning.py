@@ -39,9 +39,14 @@ MAX_PLAN_ROWS = 2**31 - 1
 
 
 def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostModel, *,
-               timings: dict[str, float] | None = None) -> PlanTable:
+               timings: dict[str, float] | None = None, first_epoch_mask: np.ndarray | None = None) -> PlanTable:
     """:func:`make_plan_table` after the pre-flight (:meth:`fsdata.engines.base.Engine.run` checked
-    the columns and settings and loaded ``cost_model``)."""
+    the columns and settings and loaded ``cost_model``).
+
+    ``first_epoch_mask`` (shape ``[N]`` bool, with ``settings.epochs > 1``): epoch 0 is a partial
+    epoch of these samples only (a resharded OUTPUT's rest of an epoch,
+    :mod:`fsdata.shards.as_input`); the others' epoch-0 entries get step -2 (neither written nor
+    dropped)."""
     if settings.epochs * src.num_rows > MAX_PLAN_ROWS:  # before anything is allocated for E x N rows
         raise ConfigError(f"--epochs {settings.epochs} x {src.num_rows} samples = {settings.epochs * src.num_rows} "
                           f"plan rows, over {MAX_PLAN_ROWS} (2^31-1; about 28 bytes of memory each): lower --epochs")
@@ -50,18 +55,18 @@ def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostMod
     t1 = time.perf_counter()
     costs = cost_model.cost(lengths)
     del lengths
-    if settings.epochs == 1:
+    if settings.epochs == 1 and first_epoch_mask is None:
         plan = plan_costs(costs, settings)
         table = plan_table_from_plan(src, plan, ids, costs, cost_model, settings)
     else:
-        table = _plan_epochs(src, costs, ids, cost_model, settings)
+        table = _plan_epochs(src, costs, ids, cost_model, settings, first_epoch_mask)
     if timings is not None:
         timings.update(read_lengths=t1 - t0, plan=time.perf_counter() - t1)
     return table
 
 
 def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_model: CostModel,
-                 settings: BalanceSettings) -> PlanTable:
+                 settings: BalanceSettings, first_epoch_mask: np.ndarray | None = None) -> PlanTable:
     """Plan ``settings.epochs`` epochs, one :func:`~fsdata.balancer.settings.plan_costs` call per epoch with
     :func:`fsdata.balancer.order.epoch_seed`, and join them as one :class:`PlanTable` of ``E*N``
     entries (epoch e's steps shifted by the steps of the epochs before it: ``e*S`` under the fixed
@@ -89,13 +94,20 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
     first: Plan | None = None
     epoch_steps: list[int] = []
     offset = 0
+    all_costs = costs
     for e in range(E):
         seed_e = epoch_seed(settings.seed, e)
+        # a partial first epoch (first_epoch_mask): planned from its samples; the others get step -2
+        sub = np.flatnonzero(first_epoch_mask) if e == 0 and first_epoch_mask is not None else slice(None)
+        costs = all_costs[sub]
+        N_e = len(costs)
         plan = plan_costs(costs, settings, seed=seed_e)
         if first is None:
             first = plan
         S = plan.num_steps
-        sl = slice(e * N, (e + 1) * N)
+        sl = np.arange(e * N, (e + 1) * N)[sub]
+        if N_e < N:
+            step[e * N:(e + 1) * N] = -2
         kept = plan.step >= 0
         step[sl] = np.where(kept, plan.step + offset, -1)
         rank[sl] = plan.rank
@@ -107,7 +119,7 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
         pinfos.append(plan.partition_info)
         cinfos.append(plan.compose_info)
         if plan.position is None:  # cost-budget: make_plan bounds the seeded global batches
-            g, _ = shuffled_steps(N, R, B, seed_e)
+            g, _ = shuffled_steps(N_e, R, B, seed_e)
             sc = costs[g]
             del g
         else:  # the written (possibly composed) steps
@@ -123,12 +135,13 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
         epoch_steps.append(int(S))
         offset += S
         if plan.compose_window > 1:
-            g, _ = shuffled_steps(N, R, B, seed_e)
+            g, _ = shuffled_steps(N_e, R, B, seed_e)
             gc = costs[g]
             un_bound.append(bubble.step_proven_bound(gc, R, B))
             un_mean.append(gc.sum(axis=1) / R)
             del g, gc
         del plan, sc, kept
+    costs = all_costs
     cat = np.concatenate
     compose_info = first.compose_info
     if first.compose_window > 1 and all(c is not None and "uncomposed_lower_bound_bubble" in c for c in cinfos):
@@ -151,7 +164,7 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
     # steps_per_epoch when every epoch has the same count (always under the fixed policy);
     # epoch_num_steps under cost-budget, whose epochs differ by a few steps
     per_epoch = {"steps_per_epoch": epoch_steps[0]} if len(set(epoch_steps)) == 1 else {}
-    if settings.batch_policy == "cost-budget":
+    if settings.batch_policy == "cost-budget" or not per_epoch:  # or a resharded partial first epoch
         per_epoch["epoch_num_steps"] = epoch_steps
     meta.update(num_samples_input=int(N), epochs=E, **per_epoch)
     meta["settings"]["epochs"] = E

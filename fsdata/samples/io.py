@@ -90,6 +90,9 @@ def list_parquet_files(path: str | os.PathLike) -> list[str]:
     if any(ch in p for ch in "*?["):
         files = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
     elif os.path.isdir(p):
+        if any(os.path.isfile(os.path.join(p, name)) for name in ("_manifest.json", "manifest.json")):
+            raise InputError(f"input {p} is an 'fsdata balance' OUTPUT: 'fsdata profile', 'fsdata balance' and "
+                             "'fsdata verify --input' read it as INPUT; here pass the samples' Parquet")
         files = sorted(str(f) for f in Path(p).rglob("*.parquet") if not f.name.startswith("."))
     elif os.path.isfile(p):
         files = [p]

@@ -167,14 +167,14 @@ class PlanTable:
         """``sample_id`` of the dropped rows (the remainder), in input order; shape ``[D]`` int64."""
         if self.dropped_sample_id is not None:
             return self.dropped_sample_id
-        return self.sample_id[self.step < 0]
+        return self.sample_id[self.step == -1]  # -2: not in this output (before a reshard's partial epoch)
 
     def dropped_epochs(self) -> np.ndarray:
         """Epoch of each dropped row, aligned with :meth:`dropped_sample_ids`; shape ``[D]`` int32."""
         if self.dropped_sample_id is not None:
             return np.zeros(len(self.dropped_sample_id), dtype=np.int32)
         n = len(self.sample_id) // max(self.epochs, 1)
-        return (np.flatnonzero(self.step < 0) // max(n, 1)).astype(np.int32)
+        return (np.flatnonzero(self.step == -1) // max(n, 1)).astype(np.int32)
 
 
 def plan_digest(plan: PlanTable) -> str:

@@ -38,7 +38,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from fsdata.samples import schema
 from fstrain.data.batch import Batch
 from fstrain.errors import ConfigError, ShardError
-from fstrain.data.reader import ShardReader, _prefetch
+from fstrain.data.reader import _prefetch
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,9 @@ class ShardDataset(IterableDataset):
     Args:
         shards_dir: an ``fsdata balance`` OUTPUT folder.
         rank: the rank whose shard to read.
-        world_size: the job's world size, checked against the manifest (``None``: no check).
+        world_size: the job's world size, checked against the manifest (``None``: no check); one
+            that divides the manifest's R makes each rank read ``k = R / world_size`` rank files per
+            step (:mod:`fstrain.data.merge`: ranks ``rank*k .. rank*k + k - 1``, a ``k x B`` batch).
         columns: the columns to carry in :attr:`ShardStep.columns`; ``None``: every column of
             the rank file except ``step`` (the ids too, so a model can ignore the Batch).
         start_step: first step to yield (resume after ``start_step`` completed steps).
@@ -222,8 +224,10 @@ class ShardDataset(IterableDataset):
     def _reader(self, num_prefetch_batches: int | None = None):
         k = self._kwargs
         depth = k["num_prefetch_batches"] if num_prefetch_batches is None else num_prefetch_batches
-        return ShardReader(k["shards_dir"], k["rank"], k["world_size"], start_step=k["start_step"],
-                           max_steps=k["max_steps"], num_prefetch_batches=depth)
+        from fstrain.data.merge import open_rank_reader  # a world size dividing R: k rank files per rank
+
+        return open_rank_reader(k["shards_dir"], k["rank"], k["world_size"], start_step=k["start_step"],
+                                max_steps=k["max_steps"], num_prefetch_batches=depth)
 
     def __len__(self) -> int:
         """Number of steps this dataset yields."""

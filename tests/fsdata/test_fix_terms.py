@@ -97,11 +97,13 @@ def test_reader_world_size_mismatch_in_each_callers_terms(tmp_path):
     with pytest.raises(ShardMismatchError) as e:
         ShardDataset(str(tmp_path / "o"), 0, 3)
     msg = str(e.value)
-    assert "launch 2 processes and pass world_size=2" in msg and "fsdata.balance() with BalanceSettings(num_ranks=3)" in msg
-    assert "--nproc-per-node" not in msg and "--ranks" not in msg
+    assert "launch 2 processes (or a divisor of 2) and pass world_size=2" in msg
+    assert "BalanceSettings(num_ranks=3, from_step=S, ...)" in msg
+    assert "--nproc-per-node" not in msg
     with cli_terms(), pytest.raises(ShardMismatchError) as e:
         ShardDataset(str(tmp_path / "o"), 0, 3)
-    assert "--nproc-per-node 2" in str(e.value) and "fsdata balance with --ranks 3" in str(e.value)
+    assert "--nproc-per-node 2" in str(e.value) and f"fsdata balance {tmp_path / 'o'} NEW --ranks 3 --from-step S" \
+        in str(e.value)
 
 
 def test_column_mapping_and_cost_model_in_each_callers_terms(tmp_path, capsys):

@@ -56,9 +56,10 @@ from fsdata import fsio
 from fsdata.balancer import bubble
 from fsdata.errors import FsdataError, InputError, VerifyError
 from fsdata.samples.io import sorted_unique
+from fsdata.shards.as_input import is_output, output_as_input
 from fsdata.shards.manifest import MANIFEST_NAMES, Manifest, ManifestError
 from fsdata.shards.verify.against_input import check_against_input
-from fsdata.shards.verify.epochs import check_epochs, read_dropped_epochs
+from fsdata.shards.verify.epochs import check_epochs, first_epoch_num_samples, read_dropped_epochs
 from fsdata.shards.verify.output import check_rank_file, read_dropped, read_step_stats
 from fsdata.shards.verify.recorded import (bound_kind, check_listing, check_manifest_fields, is_close, out_path,
                                            recorded_cost_model)
@@ -82,7 +83,8 @@ def read_manifest(output: str | os.PathLike) -> Manifest:
 
 
 def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = None, *,
-           column_map: str | None = None, check_checksums: bool = True, progress: bool = False) -> dict:
+           column_map: str | None = None, check_checksums: bool = True, progress: bool = False,
+           from_step: int | None = None) -> dict:
     """Verify an OUTPUT; raise on the first violated invariant (see the module docstring).
 
     Args:
@@ -91,6 +93,8 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         column_map: ``--columns`` mapping used for the input.
         check_checksums: recompute SHA-256 of every rank file.
         progress: show a progress bar over rank files.
+        from_step: with an OUTPUT as ``input_path``: the step the output was resharded from (its
+            samples of steps ``>= from_step`` are the input, :mod:`fsdata.shards.as_input`).
 
     Returns:
         Summary dict: ``format_version``, ``num_ranks``, ``num_steps``, ``num_samples_written``,
@@ -108,7 +112,7 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         input_path = fsio.normalize(input_path)
     try:
         return _verify(output if fsio.is_remote(output) else Path(output), input_path, column_map, check_checksums,
-                       progress)
+                       progress, from_step)
     except FsdataError:
         raise
     except Exception as e:  # noqa: BLE001 - a malformed output must give one line, never a traceback
@@ -121,7 +125,8 @@ def verify(output: str | os.PathLike, input_path: str | os.PathLike | None = Non
         raise VerifyError(f"{output} is malformed ({type(e).__name__}: {msg}); rerun 'fsdata balance'") from None
 
 
-def _verify(out: Path | str, input_path, column_map, check_checksums: bool, progress: bool) -> dict:
+def _verify(out: Path | str, input_path, column_map, check_checksums: bool, progress: bool,
+            from_step: int | None = None) -> dict:
     if not fsio.is_dir(out):
         what = "prefix holding objects" if isinstance(out, str) else "folder"
         raise VerifyError(f"{out} is not a {what}; pass an 'fsdata balance' OUTPUT")
@@ -192,9 +197,13 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     dropped = read_dropped(out, m, check_checksums)
     if len(dropped) != m.num_samples_dropped:
         raise VerifyError(f"{len(dropped)} dropped ids recorded, manifest says num_samples_dropped={m.num_samples_dropped}")
-    if m.num_samples_written + m.num_samples_dropped != E * m.num_samples_input:
+    F = first_epoch_num_samples(m)
+    if m.num_samples_written + m.num_samples_dropped != E * m.num_samples_input - (0 if F is None else
+                                                                                   m.num_samples_input - F):
         raise VerifyError("num_samples_written + num_samples_dropped != num_samples_input"
-                          f"{f' x epochs ({E})' if E > 1 else ''} in the manifest")
+                          f"{f' x epochs ({E})' if E > 1 else ''}"
+                          f"{'' if F is None else ' less the samples left out of the partial first epoch'} "
+                          "in the manifest")
     dropped_epoch = read_dropped_epochs(out, m, len(dropped))
     if E > 1:
         check_epochs(m, ids, np.concatenate(step_of) if step_of else np.empty(0, np.int64), dropped, dropped_epoch)
@@ -214,7 +223,17 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     checked_input = False
     baseline = m.baseline_predicted_bubble
     not_checked: list[str] = []
-    if input_path is not None:
+    if from_step is not None and input_path is None:
+        raise VerifyError("--from-step needs --input OLD, the OUTPUT this one was resharded from")
+    if input_path is not None and is_output(input_path):  # OLD of a resharded output (fsdata.shards.as_input)
+        with output_as_input(input_path, from_step) as view:
+            baseline = check_against_input(m, view.path, None, cost_model, ids, np.concatenate(step_of),
+                                           np.concatenate(all_hashes), dropped, out, dropped_epoch,
+                                           np.concatenate(rank_of), skipped=not_checked, view=view)
+        checked_input = True
+    elif input_path is not None:
+        if from_step is not None:
+            raise VerifyError(f"--from-step needs an 'fsdata balance' OUTPUT as --input; {input_path} is not one")
         baseline = check_against_input(m, input_path, column_map, cost_model, ids, np.concatenate(step_of),
                                         np.concatenate(all_hashes), dropped, out, dropped_epoch,
                                         np.concatenate(rank_of), skipped=not_checked)

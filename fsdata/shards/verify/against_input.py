@@ -25,11 +25,14 @@ from fsdata.shards.verify.recorded import is_close, out_path, recorded_compose_w
 def check_against_input(m: Manifest, input_path, column_map, cost_model: CostModel, ids: np.ndarray,
                          steps_written: np.ndarray, hashes: np.ndarray, dropped: np.ndarray, out: Path | str,
                          dropped_epoch: np.ndarray | None = None, ranks_written: np.ndarray | None = None,
-                         skipped: list[str] | None = None):
+                         skipped: list[str] | None = None, view=None):
     """Sample set, per-sample content, seed, strategy and input-side bubbles against the input
     (per epoch with E > 1); the input digest; and (same fsdata version, one epoch) the whole plan
     recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`); when that
-    is not possible, a sentence saying why is appended to ``skipped``."""
+    is not possible, a sentence saying why is appended to ``skipped``.
+
+    ``view``: the :class:`fsdata.shards.as_input.OutputInput` ``input_path`` was read from, when the
+    input is an OUTPUT (its ``first_epoch_mask`` gives a partial first epoch's samples)."""
     from fsdata.balancer.order import epoch_seed
 
     if column_map is None:
@@ -40,11 +43,18 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     epoch_written = m.epoch_of_step(steps_written) if E > 1 else np.zeros(len(ids), np.int64)
     if dropped_epoch is None:
         dropped_epoch = np.zeros(len(dropped), np.int64)
+    mask = None if view is None else view.first_epoch_mask
+    N = len(in_ids)
+
+    def epoch_rows(e: int) -> np.ndarray:  # the input rows epoch e holds (a partial first epoch: some)
+        return np.flatnonzero(mask) if e == 0 and mask is not None else np.arange(N)
+
     for e in range(E):
         accounted = np.concatenate([ids[epoch_written == e], dropped[dropped_epoch == e]])
-        if len(in_ids) != len(accounted) or not np.array_equal(np.sort(in_ids), np.sort(accounted)):
-            lost = np.setdiff1d(in_ids, accounted)
-            extra = np.setdiff1d(accounted, in_ids)
+        in_e = in_ids[epoch_rows(e)]
+        if len(in_e) != len(accounted) or not np.array_equal(np.sort(in_e), np.sort(accounted)):
+            lost = np.setdiff1d(in_e, accounted)
+            extra = np.setdiff1d(accounted, in_e)
             raise VerifyError(f"written + dropped{f' in epoch {e}' if E > 1 else ''} does not equal the input: "
                               f"{len(lost)} input samples missing (e.g. {lost[:5].tolist()}), {len(extra)} not in "
                               f"the input (e.g. {extra[:5].tolist()})")
@@ -70,7 +80,7 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
         raise VerifyError(f"{len(differ)} written rows differ in content from the input row of the same sample_id "
                           f"(e.g. sample_id {int(ids[differ[0]])}); rerun 'fsdata balance'")
     # seeded global batches, input-side bubbles, strategy
-    R, B, N = m.num_ranks, m.batch_size_per_rank, len(in_ids)
+    R, B = m.num_ranks, m.batch_size_per_rank
     if N < R * B:
         raise VerifyError(f"the input has {N} samples, fewer than one step of {R}x{B}")
     shuffle = (m.settings or {}).get("shuffle", LEGACY_SHUFFLE)
@@ -82,7 +92,8 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     all_gsteps = []
     baseline_loads = []
     for e in range(E):
-        gsteps, _ = shuffled_steps(N, R, B, epoch_seed(m.seed, e), shuffle=shuffle)
+        rows_e = epoch_rows(e)
+        gsteps = rows_e[shuffled_steps(len(rows_e), R, B, epoch_seed(m.seed, e), shuffle=shuffle)[0]]
         step_costs = costs[gsteps]
         baseline_ranks = np.broadcast_to(np.arange(R * B, dtype=np.int32) // B, gsteps.shape)
         baseline_loads.append(per_rank_loads(step_costs, baseline_ranks, R))
@@ -93,7 +104,8 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
                           f"manifest's {m.baseline_predicted_bubble:.9%}")
     for e in range(E):
         seed_e = epoch_seed(m.seed, e)
-        gsteps, _ = shuffled_steps(N, R, B, seed_e, shuffle=shuffle)
+        rows_e = epoch_rows(e)
+        gsteps = rows_e[shuffled_steps(len(rows_e), R, B, seed_e, shuffle=shuffle)[0]]
         if m.batch_policy == "fixed":
             # every written step holds samples of the seeded global batches of its composition window
             # (W = 1: exactly the seeded global batch of that step; docs/balancer.md, "Composition")
@@ -138,7 +150,8 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     elif E > 1:
         why = f"an output of {E} epochs (the per-epoch batch checks above ran)"
     else:  # several epochs: the per-epoch checks above
-        why = _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out)
+        why = _check_recomputed_plan(m, src, cost_model, costs, in_ids, ids, steps_written, ranks_written, out,
+                                     view)
     if why is not None and skipped is not None:
         skipped.append(f"the plan recomputed from --input (which step and rank each sample of a global batch "
                        f"takes; rows swapped between ranks of one step pass): {why}")
@@ -153,7 +166,7 @@ def _canon(x):
 
 def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.ndarray, in_ids: np.ndarray,
                            ids: np.ndarray, steps_written: np.ndarray, ranks_written: np.ndarray,
-                           out: Path | str) -> None:
+                           out: Path | str, view=None) -> str | None:
     """Recompute the plan from the input and the manifest's settings (as ``fsdata balance`` made
     it) and require the output to be exactly it: every sample at its step, rank and position, and
     every recorded setting and figure (``settings`` incl. ``partition_info``, ``compose``,
@@ -187,6 +200,10 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
             plan_window=st.get("plan_window") or 1, progress=False)
         plan = plan_costs(costs, settings)
         table = plan_table_from_plan(src, plan, in_ids, costs, cost_model, settings)
+        if view is not None:  # what a resharded output carries over (fsdata.shards.as_input)
+            from fsdata.shards.as_input import record_lineage  # noqa: PLC0415
+
+            record_lineage(table, view, out)
     except FsdataError as e:
         raise VerifyError(f"the manifest's settings do not reproduce a plan ({e}); the manifest was edited: rerun "
                           "'fsdata balance'") from None

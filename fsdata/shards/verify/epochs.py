@@ -36,10 +36,27 @@ def read_dropped_epochs(out: Path | str, m: Manifest, num_dropped: int) -> np.nd
     return ep
 
 
+def first_epoch_num_samples(m: Manifest) -> int | None:
+    """``first_epoch_num_samples`` of a resharded OUTPUT whose epoch 0 is a partial epoch (None: absent).
+
+    Raises:
+        VerifyError: not an integer in ``1 .. num_samples_input``, or without several epochs.
+    """
+    F = (m.extra or {}).get("first_epoch_num_samples")
+    if F is None:
+        return None
+    if isinstance(F, bool) or not isinstance(F, int) or not 1 <= F <= (m.num_samples_input or 0) or m.epochs < 2:
+        raise VerifyError(f"manifest first_epoch_num_samples {F!r} is not an integer in 1 .. num_samples_input of "
+                          "an output of several epochs; rerun 'fsdata balance'")
+    return F
+
+
 def check_epochs(m: Manifest, ids: np.ndarray, steps_written: np.ndarray, dropped: np.ndarray,
                   dropped_epoch: np.ndarray) -> None:
-    """Every epoch holds every sample exactly once: written in it or dropped in it (E > 1)."""
+    """Every epoch holds every sample exactly once: written in it or dropped in it (E > 1); a
+    partial first epoch (``first_epoch_num_samples``) holds that many of them, each once."""
     E, first = m.epochs, m.epoch_first_steps()
+    F = first_epoch_num_samples(m)
     if m.settings.get("epochs", E) != E:
         raise VerifyError(f"manifest settings.epochs is {m.settings.get('epochs')!r} but epochs is {E}; the manifest "
                           "was edited: rerun 'fsdata balance'")
@@ -56,10 +73,14 @@ def check_epochs(m: Manifest, ids: np.ndarray, steps_written: np.ndarray, droppe
         if len(dropped_e) and (sorted_unique(dropped_e)[1] or np.isin(dropped_e, uniq).any()):
             raise VerifyError(f"epoch {e}: some samples are recorded as dropped twice, or both written and dropped")
         held = np.sort(np.concatenate([written, dropped_e]))
-        if len(held) != m.num_samples_input:
+        want = F if e == 0 and F is not None else m.num_samples_input
+        if len(held) != want:
             raise VerifyError(f"epoch {e} ({span}) holds {len(held)} samples written or "
-                              f"dropped, the input has {m.num_samples_input}; every epoch must hold every sample "
+                              f"dropped, the input has {want}; every epoch must hold every sample "
                               "exactly once: rerun 'fsdata balance'")
+        if e == 0 and F is not None:
+            partial = held
+            continue
         if reference is None:
             reference = held
         elif not np.array_equal(held, reference):
@@ -67,4 +88,6 @@ def check_epochs(m: Manifest, ids: np.ndarray, steps_written: np.ndarray, droppe
             raise VerifyError(f"epoch {e} lacks {len(lost)} samples of epoch 0 (e.g. sample_id "
                               f"{lost[:3].tolist()}); every epoch must hold every sample exactly once: rerun "
                               "'fsdata balance'")
+    if F is not None and not np.isin(partial, reference).all():
+        raise VerifyError("the partial first epoch holds samples no whole epoch holds; rerun 'fsdata balance'")
 
