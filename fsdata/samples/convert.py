@@ -41,13 +41,14 @@ Limits: one ``events`` user's whole history, one block of spooled events, one te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,8 @@ from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
+from fsdata.samples import ids as I
+from fsdata.samples.vocab import Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
@@ -97,6 +100,15 @@ class ConvertSummary:
     """History items cut by ``max_seq_len`` summed over samples."""
     holdout: dict | None = None
     """With ``--holdout last``: :class:`fsdata.samples.holdout.HoldoutSummary` as a dict."""
+    num_items: int = 0
+    """Embedding-table size a model needs: largest item index (or id) + 1 over training and held-out data
+    (and every item of the vocabulary); 0 is padding."""
+    vocab: dict | None = None
+    """With mapped ids: ``{"digest": "sha256:<hex>", "path": "OUTPUT.vocab" relative to the output's folder}``."""
+    feature_columns: list[str] = field(default_factory=list)
+    """Event columns carried as lists aligned with ``item_ids`` (``--feature-cols``)."""
+    bad_lines_skipped: int = 0
+    """Input lines skipped by ``--bad-lines skip``."""
 
 
 def iter_sequences(path: Path, *, block_bytes: int | None = None,
@@ -271,7 +283,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
             holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
-            max_items_per_piece: int | None = None) -> ConvertSummary:
+            max_items_per_piece: int | None = None, remap_ids: bool = False,
+            vocab: str | os.PathLike | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
@@ -296,6 +309,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             for Parquet) are grouped in memory.
         max_items_per_piece: most history items of one chunk built and written at once (a chunk
             over it is written as several pieces; default :data:`MAX_ITEMS_PER_PIECE`).
+        remap_ids: map integer ids to dense indices too (string ids always are; :mod:`fsdata.samples.vocab`).
+        vocab: an earlier ``OUTPUT.vocab`` folder (read, never modified): its ids keep their indices, new
+            ids are appended; implies mapping. With mapping, the vocabulary is written as ``OUTPUT.vocab/``.
 
     Returns:
         :class:`ConvertSummary`.
@@ -322,15 +338,34 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     if holdout_output and Path(holdout_output).exists() and not overwrite:
         raise ConfigError(f"output {holdout_output} already exists; choose a new path or pass "
                           f"{setting('overwrite_arg', True)} to replace it")
+    vocab_out = vocab_dir_for(output_path)
+    prior = None
+    if vocab is not None:
+        check_output_apart(vocab_out, [input_path, vocab], output_name="vocabulary output", input_name="input")
+        prior = Vocabulary.read(vocab)
     events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
     max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)
     events_src = None
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
+        force = {} if prior is None else {"user_id": prior.users.schema["id"] == pl.String,
+                                          "item_id": prior.items.schema["id"] == pl.String}
         events_src = _open_events(src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep,
-                                  has_header=has_header)
+                                  has_header=has_header, force_string=force)
     else:
         _check_input_file(src)
+        if remap_ids or prior is not None:
+            raise ConfigError("--remap-ids and --vocab need --format events (a sequences file holds integer ids)")
+    mapped = events_src is not None and I.needs_map(events_src.kinds, remap_ids, prior)
+    if mapped and Path(vocab_out).exists() and not overwrite:
+        raise ConfigError(f"output {vocab_out} already exists; choose a new path or pass "
+                          f"{setting('overwrite_arg', True)} to replace it")
+    new_vocab = None
+    if events_src is not None:
+        I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
+        if mapped:
+            new_vocab = I.build_maps(events_src.raw, events_src.kinds, prior)
+            events_src.maps = {"user_id": new_vocab.users, "item_id": new_vocab.items}
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)
@@ -342,10 +377,13 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             held = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=0,
                                   num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
             num_users = num_events = num_events_all = skipped = written = truncated = 0
+            max_item = -1
             with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
                                   write_page_index=False) as writer:
                 bar = tqdm(unit="user", desc="convert", disable=not progress)
                 for chunk in _chunks(frames, users_per_chunk):
+                    top = chunk["item_ids"].list.max().max()
+                    max_item = max(max_item, -1 if top is None else int(top))
                     if eval_spool is not None:
                         num_events_all += _events(chunk)
                         chunk, eval_table, part = split_last(chunk, max_seq_len)
@@ -377,11 +415,18 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)
-                # the file name only: the same log under another path gives the same bytes (and input digest)
-                writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
-                                                                              "input": src.name}).encode()})
-            if eval_spool is not None:
-                eval_spool.write(holdout_output, held, overwrite=overwrite, max_items=max_items_per_piece)
+                summary.num_items = max(max_item, new_vocab.num_items - 1 if new_vocab else -1) + 1
+                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if new_vocab
+                      else contextlib.nullcontext()) as vtmp:
+                    if new_vocab is not None:
+                        summary.vocab = {"digest": new_vocab.write(vtmp), "path": vocab_out.name}
+                    # the file name only: the same log under another path gives the same bytes (and input digest)
+                    writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
+                                                                                  "input": src.name}).encode()})
+                    writer.close()
+                    if eval_spool is not None:
+                        eval_spool.write(holdout_output, held, overwrite=overwrite, max_items=max_items_per_piece,
+                                         num_items=summary.num_items)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
     return summary

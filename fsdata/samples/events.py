@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
+from fsdata.samples import ids as I
+from fsdata.samples.merge import merge_by_first as _merge_by_first
 
 log = logging.getLogger("fsdata.convert")
 
@@ -93,6 +95,12 @@ class _EventsInput:
     names: list[str]
     """The input's column names (as Polars names them: ``column_1`` ... without a header)."""
     sep: str | None
+    kinds: dict[str, str] = field(default_factory=dict)
+    """``user_id``/``item_id`` -> ``int``, ``float`` or ``string`` (:mod:`fsdata.samples.ids`)."""
+    maps: dict[str, pl.DataFrame] = field(default_factory=dict)
+    """Id column -> its vocabulary table (``id``, ``index``), for mapped ids."""
+    arrow_types: dict[str, pa.DataType] = field(default_factory=dict)
+    """The input's column name -> the type PyArrow's CSV reader reads it as (id columns read as text or floats)."""
 
     @property
     def has_time(self) -> bool:
@@ -103,8 +111,12 @@ class _EventsInput:
 
 
 def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | None, sep: str | None,
-                 has_header: bool | None) -> _EventsInput:
-    """Resolve the columns of an events input (nothing is read but the schema and a sample of rows)."""
+                 has_header: bool | None, force_string: dict[str, bool] | None = None) -> _EventsInput:
+    """Resolve the columns of an events input and the kind of its ids (for text, one streaming pass over the
+    id columns; else nothing is read but the schema and a sample of rows).
+
+    ``force_string``: ``user_id``/``item_id`` -> read as strings whatever they hold (an earlier vocabulary
+    of string ids)."""
     _check_input_file(path)
     suffix = path.suffix.lower()
     try:
@@ -116,7 +128,10 @@ def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | No
                 sep = "," if suffix == ".csv" else "\t" if suffix == ".tsv" else " "
             if has_header is None:
                 has_header = suffix in (".csv", ".tsv")
-            lf = pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000)
+            def rescan(overrides=None):
+                return pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000,
+                                   schema_overrides=overrides)
+            lf = rescan()
             estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT
         names = lf.collect_schema().names()
     except (pl.exceptions.PolarsError, OSError) as e:
@@ -137,6 +152,8 @@ def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | No
     u, i, t = resolve(user_col, "--user-col"), resolve(item_col, "--item-col"), resolve(time_col, "--time-col")
     if t is None:
         _warn_time_col(path, names, [u, i])
+    kinds, arrow_types, lf = I.id_kinds(path, lf, {"user_id": u, "item_id": i},
+                                       rescan if suffix != ".parquet" else None, force_string or {})
     cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
     if t:
         cols.append(pl.col(t).alias("ts"))
@@ -144,7 +161,7 @@ def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | No
     return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
                         given={"user_id": u, "item_id": i, "ts": t},
                         header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
-                        names=names, sep=sep)
+                        names=names, sep=sep, kinds=kinds, arrow_types=arrow_types)
 
 
 def _event_columns(src: _EventsInput) -> list[str]:
@@ -152,7 +169,7 @@ def _event_columns(src: _EventsInput) -> list[str]:
 
 
 def _cast_events(src: _EventsInput) -> pl.LazyFrame:
-    return src.raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in _event_columns(src)])
+    return I.to_int(src.raw, src.kinds, src.maps, _event_columns(src))
 
 
 def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
@@ -311,7 +328,8 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
             src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
                                                      skip_rows=src.header_lines),
             parse_options=pacsv.ParseOptions(delimiter=src.sep, ignore_empty_lines=False),
-            convert_options=pacsv.ConvertOptions(include_columns=cols))
+            convert_options=pacsv.ConvertOptions(include_columns=cols, column_types=src.arrow_types,
+                                                 strings_can_be_null=True))
     else:
         # pre_buffer off: with it, PyArrow caches every row group's bytes read ahead until the file is closed
         # (apache/arrow#39808), so memory grew with the input (a 0.71 GB events Parquet: 1.1 GiB at the end of
@@ -320,8 +338,8 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
     row = 0
     for batch in reader:
         df = pl.from_arrow(batch)
-        df = df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
-                       *[pl.col(src.given[c]).cast(pl.Int64, strict=True).alias(c) for c in ours])
+        df = I.to_int(df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                                *[pl.col(src.given[c]).alias(c) for c in ours]), src.kinds, src.maps, ours)
         row += df.height
         yield df
 
@@ -380,50 +398,6 @@ def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[tu
         raise_if_environment(e, folder, action="write")
         raise _parse_error(src, e, check_nulls=True) from None
     return spooled
-
-
-def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
-    """Merge grouped bucket files (each sorted by ``_first``) into one stream sorted by ``_first``.
-
-    Before each step, every file whose buffer holds fewer rows than its last row group read reads
-    its next row group, so each buffer spans at least one row group; the step yields every buffered
-    user with ``_first`` up to the smallest buffer end among files with unread groups (all users up
-    to there are buffered: unread groups of a file start after its buffer). Memory: at most two row
-    groups per file; each step yields about one row group per file, so the number of steps is about
-    the row groups of one file. (Refilling only emptied buffers, as before, made about one step per
-    row group of all files, each step touching every file: quadratic in the input.)
-    """
-    n = len(files)
-    next_group = [0] * n
-    bufs: list[pl.DataFrame | None] = [None] * n
-    group_rows = [0] * n
-
-    def top_up(i: int) -> None:
-        while (bufs[i] is None or bufs[i].height < group_rows[i]) and next_group[i] < files[i].num_row_groups:
-            df = pl.from_arrow(files[i].read_row_group(next_group[i]))
-            next_group[i] += 1
-            group_rows[i] = df.height
-            if df.height:
-                bufs[i] = df if bufs[i] is None else pl.concat([bufs[i], df])
-                return
-
-    while True:
-        for i in range(n):
-            top_up(i)
-        if all(b is None for b in bufs):
-            return
-        more = [int(bufs[i]["_first"][-1]) for i in range(n)
-                if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
-        threshold = min(more) if more else None
-        out = []
-        for i, b in enumerate(bufs):
-            if b is None:
-                continue
-            k = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
-            if k:
-                out.append(b.slice(0, k))
-                bufs[i] = b.slice(k) if k < b.height else None
-        yield pl.concat(out).sort("_first")
 
 
 # ---------------------------------------------------------------------------------------------- samples

@@ -141,15 +141,19 @@ class EvalSpool:
             self.num_rows += table.num_rows
 
     def write(self, path: str | os.PathLike, summary: HoldoutSummary, *, overwrite: bool,
-              max_items: int = 1 << 24) -> None:
+              max_items: int = 1 << 24, num_items: int | None = None) -> None:
         """Write the gathered rows to ``path`` atomically, ``summary`` in the metadata; row groups of
         :attr:`ROWS_PER_GROUP` rows, fewer where they would hold more than ``max_items`` history items.
 
         Raises:
             ConfigError: ``path`` exists and ``overwrite`` is False.
+
+        ``num_items`` (the embedding-table size over training and held-out data) joins the summary in the
+        metadata when given.
         """
         self._writer.close()
-        meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
+        extra = {} if num_items is None else {"num_items": int(num_items)}
+        meta = {HOLDOUT_META_KEY: json.dumps({**asdict(summary), **extra}).encode()}
         schema = eval_schema().with_metadata(meta)
         lf = pl.scan_parquet(self._path)
         lengths = lf.select(pl.col(S.SEQ_LEN).cast(pl.Int64)).collect()[S.SEQ_LEN].to_numpy() \

@@ -38,3 +38,7 @@ class ConvertSettings:
     """events text separator (default: ',' for .csv, tab for .tsv, else space)."""
     has_header: bool | None = None
     """events text has a header line (default: yes for .csv and .tsv, else no)."""
+    remap_ids: bool = False
+    """events: map integer ids to dense indices from 1 too (string ids always are); writes OUTPUT.vocab/."""
+    vocab: str | None = None
+    """events: an earlier OUTPUT.vocab folder (read only): its ids keep their indices, new ids are appended."""

@@ -1,0 +1,146 @@
+"""Id columns of an ``events`` input: which kind they hold, and how they become int64 (``fsdata convert``).
+
+Kinds (:func:`classify`): ``int`` (every value an integer: kept as is unless remapped), ``float``
+(integer-valued decimals such as ``10.0``: cast to int64; a fractional value is refused with its
+line) and ``string`` (anything else: always mapped to dense indices, :mod:`fsdata.samples.vocab`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+
+from fsdata.errors import InputError
+from fsdata.guards import raise_if_environment
+from fsdata.samples import vocab as V
+
+ID_COLUMNS = ("user_id", "item_id")
+#: Kind -> the dtype both readers (Polars, PyArrow) read the column as (None: as inferred).
+READ_AS = {"int": None, "float": (pl.Float64, pa.float64()), "string": (pl.String, pa.string())}
+
+
+def kind_of_dtype(dtype: pl.DataType) -> str | None:
+    """The id kind of a typed (Parquet) column, or None for a type ids cannot have."""
+    if dtype.is_integer():
+        return "int"
+    if dtype.is_float():
+        return "float"
+    if dtype in (pl.String, pl.Categorical) or isinstance(dtype, (pl.Categorical, pl.Enum)):
+        return "string"
+    return None
+
+
+def classify(lf_text: pl.LazyFrame, cols: dict[str, str]) -> dict[str, str]:
+    """The kind of each id column of a text input read with every column as String (one streaming pass).
+
+    Args:
+        lf_text: the input scanned with the id columns as String.
+        cols: our name (``user_id``/``item_id``) -> the input's column name.
+
+    Returns:
+        Our name -> ``int``, ``float`` or ``string``.
+    """
+    exprs = []
+    for ours, theirs in cols.items():
+        c = pl.col(theirs)
+        exprs += [(c.is_not_null() & c.cast(pl.Int64, strict=False).is_null()).sum().alias(f"{ours}_nonint"),
+                  (c.is_not_null() & c.cast(pl.Float64, strict=False).is_null()).sum().alias(f"{ours}_nonfloat")]
+    st = lf_text.select(exprs).collect(engine="streaming").row(0, named=True)
+    return {ours: "int" if not st[f"{ours}_nonint"] else "float" if not st[f"{ours}_nonfloat"] else "string"
+            for ours in cols}
+
+
+def check_whole(raw: pl.LazyFrame, kinds: dict[str, str], where, given: dict[str, str], path) -> None:
+    """Refuse a fractional value in a ``float`` id column, naming its line.
+
+    Raises:
+        InputError: ``line N, column 'c': 10.7 is not a whole number``.
+    """
+    for c in ID_COLUMNS:
+        if kinds.get(c) != "float":
+            continue
+        bad = (raw.select("_row", c).filter(pl.col(c).is_not_null() & (pl.col(c) != pl.col(c).floor()))
+               .head(1).collect(engine="streaming"))
+        if bad.height:
+            raise InputError(f"input {path} {where(int(bad['_row'][0]))}, column '{given[c]}': {bad[c][0]} is not a "
+                             "whole number; ids must be integers or strings (a fractional id is not an id)")
+
+
+def plain_ids(frame, kinds: dict[str, str], maps: dict[str, pl.DataFrame]):
+    """The id columns cast to the dtype they are matched in: integer-valued floats to Int64, remapped
+    integer columns to Int64, string columns as they are (lazy or eager ``frame``)."""
+    exprs = []
+    for c in ID_COLUMNS:
+        if kinds.get(c) == "float" or (c in maps and maps[c].schema["id"] == pl.Int64):
+            exprs.append(pl.col(c).cast(pl.Int64, strict=True))
+        elif c in maps:
+            exprs.append(pl.col(c).cast(pl.String))
+    return frame.with_columns(exprs) if exprs else frame
+
+
+def to_int(frame, kinds: dict[str, str], maps: dict[str, pl.DataFrame], cols: list[str]):
+    """``cols`` of ``frame`` as Int64: id columns through :func:`plain_ids` and their vocabulary maps,
+    then every column cast strictly (a non-integer value fails the cast, as before ids had kinds)."""
+    if maps or any(k != "int" for k in kinds.values()):
+        frame = V.encode_frame(plain_ids(frame, kinds, maps), maps)
+    return frame.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in cols])
+
+
+def needs_map(kinds: dict[str, str], remap_ids: bool, prior: V.Vocabulary | None) -> bool:
+    """Whether ids are mapped: string ids, ``--remap-ids`` or an earlier vocabulary."""
+    return remap_ids or prior is not None or any(k == "string" for k in kinds.values())
+
+
+def build_maps(raw: pl.LazyFrame, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.Vocabulary:
+    """The vocabulary of an input: a streaming pass for each id column's first appearance and count.
+
+    Args:
+        raw: ``_row``, ``user_id``, ``item_id`` as read.
+        kinds: the id kinds (:func:`classify`).
+        prior: the ``--vocab`` vocabulary, or None.
+
+    Returns:
+        The extended :class:`~fsdata.samples.vocab.Vocabulary` (not written yet).
+    """
+    dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
+                            kinds[c] == "string") for c in ID_COLUMNS}
+    shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
+    lf = plain_ids(raw, kinds, shells)
+    seen = pl.collect_all([V.first_seen(lf, c) for c in ID_COLUMNS], engine="streaming")
+    tables = {c: V.extend(s, None if prior is None else (prior.items if c == "item_id" else prior.users), dtypes[c],
+                          c.removesuffix("_id")) for c, s in zip(ID_COLUMNS, seen)}
+    return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
+
+
+def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_string: dict[str, bool]):
+    """``(kinds, arrow_types, lf)``: each id column's kind, the PyArrow types of the columns read otherwise
+    than inferred, and the scan reading them so (``rescan(overrides)`` scans a text input again, None for
+    Parquet)."""
+    schema = lf.collect_schema()
+    text = rescan is not None
+    if text:
+        try:
+            kinds = classify(rescan({c: pl.String for c in given.values()}), given)
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise_if_environment(e, path, action="read")
+            raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
+                             "check --format, --sep and header settings") from None
+    else:
+        kinds = {}
+        for ours, theirs in given.items():
+            kinds[ours] = kind_of_dtype(schema[theirs])
+            if kinds[ours] is None:
+                raise InputError(f"input {path}: column '{theirs}' ({ours}) has type {schema[theirs]}; ids must be "
+                                 "integers or strings")
+    kinds = {c: "string" if force_string.get(c) else k for c, k in kinds.items()}
+    arrow_types, casts = {}, {}
+    for ours, theirs in given.items():
+        read_as = READ_AS[kinds[ours]]
+        if read_as is not None:
+            casts[theirs], arrow_types[theirs] = read_as
+    if casts:
+        lf = rescan(casts) if text else lf.with_columns([pl.col(c).cast(dt) for c, dt in casts.items()])
+    return kinds, arrow_types, lf
+
