@@ -145,6 +145,52 @@ class Vocabulary:
         return f"sha256:{h.hexdigest()}"
 
 
+def carried_keys(files: list[str], read_metadata) -> dict:
+    """What ``fsdata balance`` carries from ``fsdata convert`` outputs into the manifest (docs/format.md).
+
+    Args:
+        files: the sample files (local paths or URIs), in input order.
+        read_metadata: ``path -> pyarrow.parquet.FileMetaData`` (:func:`fsdata.fsio.read_parquet_metadata`).
+
+    Returns:
+        ``num_items`` (the largest over the files), ``feature_columns`` (when every file has the same) and
+        ``vocab_source`` (``{"digest", "dir"}``, the vocabulary folder's absolute local path or None, when
+        every file names the same vocabulary); only the keys every file supports. Empty when any file
+        lacks ``freescale.convert`` metadata.
+    """
+    import json
+
+    metas = []
+    for f in files:
+        kv = read_metadata(f).metadata or {}
+        raw = kv.get(b"freescale.convert")
+        if raw is None:
+            return {}
+        metas.append(json.loads(raw))
+    out: dict = {}
+    if metas and all(m.get("num_items") is not None for m in metas):
+        out["num_items"] = max(int(m["num_items"]) for m in metas)
+    cols = {tuple(m.get("feature_columns") or ()) for m in metas}
+    if len(cols) == 1 and next(iter(cols)):
+        out["feature_columns"] = list(next(iter(cols)))
+    vocabs = {json.dumps(m.get("vocab"), sort_keys=True) for m in metas}
+    if len(vocabs) == 1 and metas[0].get("vocab"):
+        v = metas[0]["vocab"]
+        where = None
+        if v.get("path") and "://" not in files[0]:
+            where = str((Path(files[0]).absolute().parent / v["path"]).resolve())
+        out["vocab_source"] = {"digest": v["digest"], "dir": where}
+    return out
+
+
+def vocab_digest(folder: str | os.PathLike) -> str:
+    """The content digest of a vocabulary folder (``sha256:<hex>``, as :meth:`Vocabulary.write` returns)."""
+    h = hashlib.sha256()
+    for name in FILES.values():
+        h.update(hashlib.sha256((Path(folder) / name).read_bytes()).digest())
+    return f"sha256:{h.hexdigest()}"
+
+
 def id_dtype(prior: pl.DataFrame | None, is_string: bool) -> pl.DataType:
     """The dtype a column's ids are matched as: String when the input or the earlier vocabulary has strings."""
     if prior is not None and prior.schema["id"] == pl.String:

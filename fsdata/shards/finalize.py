@@ -197,7 +197,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             step_stats_sha256=sha256_file(stats_path),
             dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
             input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-            extra={k: v for k, v in meta.get("manifest_extra", {}).items()})
+            extra={**meta.get("manifest_extra", {}), **_carried(meta.get("carried") or {}, out, remote)})
         if remote:
             m.write(out)
         else:
@@ -216,3 +216,23 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             shutil.rmtree(staging[0], ignore_errors=True)
     return m
 
+
+def _carried(carried: dict, out, remote: bool) -> dict:
+    """The manifest keys carried from ``fsdata convert``'s metadata (docs/format.md): ``num_items``,
+    ``vocab`` (its path made relative to OUTPUT; null for an object store or another drive) and
+    ``feature_columns``, in this order after the other keys; absent when the input did not record them."""
+    extra = {}
+    if "num_items" in carried:
+        extra["num_items"] = int(carried["num_items"])
+    src = carried.get("vocab_source")
+    if src:
+        where = None
+        if src.get("dir") and not remote:
+            try:
+                where = os.path.relpath(src["dir"], os.path.abspath(out))
+            except ValueError:  # another drive
+                where = None
+        extra["vocab"] = {"digest": src["digest"], "path": where}
+    if carried.get("feature_columns"):
+        extra["feature_columns"] = list(carried["feature_columns"])
+    return extra

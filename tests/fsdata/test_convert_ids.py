@@ -168,3 +168,39 @@ def test_string_ids_after_integer_looking_rows_and_in_parquet(tmp_path):
     pl.DataFrame({"user": ["a", "a", "b", "b"], "asin": ["X1", "X2", "X2", "X3"]}).write_parquet(pq_src)
     convert(pq_src, tmp_path / "p.parquet", fmt="events", user_col="user", item_col="asin", progress=False)
     assert pl.read_parquet(tmp_path / "p.parquet")["target_item_id"].to_list() == [2, 3]
+
+
+def _string_log(tmp_path, n=4000, seed=3, name="ev.csv", new_items=0):
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, 150, n)
+    items = rng.integers(0, 400 + new_items, n)
+    p = tmp_path / name
+    p.write_text("user,item,ts\n" + "".join(f"U{u},ASIN{i:05d},{t}\n" for t, (u, i) in enumerate(zip(users, items))))
+    return p
+
+
+def test_balance_carries_num_items_and_vocab_into_the_manifest(tmp_path):
+    from fsdata.cli import main
+    from fsdata.shards.manifest import Manifest
+    from fsdata.shards.verify import verify
+
+    src = _string_log(tmp_path)
+    out, ev = tmp_path / "train.parquet", tmp_path / "eval.parquet"
+    s = convert(src, out, fmt="events", user_col="user", item_col="item", time_col="ts", holdout="last",
+                holdout_output=ev, progress=False)
+    assert main(["balance", str(out), str(tmp_path / "shards"), "--ranks", "2", "--batch-size-per-rank", "8",
+                 "--no-progress"]) == 0
+    raw = json.loads((tmp_path / "shards" / "_manifest.json").read_text())
+    keys = list(raw)
+    assert keys[-2:] == ["num_items", "vocab"]  # after every existing key
+    m = Manifest.read(tmp_path / "shards")
+    assert m.num_items == s.num_items and m.vocab == {"digest": s.vocab["digest"], "path": "../train.parquet.vocab"}
+    assert m.feature_columns is None
+    verify(tmp_path / "shards", out, progress=False)
+    # an input without convert metadata: no key
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pq.read_table(out).replace_schema_metadata(None), plain)
+    assert main(["balance", str(plain), str(tmp_path / "s2"), "--ranks", "2", "--batch-size-per-rank", "8",
+                 "--no-progress"]) == 0
+    m2 = Manifest.read(tmp_path / "s2")
+    assert m2.num_items is None and m2.vocab is None and "num_items" not in m2.to_json()
