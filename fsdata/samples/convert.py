@@ -65,6 +65,7 @@ from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
+from fsdata.samples import sniff as Sn
 from fsdata.samples.vocab import Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
@@ -266,25 +267,26 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
 
 # ---------------------------------------------------------------------------------------------- convert
 
-def _spool_dir(output_path: str | os.PathLike) -> Path:
+def _spool_dir(output_path: str | os.PathLike, what: str = "spool") -> Path:
     """A fresh local folder for temporaries: a hidden sibling of a local output (removed by the next run if
     this one is killed, :func:`fsdata.atomic.clean_stale_tmp`), else one under the system temp folder."""
     if fsio.is_remote(output_path):
         return Path(tempfile.mkdtemp(prefix="fsdata-convert-"))
     final = Path(output_path).absolute()
-    spool = final.parent / f".{final.name}.tmp-{os.getpid()}-spool"
+    spool = final.parent / f".{final.name}.tmp-{os.getpid()}-{what}"
     shutil.rmtree(spool, ignore_errors=True)
     spool.mkdir(parents=True)
     return spool
 
 
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
-            max_seq_len: int = 512, user_col: str = "0", item_col: str = "1", time_col: str | None = None,
+            max_seq_len: int = 512, user_col: str | None = None, item_col: str | None = None,
+            time_col: str | None = None,
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
             holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
             max_items_per_piece: int | None = None, remap_ids: bool = False,
-            vocab: str | os.PathLike | None = None) -> ConvertSummary:
+            vocab: str | os.PathLike | None = None, bad_lines: str = "error") -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
@@ -323,6 +325,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             least 2 items.
         EnvironmentFailure: disk full, read-only or permission denied (:mod:`fsdata.guards`).
     """
+    if bad_lines not in Sn.BAD_LINES:
+        raise ConfigError(f"unknown --bad-lines '{bad_lines}'; use one of {', '.join(Sn.BAD_LINES)}")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
     if samples not in SAMPLE_MODES:
@@ -346,14 +350,40 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
     max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)
+    prep_dir = _spool_dir(output_path, "input")
+    try:
+        return _convert(src, output_path, prep_dir, fmt=fmt, samples=samples, max_seq_len=max_seq_len,
+                        user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header,
+                        overwrite=overwrite, users_per_chunk=users_per_chunk, progress=progress, holdout=holdout,
+                        holdout_output=holdout_output, events_per_bucket=events_per_bucket,
+                        max_items_per_piece=max_items_per_piece, remap_ids=remap_ids, prior=prior,
+                        vocab_out=vocab_out, bad_lines=bad_lines)
+    except InputError as e:  # a decompressed or rewritten copy keeps the lines: name the user's file
+        msg = str(e)
+        for name in ("input.txt", "kept.txt"):
+            msg = msg.replace(str(prep_dir / name), str(src))
+        raise InputError(msg) from None
+    finally:
+        shutil.rmtree(prep_dir, ignore_errors=True)
+
+
+def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_len, user_col, item_col, time_col, sep,
+             has_header, overwrite, users_per_chunk, progress, holdout, holdout_output, events_per_bucket,
+             max_items_per_piece, remap_ids, prior, vocab_out, bad_lines) -> ConvertSummary:
+    """:func:`convert` once its arguments are checked (``prep_dir``: a fresh folder for a copy of the input)."""
     events_src = None
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
         force = {} if prior is None else {"user_id": prior.users.schema["id"] == pl.String,
                                           "item_id": prior.items.schema["id"] == pl.String}
         events_src = _open_events(src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep,
-                                  has_header=has_header, force_string=force)
+                                  has_header=has_header, force_string=force, bad_lines=bad_lines, tmp=prep_dir)
     else:
         _check_input_file(src)
+        kind, comp = Sn.detect(src)
+        if kind != "text":
+            raise Sn.binary_error(src, fmt, kind)
+        if comp:
+            src = Sn.prepare(src, prep_dir, sep=" ", has_header=False, comp=comp).path
         if remap_ids or prior is not None:
             raise ConfigError("--remap-ids and --vocab need --format events (a sequences file holds integer ids)")
     mapped = events_src is not None and I.needs_map(events_src.kinds, remap_ids, prior)
@@ -407,11 +437,15 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
                                 "separate interactions: deduplicate the log first if they are logging repeats",
                                 src, stats["num_duplicates"], " and time" if has_ts else "")
                 if skipped == num_users:
+                    hint = ("; if each line holds one user's whole sequence ('user item1 item2 ...'), pass "
+                            "--format sequences") if events_src is not None else ""
                     raise InputError(f"input {src}: no user has 2 or more items, so no (history, target) sample "
-                                     "exists")
+                                     f"exists{hint}")
                 summary = ConvertSummary(input=str(src), format=fmt, samples=samples, max_seq_len=max_seq_len,
                                          num_users=num_users, num_events=num_events, num_samples=written,
                                          num_users_skipped=skipped, num_items_truncated=truncated)
+                if events_src is not None:
+                    summary.bad_lines_skipped = events_src.bad_lines_skipped
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)

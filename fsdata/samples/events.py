@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
 from fsdata.samples import ids as I
+from fsdata.samples import sniff as Sn
 from fsdata.samples.merge import merge_by_first as _merge_by_first
 
 log = logging.getLogger("fsdata.convert")
@@ -101,6 +102,8 @@ class _EventsInput:
     """Id column -> its vocabulary table (``id``, ``index``), for mapped ids."""
     arrow_types: dict[str, pa.DataType] = field(default_factory=dict)
     """The input's column name -> the type PyArrow's CSV reader reads it as (id columns read as text or floats)."""
+    bad_lines_skipped: int = 0
+    """Lines skipped by ``--bad-lines skip``."""
 
     @property
     def has_time(self) -> bool:
@@ -110,58 +113,103 @@ class _EventsInput:
         return f"line {row + 1 + self.header_lines}" if self.text else f"row {row}"
 
 
-def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | None, sep: str | None,
-                 has_header: bool | None, force_string: dict[str, bool] | None = None) -> _EventsInput:
-    """Resolve the columns of an events input and the kind of its ids (for text, one streaming pass over the
-    id columns; else nothing is read but the schema and a sample of rows).
+def _open_events(path: Path, *, user_col: str | None, item_col: str | None, time_col: str | None, sep: str | None,
+                 has_header: bool | None, force_string: dict[str, bool] | None = None, bad_lines: str = "error",
+                 tmp: Path | None = None) -> _EventsInput:
+    """Resolve an events input: its kind by content (:mod:`fsdata.samples.sniff`), separator, header, columns
+    and the kind of its ids (for text, one streaming pass; for Parquet, the schema).
 
     ``force_string``: ``user_id``/``item_id`` -> read as strings whatever they hold (an earlier vocabulary
-    of string ids)."""
+    of string ids). ``tmp``: a fresh folder for a decompressed or rewritten copy of a text input (the
+    returned input's ``path`` is then the copy; its lines keep their numbers)."""
     _check_input_file(path)
-    suffix = path.suffix.lower()
+    kind, comp = Sn.detect(path)
+    if kind == "binary":
+        raise Sn.binary_error(path, "events", kind)
+    prep = None
     try:
-        if suffix == ".parquet":
+        if kind == "parquet":
+            if comp:
+                raise InputError(f"input {path} is a compressed Parquet file; decompress it first (Parquet "
+                                 "compresses its pages itself)")
             lf = pl.scan_parquet(str(path))
             estimate = pq.read_metadata(str(path)).num_rows
+            names = lf.collect_schema().names()
         else:
-            if sep is None:
-                sep = "," if suffix == ".csv" else "\t" if suffix == ".tsv" else " "
-            if has_header is None:
-                has_header = suffix in (".csv", ".tsv")
-            def rescan(overrides=None):
-                return pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000,
-                                   schema_overrides=overrides)
-            lf = rescan()
-            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT
-        names = lf.collect_schema().names()
+            wanted = tuple(c for c in (user_col, item_col, time_col) if c is not None and not c.isdigit())
+            prep = Sn.prepare(path, tmp, sep=sep, has_header=has_header, comp=comp, wanted=wanted)
+            lf = _scan_text(prep)
+            names = lf.collect_schema().names()
+            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT * (4 if comp else 1)
     except (pl.exceptions.PolarsError, OSError) as e:
         raise_if_environment(e, path, action="read")
         raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
-                         "check --format, --sep and header settings") from None
+                         "check --format, --sep and --header") from None
 
     def resolve(col: str | None, flag: str) -> str | None:
         if col is None:
             return None
         if col in names:
             return col
+        typed = [n for n in names if n.split(":")[0] == col]  # RecBole's user_id:token
+        if typed:
+            return typed[0]
         if col.isdigit() and int(col) < len(names):
             return names[int(col)]
         raise InputError(f"input {path}: no column '{col}' for {flag}; columns are {names}; "
                          f"pass {flag} NAME (or a 0-based position)")
 
-    u, i, t = resolve(user_col, "--user-col"), resolve(item_col, "--item-col"), resolve(time_col, "--time-col")
+    header = kind == "parquet" or prep.has_header
+    auto = user_col is None and item_col is None and time_col is None
+    for col, flag in ((user_col, "--user-col"), (item_col, "--item-col"), (time_col, "--time-col")):
+        resolve(col, flag)  # a named column that is missing is refused first
+    if header and (user_col is None or item_col is None):
+        std = Sn.standard_columns(names)
+        missing = [f for f, ours, col in (("--user-col", "user_id", user_col), ("--item-col", "item_id", item_col))
+                   if col is None and ours not in std]
+        if missing:
+            raise InputError(f"input {path} has columns {names} and none is a standard "
+                             f"{'user' if missing[0] == '--user-col' else 'item'} column; pass "
+                             f"{' and '.join(f'{m} NAME' for m in missing)}")
+        user_col = user_col if user_col is not None else std["user_id"]
+        item_col = item_col if item_col is not None else std["item_id"]
+        if auto and "ts" in std:
+            time_col = std["ts"]
+        log.warning("input %s: using columns user '%s', item '%s'%s (standard names; pass --user-col/--item-col/"
+                    "--time-col to choose others)", path, user_col, item_col,
+                    f", time '{time_col}'" if time_col else "")
+    u = resolve("0" if user_col is None else user_col, "--user-col")
+    i = resolve("1" if item_col is None else item_col, "--item-col")
+    t = resolve(time_col, "--time-col")
     if t is None:
         _warn_time_col(path, names, [u, i])
-    kinds, arrow_types, lf = I.id_kinds(path, lf, {"user_id": u, "item_id": i},
-                                       rescan if suffix != ".parquet" else None, force_string or {})
+    given = {"user_id": u, "item_id": i, "ts": t}
+    skipped, text_kinds = 0, None
+    if prep is not None:
+        try:
+            text_kinds, skipped, prep = Sn.scan_text(prep, names, {k: v for k, v in given.items() if v},
+                                                     bad_lines=bad_lines, tmp=tmp, shown=path)
+        except (pa.ArrowException, OSError) as e:
+            raise_if_environment(e, path, action="read")
+            raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
+                             "check --format, --sep and --header") from None
+        lf = _scan_text(prep)
+    kinds, arrow_types, lf = I.id_kinds(path, lf, {k: v for k, v in given.items() if v},
+                                        (lambda ov: _scan_text(prep, ov)) if prep else None, force_string or {},
+                                        text_kinds)
     cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
     if t:
         cols.append(pl.col(t).alias("ts"))
-    text = suffix != ".parquet"
-    return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
-                        given={"user_id": u, "item_id": i, "ts": t},
-                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
-                        names=names, sep=sep, kinds=kinds, arrow_types=arrow_types)
+    text = prep is not None
+    return _EventsInput(path=prep.path if text else path, raw=lf.select(cols).with_row_index("_row"),
+                        given=given, header_lines=1 if text and prep.has_header else 0, text=text,
+                        num_events_estimate=estimate, names=names, sep=prep.sep if text else None, kinds=kinds,
+                        arrow_types=arrow_types, bad_lines_skipped=skipped)
+
+
+def _scan_text(prep, overrides=None) -> pl.LazyFrame:
+    return pl.scan_csv(str(prep.path), separator=prep.sep, has_header=prep.has_header, infer_schema_length=10000,
+                       schema_overrides=overrides)
 
 
 def _event_columns(src: _EventsInput) -> list[str]:
@@ -187,8 +235,8 @@ def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = Fal
     if not where:
         return InputError(f"input {src.path}: cannot parse ({str(e).splitlines()[0]}); "
                           "check --format, --sep and header settings")
-    return InputError(f"input {src.path} {where}: user, item and time columns must be integers; "
-                      "map ids to integers first")
+    return InputError(f"input {src.path} {where}: ids must be integers or strings and times integers, decimals "
+                      "or ISO 8601 date-times: fix that value")
 
 
 def _locate_bad_value(src: _EventsInput) -> str:
@@ -196,8 +244,12 @@ def _locate_bad_value(src: _EventsInput) -> str:
     (streamed, so a large input is not held whole)."""
     schema = src.raw.collect_schema()
     for c in _event_columns(src):
-        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null()
-                                               & pl.col(c).cast(pl.Int64, strict=False).is_null()).head(1).collect()
+        kind = src.kinds.get(c, "int")
+        if kind in ("float", "datetime") or (kind == "string" and c != "ts"):
+            continue  # read as decimals, date-times or mapped strings: not the failing column
+        iso = pl.col(c).str.strip_chars().str.to_datetime(time_zone="UTC", strict=False)
+        ok = iso.is_not_null() if kind == "string" else pl.col(c).cast(pl.Int64, strict=False).is_not_null()
+        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null() & ~ok).head(1).collect()
         if bad.height:
             value = bad[c][0]
             shown = f"'{value}'"

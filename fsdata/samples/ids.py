@@ -1,8 +1,10 @@
 """Id columns of an ``events`` input: which kind they hold, and how they become int64 (``fsdata convert``).
 
-Kinds (:func:`classify`): ``int`` (every value an integer: kept as is unless remapped), ``float``
-(integer-valued decimals such as ``10.0``: cast to int64; a fractional value is refused with its
-line) and ``string`` (anything else: always mapped to dense indices, :mod:`fsdata.samples.vocab`).
+Kinds (by :func:`fsdata.samples.sniff.scan_text` for text, from the schema for Parquet): ``int`` (every
+value an integer: kept as is unless remapped), ``float`` (integer-valued decimals such as ``10.0``: cast
+to int64; a fractional value is refused with its line) and ``string`` (anything else: always mapped to
+dense indices, :mod:`fsdata.samples.vocab`). A time column is ``int``, ``float`` (floored to seconds),
+``string`` (ISO 8601, to unix seconds) or ``datetime`` (Parquet).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from fsdata.samples import vocab as V
 
 ID_COLUMNS = ("user_id", "item_id")
 #: Kind -> the dtype both readers (Polars, PyArrow) read the column as (None: as inferred).
-READ_AS = {"int": None, "float": (pl.Float64, pa.float64()), "string": (pl.String, pa.string())}
+READ_AS = {"int": None, "float": (pl.Float64, pa.float64()), "string": (pl.String, pa.string()), "datetime": None}
 
 
 def kind_of_dtype(dtype: pl.DataType) -> str | None:
@@ -30,26 +32,6 @@ def kind_of_dtype(dtype: pl.DataType) -> str | None:
     if dtype in (pl.String, pl.Categorical) or isinstance(dtype, (pl.Categorical, pl.Enum)):
         return "string"
     return None
-
-
-def classify(lf_text: pl.LazyFrame, cols: dict[str, str]) -> dict[str, str]:
-    """The kind of each id column of a text input read with every column as String (one streaming pass).
-
-    Args:
-        lf_text: the input scanned with the id columns as String.
-        cols: our name (``user_id``/``item_id``) -> the input's column name.
-
-    Returns:
-        Our name -> ``int``, ``float`` or ``string``.
-    """
-    exprs = []
-    for ours, theirs in cols.items():
-        c = pl.col(theirs)
-        exprs += [(c.is_not_null() & c.cast(pl.Int64, strict=False).is_null()).sum().alias(f"{ours}_nonint"),
-                  (c.is_not_null() & c.cast(pl.Float64, strict=False).is_null()).sum().alias(f"{ours}_nonfloat")]
-    st = lf_text.select(exprs).collect(engine="streaming").row(0, named=True)
-    return {ours: "int" if not st[f"{ours}_nonint"] else "float" if not st[f"{ours}_nonfloat"] else "string"
-            for ours in cols}
 
 
 def check_whole(raw: pl.LazyFrame, kinds: dict[str, str], where, given: dict[str, str], path) -> None:
@@ -83,8 +65,16 @@ def plain_ids(frame, kinds: dict[str, str], maps: dict[str, pl.DataFrame]):
 def to_int(frame, kinds: dict[str, str], maps: dict[str, pl.DataFrame], cols: list[str]):
     """``cols`` of ``frame`` as Int64: id columns through :func:`plain_ids` and their vocabulary maps,
     then every column cast strictly (a non-integer value fails the cast, as before ids had kinds)."""
-    if maps or any(k != "int" for k in kinds.values()):
+    if maps or any(kinds.get(c, "int") != "int" for c in ID_COLUMNS):
         frame = V.encode_frame(plain_ids(frame, kinds, maps), maps)
+    ts = kinds.get("ts", "int") if "ts" in cols else "int"
+    if ts == "float":
+        frame = frame.with_columns(pl.col("ts").floor())
+    elif ts == "string":  # ISO 8601 (a zone offset is honoured; none is UTC) -> unix seconds
+        iso = pl.col("ts").str.strip_chars().str.to_datetime(time_zone="UTC", strict=True)
+        frame = frame.with_columns(iso.dt.epoch("s"))
+    elif ts == "datetime":
+        frame = frame.with_columns(pl.col("ts").dt.epoch("s"))
     return frame.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in cols])
 
 
@@ -114,23 +104,21 @@ def build_maps(raw: pl.LazyFrame, kinds: dict[str, str], prior: V.Vocabulary | N
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
 
 
-def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_string: dict[str, bool]):
+def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_string: dict[str, bool],
+             text_kinds: dict[str, str] | None = None):
     """``(kinds, arrow_types, lf)``: each id column's kind, the PyArrow types of the columns read otherwise
     than inferred, and the scan reading them so (``rescan(overrides)`` scans a text input again, None for
     Parquet)."""
     schema = lf.collect_schema()
     text = rescan is not None
     if text:
-        try:
-            kinds = classify(rescan({c: pl.String for c in given.values()}), given)
-        except (pl.exceptions.PolarsError, OSError) as e:
-            raise_if_environment(e, path, action="read")
-            raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
-                             "check --format, --sep and header settings") from None
+        kinds = dict(text_kinds)
     else:
         kinds = {}
         for ours, theirs in given.items():
             kinds[ours] = kind_of_dtype(schema[theirs])
+            if ours == "ts" and schema[theirs].is_temporal():
+                kinds[ours] = "datetime"
             if kinds[ours] is None:
                 raise InputError(f"input {path}: column '{theirs}' ({ours}) has type {schema[theirs]}; ids must be "
                                  "integers or strings")

@@ -78,5 +78,8 @@ def key_settings(cfg: NightlyConfig) -> dict:
     """
     convert = {k: v for k, v in asdict(cfg.convert).items()
                if k != "input" and not (k in NEW_CONVERT_DEFAULTS and v == NEW_CONVERT_DEFAULTS[k])}
+    if cfg.convert.format != "events":  # unused columns: the key they had when their defaults were "0" and "1"
+        convert["user_col"] = "0" if convert["user_col"] is None else convert["user_col"]
+        convert["item_col"] = "1" if convert["item_col"] is None else convert["item_col"]
     balance = {k: v for k, v in asdict(cfg.balance).items() if k not in NOT_IN_KEY and k != "num_workers"}
     return {**convert, **balance, "extra": cfg.job.extra}
