@@ -214,7 +214,8 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
                 item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
                 overwrite=a.overwrite, progress=not a.no_progress, holdout=a.holdout,
-                holdout_output=a.holdout_output, remap_ids=a.remap_ids, vocab=a.vocab, bad_lines=a.bad_lines)
+                holdout_output=a.holdout_output, remap_ids=a.remap_ids, vocab=a.vocab, bad_lines=a.bad_lines,
+                feature_cols=a.feature_cols)
     if a.json:
         print(json.dumps(asdict(s), indent=2))
     else:

@@ -213,12 +213,15 @@ def _first_bad_token(block: bytes, lines_before: int) -> str:
 #: Column names that look like an event time (case-insensitive), for the missing --time-col warning.
 
 def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_sample_id: int,
-                    max_items: int = MAX_ITEMS_PER_PIECE) -> Iterator[tuple[pa.Table, int]]:
+                    max_items: int = MAX_ITEMS_PER_PIECE,
+                    features: dict[str, pa.DataType] | None = None) -> Iterator[tuple[pa.Table, int]]:
     """Build samples for a chunk of users with vectorised offset arithmetic (no per-sample loop).
 
     Yields:
         ``(table, truncated)`` pieces of consecutive samples, each with at most ``max_items``
-        history items (or one sample), in order; one piece when the chunk fits.
+        history items (or one sample), in order; one piece when the chunk fits. Each of ``features``
+        (a list column of ``users`` aligned with ``item_ids``) becomes a list column aligned with the
+        history, cut the same way (after ``seq_len``).
     """
     items = users["item_ids"]
     n = items.list.len().cast(pl.Int64).to_numpy()
@@ -239,7 +242,9 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
     hist_start = np.maximum(t - max_seq_len, 0)
     hist_len = t - hist_start
     uid = users["user_id"].to_numpy().astype(np.int64, copy=False)
-    schema = S.sample_schema(has_ts, with_seq_len=True)
+    features = features or {}
+    flat_f = {f: users[f].explode().to_numpy() for f in features}
+    schema = sample_schema(has_ts, features)
     cum = np.cumsum(hist_len)
     a = 0
     while True:
@@ -259,6 +264,8 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
         if has_ts:
             cols[S.TIMESTAMPS] = pa.LargeListArray.from_arrays(offsets, flat_ts[gather]).cast(pa.list_(pa.int64()))
         cols[S.SEQ_LEN] = pa.array(hl.astype(np.int32))
+        for f, ftype in features.items():
+            cols[f] = pa.LargeListArray.from_arrays(offsets, pa.array(flat_f[f][gather], ftype)).cast(pa.list_(ftype))
         yield pa.table(cols, schema=schema), int((tt - hl).sum())
         a = b
         if a >= len(t):
@@ -266,6 +273,14 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
 
 
 # ---------------------------------------------------------------------------------------------- convert
+
+def sample_schema(has_ts: bool, features: dict[str, pa.DataType]) -> pa.Schema:
+    """The output schema: :func:`fsdata.samples.schema.sample_schema` with ``seq_len``, then the feature lists."""
+    schema = S.sample_schema(has_ts, with_seq_len=True)
+    for f, t in features.items():
+        schema = schema.append(pa.field(f, pa.list_(t), nullable=False))
+    return schema
+
 
 def _spool_dir(output_path: str | os.PathLike, what: str = "spool") -> Path:
     """A fresh local folder for temporaries: a hidden sibling of a local output (removed by the next run if
@@ -286,7 +301,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
             holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
             max_items_per_piece: int | None = None, remap_ids: bool = False,
-            vocab: str | os.PathLike | None = None, bad_lines: str = "error") -> ConvertSummary:
+            vocab: str | os.PathLike | None = None, bad_lines: str = "error",
+            feature_cols: str | list[str] | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
@@ -314,6 +330,10 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         remap_ids: map integer ids to dense indices too (string ids always are; :mod:`fsdata.samples.vocab`).
         vocab: an earlier ``OUTPUT.vocab`` folder (read, never modified): its ids keep their indices, new
             ids are appended; implies mapping. With mapping, the vocabulary is written as ``OUTPUT.vocab/``.
+        bad_lines: ``error`` (a text line with the wrong field count is refused, with its number and text)
+            or ``skip`` (skipped and counted: ``bad_lines_skipped``).
+        feature_cols: numeric event columns (``"rating,action"`` or a list) written as list columns
+            aligned with ``item_ids`` (int64 or float64 elements), also in the evaluation file.
 
     Returns:
         :class:`ConvertSummary`.
@@ -357,7 +377,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
                         overwrite=overwrite, users_per_chunk=users_per_chunk, progress=progress, holdout=holdout,
                         holdout_output=holdout_output, events_per_bucket=events_per_bucket,
                         max_items_per_piece=max_items_per_piece, remap_ids=remap_ids, prior=prior,
-                        vocab_out=vocab_out, bad_lines=bad_lines)
+                        vocab_out=vocab_out, bad_lines=bad_lines,
+                        feature_cols=[c.strip() for c in feature_cols.split(",") if c.strip()]
+                        if isinstance(feature_cols, str) else list(feature_cols or ()))
     except InputError as e:  # a decompressed or rewritten copy keeps the lines: name the user's file
         msg = str(e)
         for name in ("input.txt", "kept.txt"):
@@ -369,14 +391,17 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
 
 def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_len, user_col, item_col, time_col, sep,
              has_header, overwrite, users_per_chunk, progress, holdout, holdout_output, events_per_bucket,
-             max_items_per_piece, remap_ids, prior, vocab_out, bad_lines) -> ConvertSummary:
+             max_items_per_piece, remap_ids, prior, vocab_out, bad_lines, feature_cols) -> ConvertSummary:
     """:func:`convert` once its arguments are checked (``prep_dir``: a fresh folder for a copy of the input)."""
     events_src = None
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
         force = {} if prior is None else {"user_id": prior.users.schema["id"] == pl.String,
                                           "item_id": prior.items.schema["id"] == pl.String}
         events_src = _open_events(src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep,
-                                  has_header=has_header, force_string=force, bad_lines=bad_lines, tmp=prep_dir)
+                                  has_header=has_header, force_string=force, bad_lines=bad_lines, tmp=prep_dir,
+                                  feature_cols=tuple(feature_cols))
+    elif feature_cols:
+        raise ConfigError("--feature-cols needs --format events (a sequences file holds item ids only)")
     else:
         _check_input_file(src)
         kind, comp = Sn.detect(src)
@@ -403,12 +428,14 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
             stats: dict = {}
             frames = iter_sequences(src) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
-            eval_spool = EvalSpool(spool / "eval.parquet") if holdout == "last" else None
+            features = events_src.feature_types() if events_src is not None else {}
+            eval_spool = EvalSpool(spool / "eval.parquet", features) if holdout == "last" else None
             held = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=0,
                                   num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
             num_users = num_events = num_events_all = skipped = written = truncated = 0
             max_item = -1
-            with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
+            features = events_src.feature_types() if events_src is not None else {}
+            with pq.ParquetWriter(str(tmp), sample_schema(has_ts, features), compression="zstd",
                                   write_page_index=False) as writer:
                 bar = tqdm(unit="user", desc="convert", disable=not progress)
                 for chunk in _chunks(frames, users_per_chunk):
@@ -416,7 +443,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                     max_item = max(max_item, -1 if top is None else int(top))
                     if eval_spool is not None:
                         num_events_all += _events(chunk)
-                        chunk, eval_table, part = split_last(chunk, max_seq_len)
+                        chunk, eval_table, part = split_last(chunk, max_seq_len, features)
                         eval_spool.add(eval_table)
                         held.num_users_evaluated += part.num_users_evaluated
                         held.num_users_kept_whole += part.num_users_kept_whole
@@ -425,7 +452,8 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                     num_users += chunk.height
                     num_events += int(n.cast(pl.Int64).sum())
                     skipped += int((n < 2).sum())
-                    for table, cut in _window_samples(chunk, samples, max_seq_len, written, max_items_per_piece):
+                    for table, cut in _window_samples(chunk, samples, max_seq_len, written, max_items_per_piece,
+                                                      features):
                         if table.num_rows:
                             writer.write_table(table, row_group_size=1 << 20)
                         written += table.num_rows
@@ -446,6 +474,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                                          num_users_skipped=skipped, num_items_truncated=truncated)
                 if events_src is not None:
                     summary.bad_lines_skipped = events_src.bad_lines_skipped
+                    summary.feature_columns = list(features)
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)

@@ -28,6 +28,7 @@ from fsdata.guards import raise_if_environment
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
 from fsdata.samples.merge import merge_by_first as _merge_by_first
+from fsdata.samples.merge import write_buckets
 
 log = logging.getLogger("fsdata.convert")
 
@@ -104,6 +105,12 @@ class _EventsInput:
     """The input's column name -> the type PyArrow's CSV reader reads it as (id columns read as text or floats)."""
     bad_lines_skipped: int = 0
     """Lines skipped by ``--bad-lines skip``."""
+    features: dict[str, str] = field(default_factory=dict)
+    """Event feature (output list column) -> the input's column (``--feature-cols``)."""
+
+    def feature_types(self) -> dict[str, pa.DataType]:
+        """Feature -> the Arrow type of its list elements (int64 or float64)."""
+        return {f: pa.int64() if self.kinds[f] == "int" else pa.float64() for f in self.features}
 
     @property
     def has_time(self) -> bool:
@@ -115,7 +122,7 @@ class _EventsInput:
 
 def _open_events(path: Path, *, user_col: str | None, item_col: str | None, time_col: str | None, sep: str | None,
                  has_header: bool | None, force_string: dict[str, bool] | None = None, bad_lines: str = "error",
-                 tmp: Path | None = None) -> _EventsInput:
+                 tmp: Path | None = None, feature_cols: tuple[str, ...] = ()) -> _EventsInput:
     """Resolve an events input: its kind by content (:mod:`fsdata.samples.sniff`), separator, header, columns
     and the kind of its ids (for text, one streaming pass; for Parquet, the schema).
 
@@ -184,27 +191,29 @@ def _open_events(path: Path, *, user_col: str | None, item_col: str | None, time
     if t is None:
         _warn_time_col(path, names, [u, i])
     given = {"user_id": u, "item_id": i, "ts": t}
+    features = I.resolve_features(path, feature_cols, resolve, given)
     skipped, text_kinds = 0, None
     if prep is not None:
         try:
-            text_kinds, skipped, prep = Sn.scan_text(prep, names, {k: v for k, v in given.items() if v},
+            text_kinds, skipped, prep = Sn.scan_text(prep, names, {k: v for k, v in given.items() if v} | features,
                                                      bad_lines=bad_lines, tmp=tmp, shown=path)
         except (pa.ArrowException, OSError) as e:
             raise_if_environment(e, path, action="read")
             raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
                              "check --format, --sep and --header") from None
         lf = _scan_text(prep)
-    kinds, arrow_types, lf = I.id_kinds(path, lf, {k: v for k, v in given.items() if v},
+    kinds, arrow_types, lf = I.id_kinds(path, lf, {k: v for k, v in given.items() if v} | features,
                                         (lambda ov: _scan_text(prep, ov)) if prep else None, force_string or {},
                                         text_kinds)
     cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
     if t:
         cols.append(pl.col(t).alias("ts"))
+    cols += [pl.col(theirs).alias(f) for f, theirs in features.items()]
     text = prep is not None
     return _EventsInput(path=prep.path if text else path, raw=lf.select(cols).with_row_index("_row"),
                         given=given, header_lines=1 if text and prep.has_header else 0, text=text,
                         num_events_estimate=estimate, names=names, sep=prep.sep if text else None, kinds=kinds,
-                        arrow_types=arrow_types, bad_lines_skipped=skipped)
+                        arrow_types=arrow_types, bad_lines_skipped=skipped, features=features)
 
 
 def _scan_text(prep, overrides=None) -> pl.LazyFrame:
@@ -217,7 +226,8 @@ def _event_columns(src: _EventsInput) -> list[str]:
 
 
 def _cast_events(src: _EventsInput) -> pl.LazyFrame:
-    return I.to_int(src.raw, src.kinds, src.maps, _event_columns(src))
+    return I.cast_features(I.to_int(src.raw, src.kinds, src.maps, _event_columns(src)), src.kinds,
+                           list(src.features))
 
 
 def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
@@ -268,7 +278,7 @@ def _check_events(src: _EventsInput, ev: pl.LazyFrame) -> int:
     Raises:
         InputError: no events; a null (the first, by column); a negative user or item id.
     """
-    cols = _event_columns(src)
+    cols = _event_columns(src) + list(src.features)
     aggs = [pl.len().alias("n")]
     for c in cols:
         aggs += [pl.col(c).null_count().alias(f"nulls_{c}"),
@@ -303,13 +313,15 @@ def _group_users(ev: pl.DataFrame, has_time: bool) -> tuple[pl.DataFrame, int]:
         ``user_id``, ``item_ids`` and with a time column ``timestamps``; ``num_duplicates`` counts
         events equal to an earlier one (same user, item and time).
     """
-    dup = ev.height - ev.select([c for c in ev.columns if c != "_row"]).n_unique()
+    dup = ev.height - ev.select([c for c in ("user_id", "item_id", "ts") if c in ev.columns]).n_unique()
+    features = [c for c in ev.columns if c not in ("_row", "user_id", "item_id", "ts")]
     order = ["user_id", "ts", "_row"] if has_time else ["user_id", "_row"]
     first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
     ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
     aggs = [pl.col("item_id").alias("item_ids")]
     if has_time:
         aggs.append(pl.col("ts").alias("timestamps"))
+    aggs += [pl.col(f) for f in features]  # event features, aligned with item_ids
     return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs), dup
 
 
@@ -344,7 +356,8 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         del ev
         yield users.drop("_first")
         return
-    spooled = _write_buckets(src, spool / "buckets", num_buckets)
+    spooled = write_buckets(_read_batches(src), spool / "buckets", num_buckets, _SPOOL_EVENTS,
+                            lambda e: _parse_error(src, e, check_nulls=True))
     _check_events(src, pl.scan_parquet([p for p, _ in spooled]))
     grouped, dups = [], 0
     group_events = max(64, min(_MERGE_EVENTS_PER_GROUP, _MERGE_EVENTS_PER_STEP // num_buckets))
@@ -374,7 +387,7 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
     CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
     its batches are consumed slowly, so it is not used here)."""
     ours = _event_columns(src)
-    cols = list(dict.fromkeys(src.given[c] for c in ours))
+    cols = list(dict.fromkeys([src.given[c] for c in ours] + list(src.features.values())))
     if src.text:
         reader = pacsv.open_csv(
             src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
@@ -391,65 +404,11 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
     for batch in reader:
         df = pl.from_arrow(batch)
         df = I.to_int(df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
-                                *[pl.col(src.given[c]).alias(c) for c in ours]), src.kinds, src.maps, ours)
+                                *[pl.col(src.given[c]).alias(c) for c in ours],
+                                *[pl.col(t).alias(f) for f, t in src.features.items()]), src.kinds, src.maps, ours)
+        df = I.cast_features(df, src.kinds, list(src.features))
         row += df.height
         yield df
-
-
-def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[tuple[Path, dict[int, list[int]]]]:
-    """Split the cast events by a hash of the user id into ``num_buckets`` buckets (module docstring).
-
-    Every :data:`_SPOOL_EVENTS` events are stably sorted by bucket and written as one Parquet file
-    (lz4) whose row groups each hold rows of one bucket, so each bucket keeps file order.
-
-    Returns:
-        ``(spool file, {bucket: its row group indices})`` per spool file, in input order.
-
-    Raises:
-        InputError: a value that is not an integer, a null or a negative id (named by its line), or a
-            file the reader cannot parse.
-    """
-    folder.mkdir()
-    spooled: list[tuple[Path, dict[int, list[int]]]] = []
-    pending: list[pl.DataFrame] = []
-    rows = 0
-
-    def flush() -> None:
-        df = pl.concat(pending).with_columns(_bucket=(pl.col("user_id").hash(seed=0) % num_buckets).cast(pl.UInt32))
-        pending.clear()
-        df = df.sort("_bucket", maintain_order=True)
-        counts = df.group_by("_bucket", maintain_order=True).len()  # buckets ascending: df is sorted
-        table = df.drop("_bucket").to_arrow()
-        del df
-        path = folder / f"spool-{len(spooled):05d}.parquet"
-        start = 0
-        with pq.ParquetWriter(path, table.schema, compression="lz4") as w:
-            for _, n in counts.iter_rows():
-                w.write_table(table.slice(start, n), row_group_size=n)  # one or more whole row groups
-                start += n
-        # the writer may split a long bucket into several row groups (its maximum row group length)
-        md, index, g = pq.read_metadata(path), {}, 0
-        for b, n in counts.iter_rows():
-            index[int(b)] = []
-            while n > 0:
-                index[int(b)].append(g)
-                n -= md.row_group(g).num_rows
-                g += 1
-        spooled.append((path, index))
-
-    try:
-        for df in _read_batches(src):
-            pending.append(df)
-            rows += df.height
-            if rows >= _SPOOL_EVENTS:
-                flush()
-                rows = 0
-        if pending:
-            flush()
-    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, folder, action="write")
-        raise _parse_error(src, e, check_nulls=True) from None
-    return spooled
 
 
 # ---------------------------------------------------------------------------------------------- samples

@@ -123,6 +123,10 @@ def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_
                 raise InputError(f"input {path}: column '{theirs}' ({ours}) has type {schema[theirs]}; ids must be "
                                  "integers or strings")
     kinds = {c: "string" if force_string.get(c) else k for c, k in kinds.items()}
+    for ours, theirs in given.items():
+        if ours not in ("user_id", "item_id", "ts") and kinds[ours] == "string":
+            raise InputError(f"input {path}: feature column '{theirs}' holds text; --feature-cols takes numeric "
+                             "columns (map categories such as action types to integers first)")
     arrow_types, casts = {}, {}
     for ours, theirs in given.items():
         read_as = READ_AS[kinds[ours]]
@@ -132,3 +136,31 @@ def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_
         lf = rescan(casts) if text else lf.with_columns([pl.col(c).cast(dt) for c, dt in casts.items()])
     return kinds, arrow_types, lf
 
+
+#: Names an event feature may not take: the sample schema's, the shards' and convert's own.
+_TAKEN = ("sample_id", "user_id", "item_ids", "target_item_id", "timestamps", "seq_len", "step", "rank", "item_id",
+          "ts", "_row", "_first")
+
+
+def resolve_features(path: Path, feature_cols, resolve, given: dict[str, str | None]) -> dict[str, str]:
+    """``--feature-cols``: output column -> the input's column (a typed ``rating:float`` is named ``rating``).
+
+    Raises:
+        InputError: a missing column, one already used as user, item or time, or a name the sample
+            schema takes.
+    """
+    out: dict[str, str] = {}
+    for name in feature_cols:
+        theirs = resolve(name, "--feature-cols")
+        ours = theirs.split(":")[0]
+        if theirs in given.values() or ours in _TAKEN or ours in out:
+            raise InputError(f"input {path}: --feature-cols '{name}' is the user, item or time column or a "
+                             f"name the sample schema takes ({', '.join(_TAKEN[:6])}); pass other columns")
+        out[ours] = theirs
+    return out
+
+
+def cast_features(frame, kinds: dict[str, str], features: list[str]):
+    """Feature columns as Int64 (integer columns) or Float64 (decimals), strictly."""
+    return frame.with_columns([pl.col(f).cast(pl.Int64 if kinds[f] == "int" else pl.Float64, strict=True)
+                               for f in features]) if features else frame

@@ -1,12 +1,18 @@
-"""Merging grouped bucket files of an ``events`` input back into one stream in order of each user's first
-event (:mod:`fsdata.samples.events`)."""
+"""The temporary buckets of an ``events`` input (:mod:`fsdata.samples.events`): splitting events by a hash of
+the user id into spool files, and merging grouped bucket files back into one stream in order of each
+user's first event."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pathlib import Path
+
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
+
+from fsdata.guards import raise_if_environment
 
 
 def merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
@@ -51,4 +57,61 @@ def merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
                 out.append(b.slice(0, k))
                 bufs[i] = b.slice(k) if k < b.height else None
         yield pl.concat(out).sort("_first")
+
+
+def write_buckets(batches, folder: Path, num_buckets: int, spool_events: int,
+                  on_error) -> list[tuple[Path, dict[int, list[int]]]]:
+    """Split the cast events (an iterator of frames) by a hash of the user id into ``num_buckets`` buckets.
+
+    Every ``spool_events`` events are stably sorted by bucket and written as one Parquet file
+    (lz4) whose row groups each hold rows of one bucket, so each bucket keeps file order.
+
+    Returns:
+        ``(spool file, {bucket: its row group indices})`` per spool file, in input order.
+
+    Raises:
+        InputError: ``on_error(exception)`` for a read that failed (a value that is not an integer, a null
+            or a negative id, named by its line, or a file the reader cannot parse).
+    """
+    folder.mkdir()
+    spooled: list[tuple[Path, dict[int, list[int]]]] = []
+    pending: list[pl.DataFrame] = []
+    rows = 0
+
+    def flush() -> None:
+        df = pl.concat(pending).with_columns(_bucket=(pl.col("user_id").hash(seed=0) % num_buckets).cast(pl.UInt32))
+        pending.clear()
+        df = df.sort("_bucket", maintain_order=True)
+        counts = df.group_by("_bucket", maintain_order=True).len()  # buckets ascending: df is sorted
+        table = df.drop("_bucket").to_arrow()
+        del df
+        path = folder / f"spool-{len(spooled):05d}.parquet"
+        start = 0
+        with pq.ParquetWriter(path, table.schema, compression="lz4") as w:
+            for _, n in counts.iter_rows():
+                w.write_table(table.slice(start, n), row_group_size=n)  # one or more whole row groups
+                start += n
+        # the writer may split a long bucket into several row groups (its maximum row group length)
+        md, index, g = pq.read_metadata(path), {}, 0
+        for b, n in counts.iter_rows():
+            index[int(b)] = []
+            while n > 0:
+                index[int(b)].append(g)
+                n -= md.row_group(g).num_rows
+                g += 1
+        spooled.append((path, index))
+
+    try:
+        for df in batches:
+            pending.append(df)
+            rows += df.height
+            if rows >= spool_events:
+                flush()
+                rows = 0
+        if pending:
+            flush()
+    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
+        raise_if_environment(e, folder, action="write")
+        raise on_error(e) from None
+    return spooled
 

@@ -40,6 +40,8 @@ class ConvertSettings:
     has_header: bool | None = None
     """events text has a header line (default: sniffed: a line naming standard columns, or no number where
     the data has one)."""
+    feature_cols: str | None = None
+    """events: extra numeric event columns (e.g. 'rating,action') written as lists aligned with item_ids."""
     bad_lines: Literal["error", "skip"] = "error"
     """events text: a line with the wrong number of fields stops convert (error, naming it) or is skipped and
     counted (skip)."""

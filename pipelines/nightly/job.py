@@ -157,7 +157,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_f
         convert(source, samples, fmt=conv.format, samples=conv.samples, max_seq_len=conv.max_seq_len,
                 user_col=conv.user_col, item_col=conv.item_col, time_col=conv.time_col, sep=conv.sep,
                 has_header=conv.has_header, progress=progress, remap_ids=conv.remap_ids, vocab=vocab,
-                bad_lines=conv.bad_lines)
+                bad_lines=conv.bad_lines, feature_cols=conv.feature_cols)
     columns = bal.columns if conv.format == "samples" else None
     cost_model = load_cost_model(bal.cost_model)
     lengths, _ = open_samples(samples, columns).lengths_and_ids()
