@@ -66,7 +66,7 @@ from fsdata.samples.events import _check_input_file, _chunks, _events, _open_eve
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
-from fsdata.samples.vocab import Vocabulary, vocab_dir_for
+from fsdata.samples.vocab import IdMap, Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
@@ -420,7 +420,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
         I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
         if mapped:
             new_vocab = I.build_maps(events_src.raw, events_src.kinds, prior)
-            events_src.maps = {"user_id": new_vocab.users, "item_id": new_vocab.items}
+            events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)

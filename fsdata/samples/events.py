@@ -99,7 +99,7 @@ class _EventsInput:
     sep: str | None
     kinds: dict[str, str] = field(default_factory=dict)
     """``user_id``/``item_id`` -> ``int``, ``float`` or ``string`` (:mod:`fsdata.samples.ids`)."""
-    maps: dict[str, pl.DataFrame] = field(default_factory=dict)
+    maps: dict = field(default_factory=dict)
     """Id column -> its vocabulary table (``id``, ``index``), for mapped ids."""
     arrow_types: dict[str, pa.DataType] = field(default_factory=dict)
     """The input's column name -> the type PyArrow's CSV reader reads it as (id columns read as text or floats)."""

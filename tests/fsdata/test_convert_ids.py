@@ -204,3 +204,16 @@ def test_balance_carries_num_items_and_vocab_into_the_manifest(tmp_path):
                  "--no-progress"]) == 0
     m2 = Manifest.read(tmp_path / "s2")
     assert m2.num_items is None and m2.vocab is None and "num_items" not in m2.to_json()
+
+
+def test_id_map_lookup_by_hash_equals_the_join_fallback():
+    from fsdata.samples.vocab import IdMap
+
+    table = pl.DataFrame({"id": [f"id{i}" for i in range(1000)], "index": pl.int_range(1, 1001, eager=True)})
+    m = IdMap(table)
+    batch = pl.Series("item_id", ["id5", None, "id999", "unknown", "id0"])
+    fast = m.encode(batch)
+    m._exact = False  # as after a hash collision
+    assert fast.to_list() == m.encode(batch).to_list() == [6, None, 1000, None, 1]
+    ints = IdMap(pl.DataFrame({"id": [30, 10, 20], "index": [1, 2, 3]}))
+    assert ints.encode(pl.Series([10, 30, 99])).to_list() == [2, 1, None]
