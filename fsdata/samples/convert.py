@@ -62,7 +62,7 @@ from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
-from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
+from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events, read_raw
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
@@ -419,7 +419,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
     if events_src is not None:
         I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
         if mapped:
-            new_vocab = I.build_maps(events_src.raw, events_src.kinds, prior)
+            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior)
             events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:

@@ -382,12 +382,13 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         yield users.drop("_first")
 
 
-def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
+def _read_batches(src: _EventsInput, raw: bool = False) -> Iterator[pl.DataFrame]:
     """The cast events (``_row``, ``user_id``, ``item_id`` [, ``ts``]) a block at a time: PyArrow's streaming
     CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
     its batches are consumed slowly, so it is not used here)."""
     ours = _event_columns(src)
     cols = list(dict.fromkeys([src.given[c] for c in ours] + list(src.features.values())))
+    # raw: ``_row``, ``user_id``, ``item_id`` as read, not cast (the vocabulary pass)
     if src.text:
         reader = pacsv.open_csv(
             src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
@@ -403,12 +404,29 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
     row = 0
     for batch in reader:
         df = pl.from_arrow(batch)
+        if raw:
+            yield df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                            *[pl.col(src.given[c]).alias(c) for c in I.ID_COLUMNS])
+            row += df.height
+            continue
         df = I.to_int(df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
                                 *[pl.col(src.given[c]).alias(c) for c in ours],
                                 *[pl.col(t).alias(f) for f, t in src.features.items()]), src.kinds, src.maps, ours)
         df = I.cast_features(df, src.kinds, list(src.features))
         row += df.height
         yield df
+
+
+def read_raw(src: _EventsInput) -> Iterator[pl.DataFrame]:
+    """``_row``, ``user_id``, ``item_id`` as read (ids not cast), a block at a time (the vocabulary pass).
+
+    Raises:
+        InputError: the file does not read (as :func:`iter_events`).
+    """
+    try:
+        yield from _read_batches(src, raw=True)
+    except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
+        raise _parse_error(src, e, check_nulls=True) from None
 
 
 # ---------------------------------------------------------------------------------------------- samples

@@ -83,11 +83,19 @@ def needs_map(kinds: dict[str, str], remap_ids: bool, prior: V.Vocabulary | None
     return remap_ids or prior is not None or any(k == "string" for k in kinds.values())
 
 
-def build_maps(raw: pl.LazyFrame, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.Vocabulary:
-    """The vocabulary of an input: a streaming pass for each id column's first appearance and count.
+#: Per-batch first appearances gathered before they are merged into the running table (rows).
+_MERGE_ROWS = 1 << 19
+
+
+def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.Vocabulary:
+    """The vocabulary of an input: one pass for each id column's first appearance and count.
+
+    Each batch is grouped on its own and the groups merged into a running table every
+    :data:`_MERGE_ROWS` rows, so memory holds about twice the distinct ids (Polars' streaming group-by
+    over the whole scan held 350 MiB more for 1.6M ids of a 0.12 GB log).
 
     Args:
-        raw: ``_row``, ``user_id``, ``item_id`` as read.
+        batches: frames ``_row``, ``user_id``, ``item_id`` as read (ids not cast), in input order.
         kinds: the id kinds (:func:`classify`).
         prior: the ``--vocab`` vocabulary, or None.
 
@@ -97,8 +105,22 @@ def build_maps(raw: pl.LazyFrame, kinds: dict[str, str], prior: V.Vocabulary | N
     dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
                             kinds[c] == "string") for c in ID_COLUMNS}
     shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
-    lf = plain_ids(raw, kinds, shells)
-    seen = pl.collect_all([V.first_seen(lf, c) for c in ID_COLUMNS], engine="streaming")
+    acc: dict[str, list[pl.DataFrame]] = {c: [] for c in ID_COLUMNS}
+    pending = dict.fromkeys(ID_COLUMNS, 0)
+
+    def merge(parts: list[pl.DataFrame]) -> list[pl.DataFrame]:
+        return [pl.concat(parts).group_by("id").agg(pl.col("first").min(), pl.col("count").sum())]
+
+    for df in batches:
+        df = plain_ids(df, kinds, shells)
+        for c in ID_COLUMNS:
+            part = V.first_seen(df.lazy(), c).collect()
+            acc[c].append(part)
+            pending[c] += part.height
+            if pending[c] >= _MERGE_ROWS:
+                acc[c], pending[c] = merge(acc[c]), 0
+    empty = pl.DataFrame(schema={"id": pl.String, "first": pl.UInt32, "count": pl.Int64})
+    seen = [merge(acc[c])[0] if acc[c] else empty for c in ID_COLUMNS]
     tables = {c: V.extend(s, None if prior is None else (prior.items if c == "item_id" else prior.users), dtypes[c],
                           c.removesuffix("_id")) for c, s in zip(ID_COLUMNS, seen)}
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
