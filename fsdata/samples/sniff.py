@@ -74,8 +74,8 @@ def binary_error(path: Path, fmt: str, kind: str) -> InputError:
     """The one line for an input that is not a text log (``kind`` from :func:`detect`)."""
     if kind == "parquet":
         return InputError(f"input {path} is a Parquet file, not a '{fmt}' text log; pass --format events for an "
-                          "event table (with --user-col/--item-col), or give sample Parquet to 'fsdata balance' "
-                          "directly")
+                          "event table, or give sample Parquet to 'fsdata balance' directly (the nightly job: "
+                          "--format samples)")
     return InputError(f"input {path} is binary, not a text log or Parquet; decompress it (gzip, zstd and bzip2 are "
                       "read as they are) or export it as CSV or Parquet, then pass --format events or sequences")
 
@@ -218,8 +218,10 @@ def scan_text(prep: Prepared, names: list[str], given: dict[str, str], *, bad_li
         text = bad[0].replace(UNIT_SEP, prep.shown_sep)
         text = text if len(text) <= 200 else text[:197] + "..."
         raise InputError(f"input {shown} line {line} has {_fields(bad[0], prep.sep)} fields where the header or first "
-                         f"line has {len(names)} (separator {prep.shown_sep!r}): {text!r}; fix or quote it, or pass "
-                         "--bad-lines skip to skip and count such lines")
+                         f"line has {len(names)} (separator {prep.shown_sep!r}): {text!r}; " + (
+                             "if each line holds one user's whole sequence, pass --format sequences; else "
+                             if prep.shown_sep == " " else "") + "fix or quote it, or pass --bad-lines skip to skip "
+                         "and count such lines")
     out = tmp / "kept.txt"
     drop = set(bad)
     with open(prep.path, encoding="utf-8", errors="surrogateescape", newline="") as f, \

@@ -148,6 +148,9 @@ def test_binary_and_mislabeled_inputs_are_one_line(tmp_path, capsys):
     seq.write_text("1 10 11 12\n2 20 21 22\n3 30 31 32\n")
     assert _convert(seq, tmp_path / "o.parquet") == 2
     assert "--format sequences" in _one_error_line(capsys)
+    seq.write_text("1 10 11 12\n2 20 21\n3 30 31 32 33\n")  # lengths differ: lines of other field counts
+    assert _convert(seq, tmp_path / "o.parquet") == 2
+    assert "--format sequences" in _one_error_line(capsys)
     gz = tmp_path / "seq.txt.gz"
     gz.write_bytes(gzip.compress(b"1 10 11 12\n2 20 21\n"))
     assert main(["convert", str(gz), str(tmp_path / "g.parquet"), "--format", "sequences", "--no-progress"]) == 0
