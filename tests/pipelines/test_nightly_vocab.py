@@ -37,3 +37,23 @@ def test_second_run_with_new_items_keeps_old_indices(tmp_path):
     new_ids = second.items.slice(old.height)["id"].to_list()
     raw = pl.read_csv(log)["item"].unique(maintain_order=True).to_list()
     assert new_ids == [i for i in raw if i not in set(old["id"].to_list())]  # appended in first appearance order
+
+
+def test_parquet_or_gz_given_to_the_nightly_job_works_or_is_one_line(tmp_path, capsys):
+    import gzip
+
+    from pipelines import nightly
+
+    gz = tmp_path / "seq.txt.gz"
+    gz.write_bytes(gzip.compress(b"1 10 11 12\n2 20 21 22\n3 30 31\n"))
+    assert nightly.main(["--input", str(gz), "-o", str(tmp_path / "w1"), "--ranks", "2", "--batch-size-per-rank",
+                         "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    events = tmp_path / "events.parquet"
+    pl.DataFrame({"user_id": ["a", "a", "b", "b"], "item_id": ["x", "y", "x", "z"]}).write_parquet(events)
+    assert nightly.main(["--input", str(events), "-o", str(tmp_path / "w2"), "--ranks", "2",
+                         "--batch-size-per-rank", "1", "--no-progress"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1 and "--format events" in err[0]
+    assert nightly.main(["--input", str(events), "--format", "events", "-o", str(tmp_path / "w3"), "--ranks", "2",
+                         "--batch-size-per-rank", "1", "--no-progress"]) == 0
