@@ -393,7 +393,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
              has_header, overwrite, users_per_chunk, progress, holdout, holdout_output, events_per_bucket,
              max_items_per_piece, remap_ids, prior, vocab_out, bad_lines, feature_cols) -> ConvertSummary:
     """:func:`convert` once its arguments are checked (``prep_dir``: a fresh folder for a copy of the input)."""
-    events_src = None
+    events_src, read_from = None, src
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
         force = {} if prior is None else {"user_id": prior.users.schema["id"] == pl.String,
                                           "item_id": prior.items.schema["id"] == pl.String}
@@ -408,7 +408,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
         if kind != "text":
             raise Sn.binary_error(src, fmt, kind)
         if comp:
-            src = Sn.prepare(src, prep_dir, sep=" ", has_header=False, comp=comp).path
+            read_from = Sn.prepare(src, prep_dir, sep=" ", has_header=False, comp=comp).path
         if remap_ids or prior is not None:
             raise ConfigError("--remap-ids and --vocab need --format events (a sequences file holds integer ids)")
     mapped = events_src is not None and I.needs_map(events_src.kinds, remap_ids, prior)
@@ -426,7 +426,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
         spool = _spool_dir(output_path)
         try:
             stats: dict = {}
-            frames = iter_sequences(src) if events_src is None else iter_events(
+            frames = iter_sequences(read_from) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
             features = events_src.feature_types() if events_src is not None else {}
             eval_spool = EvalSpool(spool / "eval.parquet", features) if holdout == "last" else None

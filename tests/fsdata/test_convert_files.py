@@ -155,5 +155,7 @@ def test_binary_and_mislabeled_inputs_are_one_line(tmp_path, capsys):
     gz.write_bytes(gzip.compress(b"1 10 11 12\n2 20 21\n"))
     assert main(["convert", str(gz), str(tmp_path / "g.parquet"), "--format", "sequences", "--no-progress"]) == 0
     assert pl.read_parquet(tmp_path / "g.parquet")["target_item_id"].to_list() == [11, 12, 21]
+    meta = json.loads(pq.read_metadata(tmp_path / "g.parquet").metadata[CONVERT_META_KEY])
+    assert meta["input"] == "seq.txt.gz"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.bin", "events.parquet", "g.parquet", "seq.txt",
                                                          "seq.txt.gz"]
