@@ -120,9 +120,12 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.
             if pending[c] >= _MERGE_ROWS:
                 acc[c], pending[c] = merge(acc[c]), 0
     empty = pl.DataFrame(schema={"id": pl.String, "first": pl.UInt32, "count": pl.Int64})
-    seen = [merge(acc[c])[0] if acc[c] else empty for c in ID_COLUMNS]
-    tables = {c: V.extend(s, None if prior is None else (prior.items if c == "item_id" else prior.users), dtypes[c],
-                          c.removesuffix("_id")) for c, s in zip(ID_COLUMNS, seen)}
+    tables = {}
+    for c in ID_COLUMNS:  # one column at a time, its partial groups freed as it is merged
+        seen, acc[c] = (merge(acc[c])[0] if acc[c] else empty), []
+        tables[c] = V.extend(seen, None if prior is None else (prior.items if c == "item_id" else prior.users),
+                             dtypes[c], c.removesuffix("_id"))
+        del seen
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
 
 

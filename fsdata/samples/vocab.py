@@ -218,6 +218,9 @@ def extend(seen: pl.DataFrame, prior: pl.DataFrame | None, dtype: pl.DataType, w
         raise InputError(f"the --vocab vocabulary has {prior.schema['id']} {what} ids but the input has "
                          f"{dtype} ones; give the vocabulary of the same kind of ids")
     seen = seen.with_columns(pl.col("id").cast(dtype)).sort("first")
+    if prior.height == 0:  # no earlier vocabulary: indices in order of first appearance (no join)
+        return seen.select("id", pl.int_range(1, pl.len() + 1, dtype=pl.Int64).alias("index"),
+                           pl.col("count").cast(pl.Int64))
     counts = seen.select("id", "count")
     known = prior.select("id", "index").join(counts, on="id", how="left", maintain_order="left").with_columns(
         pl.col("count").fill_null(0))
