@@ -36,8 +36,10 @@ _EVENTS_PER_BLOCK = 4_000_000
 _NUM_ITEMS = 1_000_000
 
 
-def _write_events(path: Path, size_bytes: int, events_per_user: int, seed: int, *, csv: bool) -> int:
-    """Append blocks of random events until ``path`` holds ``size_bytes``; returns the number of events."""
+def _write_events(path: Path, size_bytes: int, events_per_user: int, seed: int, *, csv: bool,
+                  strings: bool = False) -> int:
+    """Append blocks of random events until ``path`` holds ``size_bytes``; returns the number of events.
+    ``strings``: ids as strings (``u12345``, Amazon-style ``B000012345`` items), mapped by convert."""
     rng = np.random.default_rng(seed)
     num_users = max(1, size_bytes // (16 * events_per_user))
     n = 0
@@ -47,6 +49,9 @@ def _write_events(path: Path, size_bytes: int, events_per_user: int, seed: int, 
         while f.tell() < size_bytes:
             k = _EVENTS_PER_BLOCK
             df = pl.DataFrame({"user": rng.integers(0, num_users, k), "item": rng.integers(0, _NUM_ITEMS, k)})
+            if strings:
+                df = df.select(user=pl.lit("u") + pl.col("user").cast(pl.String),
+                               item=pl.lit("B") + pl.col("item").cast(pl.String).str.pad_start(9, "0"))
             if csv:
                 df = df.with_columns(timestamp=pl.int_range(n, n + k) + 1_600_000_000)
             df.write_csv(f, include_header=False, separator="," if csv else " ")
@@ -92,7 +97,7 @@ def _run(cmd: list[str], env: dict) -> dict:
     kib, source = ((int(timed[-1]), "GNU time %M") if timed and timed[-1].isdigit()
                    else (usage.ru_maxrss, "os.wait4 ru_maxrss (upper bound)"))
     return {"exit_code": proc.returncode, "wall_seconds": round(wall, 1), "peak_rss_mib": round(kib / 1024, 1),
-            "peak_rss_source": source, "stdout": out.decode().strip()[-400:], "stderr": err.decode().strip()[-400:]}
+            "peak_rss_source": source, "stdout": out.decode().strip(), "stderr": err.decode().strip()[-400:]}
 
 
 def _save(a: argparse.Namespace, tree: str, rows: list[dict]) -> None:
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-gb", type=float, default=2.0, help="bytes of each text input, in GB (10^9)")
     p.add_argument("--samples", default="per-user", choices=["per-user", "per-event"])
     p.add_argument("--events-per-user", type=int, default=10)
-    p.add_argument("--formats", default="sequences,events-text,events-csv,events-parquet")
+    p.add_argument("--formats", default="sequences,events-text,events-csv,events-parquet,events-csv-strings")
     p.add_argument("--work", default=None, help="folder for inputs and outputs (default: new under /tmp)")
     p.add_argument("--python-path", default=None, help="PYTHONPATH of the child (default: this tree)")
     p.add_argument("--keep", action="store_true", help="keep the generated inputs")
@@ -144,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                     src = work / "events.parquet"
                     pl.scan_csv(csv).sink_parquet(src, row_group_size=1 << 20)
                     num_events = pl.scan_parquet(src).select(pl.len()).collect().item()
+            elif fmt == "events-csv-strings":  # string ids: mapped to indices, OUTPUT.vocab/ written
+                src = work / "events-strings.csv"
+                num_events = _write_events(src, size, a.events_per_user, seed=4, csv=True, strings=True)
+                args = ["--format", "events", "--time-col", "timestamp"]
             else:
                 raise SystemExit(f"unknown format {fmt}")
             gen = time.perf_counter() - t0
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if r.get("events_match", True) else
                      f"  EVENTS COUNTED {r['num_events_counted']:,} != {num_events:,} WRITTEN"), flush=True)
             out.unlink(missing_ok=True)
+            shutil.rmtree(f"{out}.vocab", ignore_errors=True)
             if not a.keep and (fmt != "events-csv" or "events-parquet" not in a.formats):
                 src.unlink(missing_ok=True)
                 if fmt == "events-parquet":

@@ -25,12 +25,12 @@ import importlib
 
 from fsdata._version import __version__
 
-__all__ = ["BalanceSettings", "FsdataError", "Manifest", "__version__", "balance"]
+__all__ = ["BalanceSettings", "FsdataError", "Manifest", "Vocabulary", "__version__", "balance"]
 
 # The public names load on first use (PEP 562), so that importing the package does not load
 # pyarrow: ``fsdata.cli`` sets Arrow's allocator options (they are read when pyarrow loads) first.
 _LAZY = {"balance": "fsdata.engines", "FsdataError": "fsdata.errors", "Manifest": "fsdata.shards.manifest",
-         "BalanceSettings": "fsdata.balancer.settings"}
+         "BalanceSettings": "fsdata.balancer.settings", "Vocabulary": "fsdata.samples.vocab"}
 
 
 def __getattr__(name: str):

@@ -218,12 +218,17 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
                 item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
                 overwrite=a.overwrite, progress=not a.no_progress, holdout=a.holdout,
-                holdout_output=a.holdout_output)
+                holdout_output=a.holdout_output, remap_ids=a.remap_ids, vocab=a.vocab, bad_lines=a.bad_lines,
+                feature_cols=a.feature_cols)
     if a.json:
         print(json.dumps(asdict(s), indent=2))
     else:
         print(f"wrote {s.num_samples:,} samples ({s.samples}) from {s.num_users:,} users / {s.num_events:,} events "
               f"to {a.output}; {s.num_users_skipped} users with < 2 items skipped")
+        if s.bad_lines_skipped:
+            print(f"skipped {s.bad_lines_skipped:,} bad lines (--bad-lines skip)")
+        if s.vocab:
+            print(f"wrote the vocabulary ({s.num_items - 1:,} items) to {a.output}.vocab")
         if s.holdout:
             print(f"held out the last item of {s.holdout['num_users_evaluated']:,} users to {a.holdout_output} "
                   f"({s.holdout['num_users_kept_whole']} users with < 3 items kept whole in training)")

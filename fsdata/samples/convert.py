@@ -41,13 +41,14 @@ Limits: one ``events`` user's whole history, one block of spooled events, one te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +62,11 @@ from fsdata.samples import schema as S
 from fsdata.atomic import atomic_output, check_replaceable
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
-from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events
+from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events, read_raw
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
+from fsdata.samples import ids as I
+from fsdata.samples import sniff as Sn
+from fsdata.samples.vocab import IdMap, Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
@@ -97,6 +101,15 @@ class ConvertSummary:
     """History items cut by ``max_seq_len`` summed over samples."""
     holdout: dict | None = None
     """With ``--holdout last``: :class:`fsdata.samples.holdout.HoldoutSummary` as a dict."""
+    num_items: int = 0
+    """Embedding-table size a model needs: largest item index (or id) + 1 over training and held-out data
+    (and every item of the vocabulary); 0 is padding."""
+    vocab: dict | None = None
+    """With mapped ids: ``{"digest": "sha256:<hex>", "path": "OUTPUT.vocab" relative to the output's folder}``."""
+    feature_columns: list[str] = field(default_factory=list)
+    """Event columns carried as lists aligned with ``item_ids`` (``--feature-cols``)."""
+    bad_lines_skipped: int = 0
+    """Input lines skipped by ``--bad-lines skip``."""
 
 
 def iter_sequences(path: Path, *, block_bytes: int | None = None,
@@ -200,12 +213,15 @@ def _first_bad_token(block: bytes, lines_before: int) -> str:
 #: Column names that look like an event time (case-insensitive), for the missing --time-col warning.
 
 def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_sample_id: int,
-                    max_items: int = MAX_ITEMS_PER_PIECE) -> Iterator[tuple[pa.Table, int]]:
+                    max_items: int = MAX_ITEMS_PER_PIECE,
+                    features: dict[str, pa.DataType] | None = None) -> Iterator[tuple[pa.Table, int]]:
     """Build samples for a chunk of users with vectorised offset arithmetic (no per-sample loop).
 
     Yields:
         ``(table, truncated)`` pieces of consecutive samples, each with at most ``max_items``
-        history items (or one sample), in order; one piece when the chunk fits.
+        history items (or one sample), in order; one piece when the chunk fits. Each of ``features``
+        (a list column of ``users`` aligned with ``item_ids``) becomes a list column aligned with the
+        history, cut the same way (after ``seq_len``).
     """
     items = users["item_ids"]
     n = items.list.len().cast(pl.Int64).to_numpy()
@@ -226,7 +242,9 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
     hist_start = np.maximum(t - max_seq_len, 0)
     hist_len = t - hist_start
     uid = users["user_id"].to_numpy().astype(np.int64, copy=False)
-    schema = S.sample_schema(has_ts, with_seq_len=True)
+    features = features or {}
+    flat_f = {f: users[f].explode().to_numpy() for f in features}
+    schema = sample_schema(has_ts, features)
     cum = np.cumsum(hist_len)
     a = 0
     while True:
@@ -246,6 +264,8 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
         if has_ts:
             cols[S.TIMESTAMPS] = pa.LargeListArray.from_arrays(offsets, flat_ts[gather]).cast(pa.list_(pa.int64()))
         cols[S.SEQ_LEN] = pa.array(hl.astype(np.int32))
+        for f, ftype in features.items():
+            cols[f] = pa.LargeListArray.from_arrays(offsets, pa.array(flat_f[f][gather], ftype)).cast(pa.list_(ftype))
         yield pa.table(cols, schema=schema), int((tt - hl).sum())
         a = b
         if a >= len(t):
@@ -254,24 +274,35 @@ def _window_samples(users: pl.DataFrame, mode: str, max_seq_len: int, first_samp
 
 # ---------------------------------------------------------------------------------------------- convert
 
-def _spool_dir(output_path: str | os.PathLike) -> Path:
+def sample_schema(has_ts: bool, features: dict[str, pa.DataType]) -> pa.Schema:
+    """The output schema: :func:`fsdata.samples.schema.sample_schema` with ``seq_len``, then the feature lists."""
+    schema = S.sample_schema(has_ts, with_seq_len=True)
+    for f, t in features.items():
+        schema = schema.append(pa.field(f, pa.list_(t), nullable=False))
+    return schema
+
+
+def _spool_dir(output_path: str | os.PathLike, what: str = "spool") -> Path:
     """A fresh local folder for temporaries: a hidden sibling of a local output (removed by the next run if
     this one is killed, :func:`fsdata.atomic.clean_stale_tmp`), else one under the system temp folder."""
     if fsio.is_remote(output_path):
         return Path(tempfile.mkdtemp(prefix="fsdata-convert-"))
     final = Path(output_path).absolute()
-    spool = final.parent / f".{final.name}.tmp-{os.getpid()}-spool"
+    spool = final.parent / f".{final.name}.tmp-{os.getpid()}-{what}"
     shutil.rmtree(spool, ignore_errors=True)
     spool.mkdir(parents=True)
     return spool
 
 
 def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
-            max_seq_len: int = 512, user_col: str = "0", item_col: str = "1", time_col: str | None = None,
+            max_seq_len: int = 512, user_col: str | None = None, item_col: str | None = None,
+            time_col: str | None = None,
             sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
             users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
             holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
-            max_items_per_piece: int | None = None) -> ConvertSummary:
+            max_items_per_piece: int | None = None, remap_ids: bool = False,
+            vocab: str | os.PathLike | None = None, bad_lines: str = "error",
+            feature_cols: str | list[str] | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
@@ -296,6 +327,13 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             for Parquet) are grouped in memory.
         max_items_per_piece: most history items of one chunk built and written at once (a chunk
             over it is written as several pieces; default :data:`MAX_ITEMS_PER_PIECE`).
+        remap_ids: map integer ids to dense indices too (string ids always are; :mod:`fsdata.samples.vocab`).
+        vocab: an earlier ``OUTPUT.vocab`` folder (read, never modified): its ids keep their indices, new
+            ids are appended; implies mapping. With mapping, the vocabulary is written as ``OUTPUT.vocab/``.
+        bad_lines: ``error`` (a text line with the wrong field count is refused, with its number and text)
+            or ``skip`` (skipped and counted: ``bad_lines_skipped``).
+        feature_cols: numeric event columns (``"rating,action"`` or a list) written as list columns
+            aligned with ``item_ids`` (int64 or float64 elements), also in the evaluation file.
 
     Returns:
         :class:`ConvertSummary`.
@@ -307,6 +345,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             least 2 items.
         EnvironmentFailure: disk full, read-only or permission denied (:mod:`fsdata.guards`).
     """
+    if bad_lines not in Sn.BAD_LINES:
+        raise ConfigError(f"unknown --bad-lines '{bad_lines}'; use one of {', '.join(Sn.BAD_LINES)}")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
     if samples not in SAMPLE_MODES:
@@ -326,33 +366,88 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         check_replaceable(output_path, "samples", flag=setting("overwrite_arg", True))
         if holdout_output:
             check_replaceable(holdout_output, "eval", name="--holdout-output", flag=setting("overwrite_arg", True))
+    vocab_out = vocab_dir_for(output_path)
+    prior = None
+    if vocab is not None:
+        check_output_apart(vocab_out, [input_path, vocab], output_name="vocabulary output", input_name="input")
+        prior = Vocabulary.read(vocab)
     events_per_bucket = events_per_bucket or EVENTS_PER_BUCKET
     max_items_per_piece = max_items_per_piece or MAX_ITEMS_PER_PIECE
     src = Path(input_path)
-    events_src = None
+    prep_dir = _spool_dir(output_path, "input")
+    try:
+        return _convert(src, output_path, prep_dir, fmt=fmt, samples=samples, max_seq_len=max_seq_len,
+                        user_col=user_col, item_col=item_col, time_col=time_col, sep=sep, has_header=has_header,
+                        overwrite=overwrite, users_per_chunk=users_per_chunk, progress=progress, holdout=holdout,
+                        holdout_output=holdout_output, events_per_bucket=events_per_bucket,
+                        max_items_per_piece=max_items_per_piece, remap_ids=remap_ids, prior=prior,
+                        vocab_out=vocab_out, bad_lines=bad_lines,
+                        feature_cols=[c.strip() for c in feature_cols.split(",") if c.strip()]
+                        if isinstance(feature_cols, str) else list(feature_cols or ()))
+    except InputError as e:  # a decompressed or rewritten copy keeps the lines: name the user's file
+        msg = str(e)
+        for name in ("input.txt", "kept.txt"):
+            msg = msg.replace(str(prep_dir / name), str(src))
+        raise InputError(msg) from None
+    finally:
+        shutil.rmtree(prep_dir, ignore_errors=True)
+
+
+def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_len, user_col, item_col, time_col, sep,
+             has_header, overwrite, users_per_chunk, progress, holdout, holdout_output, events_per_bucket,
+             max_items_per_piece, remap_ids, prior, vocab_out, bad_lines, feature_cols) -> ConvertSummary:
+    """:func:`convert` once its arguments are checked (``prep_dir``: a fresh folder for a copy of the input)."""
+    events_src, read_from = None, src
     if fmt == "events":  # columns are resolved (and refused) before any output is touched
+        force = {} if prior is None else {"user_id": prior.users.schema["id"] == pl.String,
+                                          "item_id": prior.items.schema["id"] == pl.String}
         events_src = _open_events(src, user_col=user_col, item_col=item_col, time_col=time_col, sep=sep,
-                                  has_header=has_header)
+                                  has_header=has_header, force_string=force, bad_lines=bad_lines, tmp=prep_dir,
+                                  feature_cols=tuple(feature_cols))
+    elif feature_cols:
+        raise ConfigError("--feature-cols needs --format events (a sequences file holds item ids only)")
     else:
         _check_input_file(src)
+        kind, comp = Sn.detect(src)
+        if kind != "text":
+            raise Sn.binary_error(src, fmt, kind)
+        if comp:
+            read_from = Sn.prepare(src, prep_dir, sep=" ", has_header=False, comp=comp).path
+        if remap_ids or prior is not None:
+            raise ConfigError("--remap-ids and --vocab need --format events (a sequences file holds integer ids)")
+    mapped = events_src is not None and I.needs_map(events_src.kinds, remap_ids, prior)
+    if mapped and Path(vocab_out).exists() and not overwrite:
+        raise ConfigError(f"output {vocab_out} already exists; choose a new path or pass "
+                          f"{setting('overwrite_arg', True)} to replace it")
+    new_vocab = None
+    if events_src is not None:
+        I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
+        if mapped:
+            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior)
+            events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)
         try:
             stats: dict = {}
-            frames = iter_sequences(src) if events_src is None else iter_events(
+            frames = iter_sequences(read_from) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
-            eval_spool = EvalSpool(spool / "eval.parquet") if holdout == "last" else None
+            features = events_src.feature_types() if events_src is not None else {}
+            eval_spool = EvalSpool(spool / "eval.parquet", features) if holdout == "last" else None
             held = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=0,
                                   num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
             num_users = num_events = num_events_all = skipped = written = truncated = 0
-            with pq.ParquetWriter(str(tmp), S.sample_schema(has_ts, with_seq_len=True), compression="zstd",
+            max_item = -1
+            features = events_src.feature_types() if events_src is not None else {}
+            with pq.ParquetWriter(str(tmp), sample_schema(has_ts, features), compression="zstd",
                                   write_page_index=False) as writer:
                 bar = tqdm(unit="user", desc="convert", disable=not progress)
                 for chunk in _chunks(frames, users_per_chunk):
+                    top = chunk["item_ids"].list.max().max()
+                    max_item = max(max_item, -1 if top is None else int(top))
                     if eval_spool is not None:
                         num_events_all += _events(chunk)
-                        chunk, eval_table, part = split_last(chunk, max_seq_len)
+                        chunk, eval_table, part = split_last(chunk, max_seq_len, features)
                         eval_spool.add(eval_table)
                         held.num_users_evaluated += part.num_users_evaluated
                         held.num_users_kept_whole += part.num_users_kept_whole
@@ -361,7 +456,8 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
                     num_users += chunk.height
                     num_events += int(n.cast(pl.Int64).sum())
                     skipped += int((n < 2).sum())
-                    for table, cut in _window_samples(chunk, samples, max_seq_len, written, max_items_per_piece):
+                    for table, cut in _window_samples(chunk, samples, max_seq_len, written, max_items_per_piece,
+                                                      features):
                         if table.num_rows:
                             writer.write_table(table, row_group_size=1 << 20)
                         written += table.num_rows
@@ -373,19 +469,31 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
                                 "separate interactions: deduplicate the log first if they are logging repeats",
                                 src, stats["num_duplicates"], " and time" if has_ts else "")
                 if skipped == num_users:
+                    hint = ("; if each line holds one user's whole sequence ('user item1 item2 ...'), pass "
+                            "--format sequences") if events_src is not None else ""
                     raise InputError(f"input {src}: no user has 2 or more items, so no (history, target) sample "
-                                     "exists")
+                                     f"exists{hint}")
                 summary = ConvertSummary(input=str(src), format=fmt, samples=samples, max_seq_len=max_seq_len,
                                          num_users=num_users, num_events=num_events, num_samples=written,
                                          num_users_skipped=skipped, num_items_truncated=truncated)
+                if events_src is not None:
+                    summary.bad_lines_skipped = events_src.bad_lines_skipped
+                    summary.feature_columns = list(features)
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)
-                # the file name only: the same log under another path gives the same bytes (and input digest)
-                writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
-                                                                              "input": src.name}).encode()})
-            if eval_spool is not None:
-                eval_spool.write(holdout_output, held, overwrite=overwrite, max_items=max_items_per_piece)
+                summary.num_items = max(max_item, new_vocab.num_items - 1 if new_vocab else -1) + 1
+                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if new_vocab
+                      else contextlib.nullcontext()) as vtmp:
+                    if new_vocab is not None:
+                        summary.vocab = {"digest": new_vocab.write(vtmp), "path": vocab_out.name}
+                    # the file name only: the same log under another path gives the same bytes (and input digest)
+                    writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
+                                                                                  "input": src.name}).encode()})
+                    writer.close()
+                    if eval_spool is not None:
+                        eval_spool.write(holdout_output, held, overwrite=overwrite, max_items=max_items_per_piece,
+                                         num_items=summary.num_items)
         finally:
             shutil.rmtree(spool, ignore_errors=True)
     return summary

@@ -15,7 +15,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -25,6 +25,10 @@ import pyarrow.parquet as pq
 
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
+from fsdata.samples import ids as I
+from fsdata.samples import sniff as Sn
+from fsdata.samples.merge import merge_by_first as _merge_by_first
+from fsdata.samples.merge import write_buckets
 
 log = logging.getLogger("fsdata.convert")
 
@@ -93,6 +97,20 @@ class _EventsInput:
     names: list[str]
     """The input's column names (as Polars names them: ``column_1`` ... without a header)."""
     sep: str | None
+    kinds: dict[str, str] = field(default_factory=dict)
+    """``user_id``/``item_id`` -> ``int``, ``float`` or ``string`` (:mod:`fsdata.samples.ids`)."""
+    maps: dict = field(default_factory=dict)
+    """Id column -> its vocabulary table (``id``, ``index``), for mapped ids."""
+    arrow_types: dict[str, pa.DataType] = field(default_factory=dict)
+    """The input's column name -> the type PyArrow's CSV reader reads it as (id columns read as text or floats)."""
+    bad_lines_skipped: int = 0
+    """Lines skipped by ``--bad-lines skip``."""
+    features: dict[str, str] = field(default_factory=dict)
+    """Event feature (output list column) -> the input's column (``--feature-cols``)."""
+
+    def feature_types(self) -> dict[str, pa.DataType]:
+        """Feature -> the Arrow type of its list elements (int64 or float64)."""
+        return {f: pa.int64() if self.kinds[f] == "int" else pa.float64() for f in self.features}
 
     @property
     def has_time(self) -> bool:
@@ -102,49 +120,105 @@ class _EventsInput:
         return f"line {row + 1 + self.header_lines}" if self.text else f"row {row}"
 
 
-def _open_events(path: Path, *, user_col: str, item_col: str, time_col: str | None, sep: str | None,
-                 has_header: bool | None) -> _EventsInput:
-    """Resolve the columns of an events input (nothing is read but the schema and a sample of rows)."""
+def _open_events(path: Path, *, user_col: str | None, item_col: str | None, time_col: str | None, sep: str | None,
+                 has_header: bool | None, force_string: dict[str, bool] | None = None, bad_lines: str = "error",
+                 tmp: Path | None = None, feature_cols: tuple[str, ...] = ()) -> _EventsInput:
+    """Resolve an events input: its kind by content (:mod:`fsdata.samples.sniff`), separator, header, columns
+    and the kind of its ids (for text, one streaming pass; for Parquet, the schema).
+
+    ``force_string``: ``user_id``/``item_id`` -> read as strings whatever they hold (an earlier vocabulary
+    of string ids). ``tmp``: a fresh folder for a decompressed or rewritten copy of a text input (the
+    returned input's ``path`` is then the copy; its lines keep their numbers)."""
     _check_input_file(path)
-    suffix = path.suffix.lower()
+    kind, comp = Sn.detect(path)
+    if kind == "binary":
+        raise Sn.binary_error(path, "events", kind)
+    prep = None
     try:
-        if suffix == ".parquet":
+        if kind == "parquet":
+            if comp:
+                raise InputError(f"input {path} is a compressed Parquet file; decompress it first (Parquet "
+                                 "compresses its pages itself)")
             lf = pl.scan_parquet(str(path))
             estimate = pq.read_metadata(str(path)).num_rows
+            names = lf.collect_schema().names()
         else:
-            if sep is None:
-                sep = "," if suffix == ".csv" else "\t" if suffix == ".tsv" else " "
-            if has_header is None:
-                has_header = suffix in (".csv", ".tsv")
-            lf = pl.scan_csv(str(path), separator=sep, has_header=has_header, infer_schema_length=10000)
-            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT
-        names = lf.collect_schema().names()
+            wanted = tuple(c for c in (user_col, item_col, time_col) if c is not None and not c.isdigit())
+            prep = Sn.prepare(path, tmp, sep=sep, has_header=has_header, comp=comp, wanted=wanted)
+            lf = _scan_text(prep)
+            names = lf.collect_schema().names()
+            estimate = path.stat().st_size // _TEXT_BYTES_PER_EVENT * (4 if comp else 1)
     except (pl.exceptions.PolarsError, OSError) as e:
         raise_if_environment(e, path, action="read")
         raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
-                         "check --format, --sep and header settings") from None
+                         "check --format, --sep and --header") from None
 
     def resolve(col: str | None, flag: str) -> str | None:
         if col is None:
             return None
         if col in names:
             return col
+        typed = [n for n in names if n.split(":")[0] == col]  # RecBole's user_id:token
+        if typed:
+            return typed[0]
         if col.isdigit() and int(col) < len(names):
             return names[int(col)]
         raise InputError(f"input {path}: no column '{col}' for {flag}; columns are {names}; "
                          f"pass {flag} NAME (or a 0-based position)")
 
-    u, i, t = resolve(user_col, "--user-col"), resolve(item_col, "--item-col"), resolve(time_col, "--time-col")
+    header = kind == "parquet" or prep.has_header
+    auto = user_col is None and item_col is None and time_col is None
+    for col, flag in ((user_col, "--user-col"), (item_col, "--item-col"), (time_col, "--time-col")):
+        resolve(col, flag)  # a named column that is missing is refused first
+    if header and (user_col is None or item_col is None):
+        std = Sn.standard_columns(names)
+        missing = [f for f, ours, col in (("--user-col", "user_id", user_col), ("--item-col", "item_id", item_col))
+                   if col is None and ours not in std]
+        if missing:
+            raise InputError(f"input {path} has columns {names} and none is a standard "
+                             f"{'user' if missing[0] == '--user-col' else 'item'} column; pass "
+                             f"{' and '.join(f'{m} NAME' for m in missing)}")
+        user_col = user_col if user_col is not None else std["user_id"]
+        item_col = item_col if item_col is not None else std["item_id"]
+        if auto and "ts" in std:
+            time_col = std["ts"]
+        log.warning("input %s: using columns user '%s', item '%s'%s (standard names; pass --user-col/--item-col/"
+                    "--time-col to choose others)", path, user_col, item_col,
+                    f", time '{time_col}'" if time_col else "")
+    u = resolve("0" if user_col is None else user_col, "--user-col")
+    i = resolve("1" if item_col is None else item_col, "--item-col")
+    t = resolve(time_col, "--time-col")
     if t is None:
         _warn_time_col(path, names, [u, i])
+    given = {"user_id": u, "item_id": i, "ts": t}
+    features = I.resolve_features(path, feature_cols, resolve, given)
+    skipped, text_kinds = 0, None
+    if prep is not None:
+        try:
+            text_kinds, skipped, prep = Sn.scan_text(prep, names, {k: v for k, v in given.items() if v} | features,
+                                                     bad_lines=bad_lines, tmp=tmp, shown=path)
+        except (pa.ArrowException, OSError) as e:
+            raise_if_environment(e, path, action="read")
+            raise InputError(f"input {path}: cannot read ({str(e).splitlines()[0]}); "
+                             "check --format, --sep and --header") from None
+        lf = _scan_text(prep)
+    kinds, arrow_types, lf = I.id_kinds(path, lf, {k: v for k, v in given.items() if v} | features,
+                                        (lambda ov: _scan_text(prep, ov)) if prep else None, force_string or {},
+                                        text_kinds)
     cols = [pl.col(u).alias("user_id"), pl.col(i).alias("item_id")]
     if t:
         cols.append(pl.col(t).alias("ts"))
-    text = suffix != ".parquet"
-    return _EventsInput(path=path, raw=lf.select(cols).with_row_index("_row"),
-                        given={"user_id": u, "item_id": i, "ts": t},
-                        header_lines=1 if text and has_header else 0, text=text, num_events_estimate=estimate,
-                        names=names, sep=sep)
+    cols += [pl.col(theirs).alias(f) for f, theirs in features.items()]
+    text = prep is not None
+    return _EventsInput(path=prep.path if text else path, raw=lf.select(cols).with_row_index("_row"),
+                        given=given, header_lines=1 if text and prep.has_header else 0, text=text,
+                        num_events_estimate=estimate, names=names, sep=prep.sep if text else None, kinds=kinds,
+                        arrow_types=arrow_types, bad_lines_skipped=skipped, features=features)
+
+
+def _scan_text(prep, overrides=None) -> pl.LazyFrame:
+    return pl.scan_csv(str(prep.path), separator=prep.sep, has_header=prep.has_header, infer_schema_length=10000,
+                       schema_overrides=overrides)
 
 
 def _event_columns(src: _EventsInput) -> list[str]:
@@ -152,7 +226,8 @@ def _event_columns(src: _EventsInput) -> list[str]:
 
 
 def _cast_events(src: _EventsInput) -> pl.LazyFrame:
-    return src.raw.with_columns([pl.col(c).cast(pl.Int64, strict=True) for c in _event_columns(src)])
+    return I.cast_features(I.to_int(src.raw, src.kinds, src.maps, _event_columns(src)), src.kinds,
+                           list(src.features))
 
 
 def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = False) -> InputError:
@@ -170,8 +245,8 @@ def _parse_error(src: _EventsInput, e: BaseException, *, check_nulls: bool = Fal
     if not where:
         return InputError(f"input {src.path}: cannot parse ({str(e).splitlines()[0]}); "
                           "check --format, --sep and header settings")
-    return InputError(f"input {src.path} {where}: user, item and time columns must be integers; "
-                      "map ids to integers first")
+    return InputError(f"input {src.path} {where}: ids must be integers or strings and times integers, decimals "
+                      "or ISO 8601 date-times: fix that value")
 
 
 def _locate_bad_value(src: _EventsInput) -> str:
@@ -179,8 +254,12 @@ def _locate_bad_value(src: _EventsInput) -> str:
     (streamed, so a large input is not held whole)."""
     schema = src.raw.collect_schema()
     for c in _event_columns(src):
-        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null()
-                                               & pl.col(c).cast(pl.Int64, strict=False).is_null()).head(1).collect()
+        kind = src.kinds.get(c, "int")
+        if kind in ("float", "datetime") or (kind == "string" and c != "ts"):
+            continue  # read as decimals, date-times or mapped strings: not the failing column
+        iso = pl.col(c).str.strip_chars().str.to_datetime(time_zone="UTC", strict=False)
+        ok = iso.is_not_null() if kind == "string" else pl.col(c).cast(pl.Int64, strict=False).is_not_null()
+        bad = src.raw.select("_row", c).filter(pl.col(c).is_not_null() & ~ok).head(1).collect()
         if bad.height:
             value = bad[c][0]
             shown = f"'{value}'"
@@ -199,7 +278,7 @@ def _check_events(src: _EventsInput, ev: pl.LazyFrame) -> int:
     Raises:
         InputError: no events; a null (the first, by column); a negative user or item id.
     """
-    cols = _event_columns(src)
+    cols = _event_columns(src) + list(src.features)
     aggs = [pl.len().alias("n")]
     for c in cols:
         aggs += [pl.col(c).null_count().alias(f"nulls_{c}"),
@@ -234,13 +313,15 @@ def _group_users(ev: pl.DataFrame, has_time: bool) -> tuple[pl.DataFrame, int]:
         ``user_id``, ``item_ids`` and with a time column ``timestamps``; ``num_duplicates`` counts
         events equal to an earlier one (same user, item and time).
     """
-    dup = ev.height - ev.select([c for c in ev.columns if c != "_row"]).n_unique()
+    dup = ev.height - ev.select([c for c in ("user_id", "item_id", "ts") if c in ev.columns]).n_unique()
+    features = [c for c in ev.columns if c not in ("_row", "user_id", "item_id", "ts")]
     order = ["user_id", "ts", "_row"] if has_time else ["user_id", "_row"]
     first_seen = ev.group_by("user_id").agg(pl.col("_row").min().alias("_first"))
     ev = ev.join(first_seen, on="user_id").sort(["_first"] + order[1:])
     aggs = [pl.col("item_id").alias("item_ids")]
     if has_time:
         aggs.append(pl.col("ts").alias("timestamps"))
+    aggs += [pl.col(f) for f in features]  # event features, aligned with item_ids
     return ev.group_by("_first", maintain_order=True).agg(pl.col("user_id").first(), *aggs), dup
 
 
@@ -275,7 +356,8 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         del ev
         yield users.drop("_first")
         return
-    spooled = _write_buckets(src, spool / "buckets", num_buckets)
+    spooled = write_buckets(_read_batches(src), spool / "buckets", num_buckets, _SPOOL_EVENTS,
+                            lambda e: _parse_error(src, e, check_nulls=True))
     _check_events(src, pl.scan_parquet([p for p, _ in spooled]))
     grouped, dups = [], 0
     group_events = max(64, min(_MERGE_EVENTS_PER_GROUP, _MERGE_EVENTS_PER_STEP // num_buckets))
@@ -300,18 +382,20 @@ def iter_events(src: _EventsInput, spool: Path, *, events_per_bucket: int,
         yield users.drop("_first")
 
 
-def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
+def _read_batches(src: _EventsInput, raw: bool = False) -> Iterator[pl.DataFrame]:
     """The cast events (``_row``, ``user_id``, ``item_id`` [, ``ts``]) a block at a time: PyArrow's streaming
     CSV reader for text, Parquet batches for Parquet (Polars' streaming engine reads ahead without bound when
     its batches are consumed slowly, so it is not used here)."""
     ours = _event_columns(src)
-    cols = list(dict.fromkeys(src.given[c] for c in ours))
+    cols = list(dict.fromkeys([src.given[c] for c in ours] + list(src.features.values())))
+    # raw: ``_row``, ``user_id``, ``item_id`` as read, not cast (the vocabulary pass)
     if src.text:
         reader = pacsv.open_csv(
             src.path, read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES, column_names=src.names,
                                                      skip_rows=src.header_lines),
             parse_options=pacsv.ParseOptions(delimiter=src.sep, ignore_empty_lines=False),
-            convert_options=pacsv.ConvertOptions(include_columns=cols))
+            convert_options=pacsv.ConvertOptions(include_columns=cols, column_types=src.arrow_types,
+                                                 strings_can_be_null=True))
     else:
         # pre_buffer off: with it, PyArrow caches every row group's bytes read ahead until the file is closed
         # (apache/arrow#39808), so memory grew with the input (a 0.71 GB events Parquet: 1.1 GiB at the end of
@@ -320,110 +404,29 @@ def _read_batches(src: _EventsInput) -> Iterator[pl.DataFrame]:
     row = 0
     for batch in reader:
         df = pl.from_arrow(batch)
-        df = df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
-                       *[pl.col(src.given[c]).cast(pl.Int64, strict=True).alias(c) for c in ours])
+        if raw:
+            yield df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                            *[pl.col(src.given[c]).alias(c) for c in I.ID_COLUMNS])
+            row += df.height
+            continue
+        df = I.to_int(df.select(pl.int_range(row, row + df.height, dtype=pl.UInt32).alias("_row"),
+                                *[pl.col(src.given[c]).alias(c) for c in ours],
+                                *[pl.col(t).alias(f) for f, t in src.features.items()]), src.kinds, src.maps, ours)
+        df = I.cast_features(df, src.kinds, list(src.features))
         row += df.height
         yield df
 
 
-def _write_buckets(src: _EventsInput, folder: Path, num_buckets: int) -> list[tuple[Path, dict[int, list[int]]]]:
-    """Split the cast events by a hash of the user id into ``num_buckets`` buckets (module docstring).
-
-    Every :data:`_SPOOL_EVENTS` events are stably sorted by bucket and written as one Parquet file
-    (lz4) whose row groups each hold rows of one bucket, so each bucket keeps file order.
-
-    Returns:
-        ``(spool file, {bucket: its row group indices})`` per spool file, in input order.
+def read_raw(src: _EventsInput) -> Iterator[pl.DataFrame]:
+    """``_row``, ``user_id``, ``item_id`` as read (ids not cast), a block at a time (the vocabulary pass).
 
     Raises:
-        InputError: a value that is not an integer, a null or a negative id (named by its line), or a
-            file the reader cannot parse.
+        InputError: the file does not read (as :func:`iter_events`).
     """
-    folder.mkdir()
-    spooled: list[tuple[Path, dict[int, list[int]]]] = []
-    pending: list[pl.DataFrame] = []
-    rows = 0
-
-    def flush() -> None:
-        df = pl.concat(pending).with_columns(_bucket=(pl.col("user_id").hash(seed=0) % num_buckets).cast(pl.UInt32))
-        pending.clear()
-        df = df.sort("_bucket", maintain_order=True)
-        counts = df.group_by("_bucket", maintain_order=True).len()  # buckets ascending: df is sorted
-        table = df.drop("_bucket").to_arrow()
-        del df
-        path = folder / f"spool-{len(spooled):05d}.parquet"
-        start = 0
-        with pq.ParquetWriter(path, table.schema, compression="lz4") as w:
-            for _, n in counts.iter_rows():
-                w.write_table(table.slice(start, n), row_group_size=n)  # one or more whole row groups
-                start += n
-        # the writer may split a long bucket into several row groups (its maximum row group length)
-        md, index, g = pq.read_metadata(path), {}, 0
-        for b, n in counts.iter_rows():
-            index[int(b)] = []
-            while n > 0:
-                index[int(b)].append(g)
-                n -= md.row_group(g).num_rows
-                g += 1
-        spooled.append((path, index))
-
     try:
-        for df in _read_batches(src):
-            pending.append(df)
-            rows += df.height
-            if rows >= _SPOOL_EVENTS:
-                flush()
-                rows = 0
-        if pending:
-            flush()
+        yield from _read_batches(src, raw=True)
     except (pa.ArrowException, pl.exceptions.PolarsError, OSError) as e:
-        raise_if_environment(e, folder, action="write")
         raise _parse_error(src, e, check_nulls=True) from None
-    return spooled
-
-
-def _merge_by_first(files: list[pq.ParquetFile]) -> Iterator[pl.DataFrame]:
-    """Merge grouped bucket files (each sorted by ``_first``) into one stream sorted by ``_first``.
-
-    Before each step, every file whose buffer holds fewer rows than its last row group read reads
-    its next row group, so each buffer spans at least one row group; the step yields every buffered
-    user with ``_first`` up to the smallest buffer end among files with unread groups (all users up
-    to there are buffered: unread groups of a file start after its buffer). Memory: at most two row
-    groups per file; each step yields about one row group per file, so the number of steps is about
-    the row groups of one file. (Refilling only emptied buffers, as before, made about one step per
-    row group of all files, each step touching every file: quadratic in the input.)
-    """
-    n = len(files)
-    next_group = [0] * n
-    bufs: list[pl.DataFrame | None] = [None] * n
-    group_rows = [0] * n
-
-    def top_up(i: int) -> None:
-        while (bufs[i] is None or bufs[i].height < group_rows[i]) and next_group[i] < files[i].num_row_groups:
-            df = pl.from_arrow(files[i].read_row_group(next_group[i]))
-            next_group[i] += 1
-            group_rows[i] = df.height
-            if df.height:
-                bufs[i] = df if bufs[i] is None else pl.concat([bufs[i], df])
-                return
-
-    while True:
-        for i in range(n):
-            top_up(i)
-        if all(b is None for b in bufs):
-            return
-        more = [int(bufs[i]["_first"][-1]) for i in range(n)
-                if bufs[i] is not None and next_group[i] < files[i].num_row_groups]
-        threshold = min(more) if more else None
-        out = []
-        for i, b in enumerate(bufs):
-            if b is None:
-                continue
-            k = b.height if threshold is None else int(b["_first"].search_sorted(threshold, side="right"))
-            if k:
-                out.append(b.slice(0, k))
-                bufs[i] = b.slice(k) if k < b.height else None
-        yield pl.concat(out).sort("_first")
 
 
 # ---------------------------------------------------------------------------------------------- samples

@@ -63,13 +63,16 @@ def check_holdout_args(holdout: str, holdout_output: str | os.PathLike | None) -
         raise ConfigError("--holdout-output is set but --holdout is 'none'; pass --holdout last")
 
 
-def split_last(users: pl.DataFrame, max_seq_len: int) -> tuple[pl.DataFrame, pa.Table, HoldoutSummary]:
+def split_last(users: pl.DataFrame, max_seq_len: int,
+               features: dict[str, pa.DataType] | None = None) -> tuple[pl.DataFrame, pa.Table, HoldoutSummary]:
     """Hold out each user's last item.
 
     Args:
         users: ``user_id`` int64, ``item_ids`` list<int64> chronological, optional ``timestamps``
             list<int64> (as returned by :func:`fsdata.samples.convert.read_sequences` / ``read_events``).
         max_seq_len: keep at most this many most recent history items in the evaluation rows.
+        features: list columns of ``users`` aligned with ``item_ids`` (``--feature-cols``): cut like the
+            history, in training and in the evaluation rows.
 
     Returns:
         ``(train_users, eval_table, summary)``: ``train_users`` has the same columns with the last
@@ -82,10 +85,11 @@ def split_last(users: pl.DataFrame, max_seq_len: int) -> tuple[pl.DataFrame, pa.
         pl.col("user_id").cast(pl.Int64),
         pl.col("item_ids").list.slice(0, pl.col("item_ids").list.len() - 1).list.tail(max_seq_len).alias("item_ids"),
         pl.col("item_ids").list.last().cast(pl.Int64).alias("target_item_id"),
-        (pl.col("item_ids").list.len() - 1).alias("_full"))
+        (pl.col("item_ids").list.len() - 1).alias("_full"),
+        *[pl.col(f).list.slice(0, pl.col(f).list.len() - 1).list.tail(max_seq_len) for f in features or {}])
     ev = ev.with_columns(pl.col("item_ids").list.len().cast(pl.Int32).alias("seq_len"))
     truncated = int((ev["_full"] - ev["seq_len"].cast(pl.Int64)).sum()) if ev.height else 0
-    drop = [c for c in ("item_ids", "timestamps") if c in users.columns]
+    drop = [c for c in ("item_ids", "timestamps", *(features or {})) if c in users.columns]
     train = users.with_columns([
         pl.when(held).then(pl.col(c).list.slice(0, pl.col(c).list.len() - 1)).otherwise(pl.col(c)).alias(c)
         for c in drop])
@@ -94,16 +98,18 @@ def split_last(users: pl.DataFrame, max_seq_len: int) -> tuple[pl.DataFrame, pa.
         S.ITEM_IDS: ev["item_ids"].to_arrow().cast(pa.list_(pa.int64())),
         S.TARGET_ITEM_ID: pa.array(ev["target_item_id"].to_numpy(), pa.int64()),
         S.SEQ_LEN: pa.array(ev["seq_len"].to_numpy(), pa.int32()),
-    }, schema=eval_schema())
+        **{f: ev[f].to_arrow().cast(pa.list_(t)) for f, t in (features or {}).items()},
+    }, schema=eval_schema(features))
     summary = HoldoutSummary(holdout="last", max_seq_len=max_seq_len, num_users_evaluated=ev.height,
                              num_users_kept_whole=int((~held).sum()), num_items_truncated=truncated)
     return train, table, summary
 
 
-def eval_schema() -> pa.Schema:
-    """Arrow schema of the evaluation file (module docstring)."""
+def eval_schema(features: dict[str, pa.DataType] | None = None) -> pa.Schema:
+    """Arrow schema of the evaluation file (module docstring), then the feature lists (``--feature-cols``)."""
     return pa.schema([(S.USER_ID, pa.int64()), (S.ITEM_IDS, pa.list_(pa.int64())),
-                      (S.TARGET_ITEM_ID, pa.int64()), (S.SEQ_LEN, pa.int32())])
+                      (S.TARGET_ITEM_ID, pa.int64()), (S.SEQ_LEN, pa.int32()),
+                      *[(f, pa.list_(t)) for f, t in (features or {}).items()]])
 
 
 def write_eval_file(table: pa.Table, path: str | os.PathLike, summary: HoldoutSummary, *, overwrite: bool) -> None:
@@ -129,9 +135,10 @@ class EvalSpool:
     #: :func:`write_eval_file` writes).
     ROWS_PER_GROUP = 1 << 20
 
-    def __init__(self, spool_path: str | os.PathLike) -> None:
+    def __init__(self, spool_path: str | os.PathLike, features: dict[str, pa.DataType] | None = None) -> None:
         self._path = str(spool_path)
-        self._writer = pq.ParquetWriter(self._path, eval_schema(), compression="lz4")
+        self._schema = eval_schema(features)
+        self._writer = pq.ParquetWriter(self._path, self._schema, compression="lz4")
         self.num_rows = 0
 
     def add(self, table: pa.Table) -> None:
@@ -141,16 +148,20 @@ class EvalSpool:
             self.num_rows += table.num_rows
 
     def write(self, path: str | os.PathLike, summary: HoldoutSummary, *, overwrite: bool,
-              max_items: int = 1 << 24) -> None:
+              max_items: int = 1 << 24, num_items: int | None = None) -> None:
         """Write the gathered rows to ``path`` atomically, ``summary`` in the metadata; row groups of
         :attr:`ROWS_PER_GROUP` rows, fewer where they would hold more than ``max_items`` history items.
 
         Raises:
             ConfigError: ``path`` exists and ``overwrite`` is False.
+
+        ``num_items`` (the embedding-table size over training and held-out data) joins the summary in the
+        metadata when given.
         """
         self._writer.close()
-        meta = {HOLDOUT_META_KEY: json.dumps(asdict(summary)).encode()}
-        schema = eval_schema().with_metadata(meta)
+        extra = {} if num_items is None else {"num_items": int(num_items)}
+        meta = {HOLDOUT_META_KEY: json.dumps({**asdict(summary), **extra}).encode()}
+        schema = self._schema.with_metadata(meta)
         lf = pl.scan_parquet(self._path)
         lengths = lf.select(pl.col(S.SEQ_LEN).cast(pl.Int64)).collect()[S.SEQ_LEN].to_numpy() \
             if self.num_rows else np.zeros(0, np.int64)
@@ -162,7 +173,7 @@ class EvalSpool:
                     done = int(cum[a - 1]) if a else 0
                     b = min(len(lengths), a + self.ROWS_PER_GROUP,
                             max(a + 1, int(np.searchsorted(cum, done + max_items, side="right"))))
-                    piece = lf.slice(a, b - a).collect().to_arrow() if b > a else eval_schema().empty_table()
+                    piece = lf.slice(a, b - a).collect().to_arrow() if b > a else self._schema.empty_table()
                     writer.write_table(piece.cast(schema))
                     a = b
                     if a >= len(lengths):

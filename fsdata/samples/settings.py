@@ -28,13 +28,24 @@ class ConvertSettings:
     """One sample per user or per interaction."""
     max_seq_len: int = 512
     """Most recent history items kept per sample."""
-    user_col: str = "0"
-    """events: user column name or 0-based position."""
-    item_col: str = "1"
-    """events: item column name or 0-based position."""
+    user_col: str | None = None
+    """events: user column name or 0-based position (default: a header's user_id/userId/user, else column 0)."""
+    item_col: str | None = None
+    """events: item column name or 0-based position (default: a header's item_id/itemId/item/movieId, else
+    column 1)."""
     time_col: str | None = None
     """events: timestamp column (optional; sorts each user's events)."""
     sep: str | None = None
-    """events text separator (default: ',' for .csv, tab for .tsv, else space)."""
+    """events text separator: ',' ';' tab '::' or space (default: sniffed from the first lines)."""
     has_header: bool | None = None
-    """events text has a header line (default: yes for .csv and .tsv, else no)."""
+    """events text has a header line (default: sniffed: a line naming standard columns, or no number where
+    the data has one)."""
+    feature_cols: str | None = None
+    """events: extra numeric event columns (e.g. 'rating,action') written as lists aligned with item_ids."""
+    bad_lines: Literal["error", "skip"] = "error"
+    """events text: a line with the wrong number of fields stops convert (error, naming it) or is skipped and
+    counted (skip)."""
+    remap_ids: bool = False
+    """events: map integer ids to dense indices from 1 too (string ids always are); writes OUTPUT.vocab/."""
+    vocab: str | None = None
+    """events: an earlier OUTPUT.vocab folder (read only): its ids keep their indices, new ids are appended."""

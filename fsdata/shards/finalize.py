@@ -106,6 +106,17 @@ def _check_only_rank_files(out: Path | str, num_ranks: int) -> None:
                          "read them: remove them, or rerun 'fsdata write' into an empty OUTPUT")
 
 
+def _extra(meta: dict, plan, out, remote: bool) -> dict:
+    """The manifest's keys after the known ones: the plan's own (``manifest_extra``; a resharded
+    OUTPUT's carried keys among them, which win), what the input's convert metadata carries
+    (``num_items``, ``vocab``, ``feature_columns``) and, last, ``plan_digest``."""
+    extra = dict(meta.get("manifest_extra", {}))
+    for key, value in _carried(meta.get("carried") or {}, out, remote).items():
+        extra.setdefault(key, value)
+    extra["plan_digest"] = plan_digest(plan)
+    return extra
+
+
 def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry] | None = None) -> Manifest:
     """Stage 3: write ``_step_stats.parquet``, ``_dropped.parquet`` (when rows were dropped) and,
     last, ``_manifest.json`` into ``output``, from the plan and the rank files' records.
@@ -197,7 +208,7 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             step_stats_sha256=sha256_file(stats_path),
             dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
             input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-            extra={**meta.get("manifest_extra", {}), "plan_digest": plan_digest(plan)})
+            extra=_extra(meta, plan, out, remote))
         if remote:
             m.write(out)
         else:
@@ -216,3 +227,23 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             shutil.rmtree(staging[0], ignore_errors=True)
     return m
 
+
+def _carried(carried: dict, out, remote: bool) -> dict:
+    """The manifest keys carried from ``fsdata convert``'s metadata (docs/format.md): ``num_items``,
+    ``vocab`` (its path made relative to OUTPUT; null for an object store or another drive) and
+    ``feature_columns``, in this order after the other keys; absent when the input did not record them."""
+    extra = {}
+    if "num_items" in carried:
+        extra["num_items"] = int(carried["num_items"])
+    src = carried.get("vocab_source")
+    if src:
+        where = None
+        if src.get("dir") and not remote:
+            try:
+                where = os.path.relpath(src["dir"], os.path.abspath(out))
+            except ValueError:  # another drive
+                where = None
+        extra["vocab"] = {"digest": src["digest"], "path": where}
+    if carried.get("feature_columns"):
+        extra["feature_columns"] = list(carried["feature_columns"])
+    return extra

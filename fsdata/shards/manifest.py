@@ -194,6 +194,25 @@ class Manifest:
 
     # ---- reading ----------------------------------------------------------------------------
     @property
+    def num_items(self) -> int | None:
+        """Embedding-table size of the items (``num_items``: largest item index + 1 over training and
+        held-out data, from ``fsdata convert``); None when absent (older outputs, other inputs)."""
+        v = self.extra.get("num_items")
+        return None if v is None else int(v)
+
+    @property
+    def vocab(self) -> dict | None:
+        """``{"digest": "sha256:<hex>", "path": <vocabulary folder relative to OUTPUT, or None>}`` of the
+        input's ``fsdata convert`` vocabulary (``vocab``); None when absent."""
+        return self.extra.get("vocab")
+
+    @property
+    def feature_columns(self) -> list[str] | None:
+        """Event feature columns aligned with ``item_ids`` (``feature_columns``); None when absent."""
+        v = self.extra.get("feature_columns")
+        return None if v is None else list(v)
+
+    @property
     def epochs(self) -> int:
         """E, the epochs the shards hold (``epochs``; 1 when absent: one-epoch outputs)."""
         return int(self.extra.get("epochs", 1))

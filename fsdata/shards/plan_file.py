@@ -29,6 +29,7 @@ from fsdata.balancer.settings import BalanceSettings
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource
+from fsdata.samples.vocab import carried_keys
 
 #: Column of a plan (and of the rows an engine routes to a rank): the row's index in its (step, rank) batch.
 POSITION = "position"
@@ -322,6 +323,7 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
         "num_samples_input": int(len(plan.step) if num_samples is None else num_samples),
         "input_digest": input_digest(src),
         "fsdata_version": __version__, "settings": _recorded_settings(settings, plan, src),
+        "carried": carried_keys(src.files, fsio.read_parquet_metadata),
         "manifest_extra": {"lower_bound_kind": "pigeonhole",
                            "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
                            "per_rank_count": plan.count_distribution()},

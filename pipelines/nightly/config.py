@@ -63,6 +63,10 @@ NOT_IN_KEY = {"num_threads", "progress", "bucket_compression", "overwrite", "eng
 SECTIONS = {"convert": ConvertSettings, "balance": BalanceSettings, "job": JobSettings}
 
 
+#: Convert settings added after runs had keys: left out of the key at their default, so those runs keep it.
+NEW_CONVERT_DEFAULTS = {"remap_ids": False, "vocab": None, "feature_cols": None, "bad_lines": "error"}
+
+
 def key_settings(cfg: NightlyConfig) -> dict:
     """The settings that change a run's output, flat (the names of the flat settings before they
     were nested, so an existing run keeps its key): every convert setting but ``input`` (the run
@@ -72,6 +76,10 @@ def key_settings(cfg: NightlyConfig) -> dict:
     Returns:
         ``{name: value}``, JSON-serialisable.
     """
-    convert = {k: v for k, v in asdict(cfg.convert).items() if k != "input"}
+    convert = {k: v for k, v in asdict(cfg.convert).items()
+               if k != "input" and not (k in NEW_CONVERT_DEFAULTS and v == NEW_CONVERT_DEFAULTS[k])}
+    if cfg.convert.format != "events":  # unused columns: the key they had when their defaults were "0" and "1"
+        convert["user_col"] = "0" if convert["user_col"] is None else convert["user_col"]
+        convert["item_col"] = "1" if convert["item_col"] is None else convert["item_col"]
     balance = {k: v for k, v in asdict(cfg.balance).items() if k not in NOT_IN_KEY and k != "num_workers"}
     return {**convert, **balance, "extra": cfg.job.extra}

@@ -23,6 +23,7 @@ from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import check_output_apart
 from fsdata.samples.convert import convert
 from fsdata.samples.io import list_parquet_files, open_samples
+from fsdata.samples.vocab import VOCAB_SUFFIX, vocab_digest
 from fsdata.shards.manifest import sha256_file
 from fsdata.shards.verify import verify
 from pipelines.nightly import store
@@ -41,7 +42,7 @@ def _input_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def run_key(cfg: NightlyConfig, input_digest: str | None = None) -> str:
+def run_key(cfg: NightlyConfig, input_digest: str | None = None, vocab_digest: str | None = None) -> str:
     """Hex key of a run: SHA-256 of the input bytes, the settings that change the output
     (:func:`~pipelines.nightly.config.key_settings`) and the fsdata version (16 chars).
 
@@ -49,6 +50,8 @@ def run_key(cfg: NightlyConfig, input_digest: str | None = None) -> str:
         cfg: the settings.
         input_digest: the digest of the bytes the run read (:func:`snapshot_input`); default:
             hash ``cfg.convert.input`` now.
+        vocab_digest: the digest of the vocabulary the run extends (:func:`chained_vocab`); None (no
+            vocabulary) leaves the key as before vocabularies existed.
 
     Raises:
         FsdataError: the input does not exist.
@@ -61,7 +64,30 @@ def run_key(cfg: NightlyConfig, input_digest: str | None = None) -> str:
     h = hashlib.sha256()
     h.update(input_digest.encode())
     h.update(json.dumps({**key_settings(cfg), "input": None, "fsdata": fsdata_version}, sort_keys=True).encode())
+    if vocab_digest is not None:
+        h.update(vocab_digest.encode())
     return h.hexdigest()[:16]
+
+
+#: The samples file of a run (its vocabulary, with mapped ids, is ``samples.parquet.vocab/`` beside it).
+SAMPLES_NAME = "samples.parquet"
+
+
+def chained_vocab(cfg: NightlyConfig, work: Path) -> tuple[str | None, str | None]:
+    """The vocabulary a run extends, so one vocabulary lives on across runs: ``--vocab`` when given, else
+    the published run's ``samples.parquet.vocab`` (when it has one).
+
+    Returns:
+        ``(folder or None, its content digest or None)``.
+    """
+    if cfg.convert.format == "samples":
+        return None, None
+    folder = cfg.convert.vocab
+    if folder is None:
+        published = store._published_run(work)
+        cand = None if published is None else published / (SAMPLES_NAME + VOCAB_SUFFIX)
+        folder = str(cand) if cand is not None and cand.is_dir() else None
+    return (folder, vocab_digest(folder)) if folder else (None, None)
 
 
 SNAPSHOT_NAME = ".input"
@@ -114,11 +140,12 @@ def _validate(cfg: NightlyConfig) -> None:
                           "(convert already writes the sample schema)")
 
 
-def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_from: str | None = None) -> dict:
+def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_from: str | None = None,
+           vocab: str | None = None) -> dict:
     """Run convert, profile, balance and verify into ``stage``; write ``_SUCCESS`` last.
 
     ``read_from`` is the input snapshot to read (:func:`snapshot_input`; default ``cfg.convert.input``);
-    it is removed before ``_SUCCESS`` is written."""
+    it is removed before ``_SUCCESS`` is written. ``vocab``: the vocabulary convert extends (:func:`chained_vocab`)."""
     conv, bal, progress = cfg.convert, cfg.balance, cfg.balance.progress
     info = {"run_key": key, "created_unix_ns": created_ns, "created_at": store._iso(created_ns),
             "built_at": store._iso(store._now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
@@ -127,11 +154,12 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_f
     source = read_from or conv.input
     samples = source
     if conv.format != "samples":
-        samples = str(stage / "samples.parquet")
+        samples = str(stage / SAMPLES_NAME)
         log.info("convert %s -> %s", conv.input, samples)
         convert(source, samples, fmt=conv.format, samples=conv.samples, max_seq_len=conv.max_seq_len,
                 user_col=conv.user_col, item_col=conv.item_col, time_col=conv.time_col, sep=conv.sep,
-                has_header=conv.has_header, progress=progress)
+                has_header=conv.has_header, progress=progress, remap_ids=conv.remap_ids, vocab=vocab,
+                bad_lines=conv.bad_lines, feature_cols=conv.feature_cols)
     columns = bal.columns if conv.format == "samples" else None
     cost_model = load_cost_model(bal.cost_model)
     lengths, _ = open_samples(samples, columns).lengths_and_ids()
@@ -200,7 +228,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
                        input_name="--cost-model")
     work = Path(cfg.job.output)
     with store.work_lock(work, cfg.job.lock_timeout_seconds):
-        key = run_key(cfg)
+        vocab, vdigest = chained_vocab(cfg, work)
+        key = run_key(cfg, vocab_digest=vdigest)
         runs = work / "runs"
         run_dir = runs / key
         published = store._published_run(work)
@@ -223,7 +252,7 @@ def run_nightly(cfg: NightlyConfig) -> dict:
             try:
                 # the run reads a copy of the input made while hashing it: the key names the bytes read
                 read_from, digest = snapshot_input(cfg.convert.input, stage / SNAPSHOT_NAME)
-                read_key = run_key(cfg, digest)
+                read_key = run_key(cfg, digest, vdigest)
                 if read_key != key:
                     log.warning("input %s changed after it was hashed; this run is built from the bytes it read "
                                 "(run %s, not %s)", cfg.convert.input, read_key, key)
@@ -231,7 +260,7 @@ def run_nightly(cfg: NightlyConfig) -> dict:
                     known = [h["created_unix_ns"] for h in store._history(work)
                              if h["run_key"] == key and "created_unix_ns" in h]
                     created = store._created_ns(run_dir) or (min(known) if known else store._now_ns())
-                _build(cfg, stage, key, created, read_from=read_from)
+                _build(cfg, stage, key, created, read_from=read_from, vocab=vocab)
                 store._swap_in(stage, run_dir)
             except BaseException:
                 store._remove(stage)

@@ -83,7 +83,7 @@ def test_events_parquet_buckets_keep_file_order_per_user(tmp_path):
 
 
 @pytest.mark.parametrize("text,fragment", [
-    ("u,i\n1,2\n1,3\n2,x\n", "line 4, column 'i': 'x'"),
+    ("u,i\n1,2\n1,3\n2,4.5\n", "line 4, column 'i': 4.5 is not a whole number"),
     ("u,i\n1,2\n1,3\n2,\n", "null values in {'item_id': 1}, first at line 4, column 'i'"),
     ("u,i\n1,2\n1,3\n-2,4\n", "line 4, column 'u': id -2 is negative"),
     ("u,i\n1,2\n1,99999999999999999999\n", "line 3, column 'i'"),

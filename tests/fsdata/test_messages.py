@@ -122,11 +122,12 @@ def test_sequences_parse_error_names_file_and_line(tmp_path, capsys):
 
 def test_events_parse_error_names_file_line_and_column(tmp_path, capsys):
     src = tmp_path / "ev.csv"
-    src.write_text("user,item\n1,10\n1,11\n2,1x2\n")
+    # ids may be strings; a time must be a number or an ISO 8601 string
+    src.write_text("user,item,ts\n1,10,5\n1,11,6\n2,12,1x2\n")
     assert main(["convert", str(src), str(tmp_path / "o.parquet"), "--format", "events", "--user-col", "user",
-                 "--item-col", "item", "--no-progress"]) == 2
+                 "--item-col", "item", "--time-col", "ts", "--no-progress"]) == 2
     line = _err_line(capsys)
-    assert str(src) in line and "line 4" in line and "column 'item'" in line and "'1x2'" in line
+    assert str(src) in line and "line 4" in line and "column 'ts'" in line and "'1x2'" in line
     src.write_text("user,item\n1,10\n1,\n")
     assert main(["convert", str(src), str(tmp_path / "o.parquet"), "--format", "events", "--user-col", "user",
                  "--item-col", "item", "--no-progress"]) == 2

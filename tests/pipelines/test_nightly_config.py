@@ -155,7 +155,8 @@ def test_run_key_hashes_exactly_the_settings_that_change_the_output():
     cfg = dataclasses.replace(base, job=JobSettings(output="elsewhere", keep_runs=9, lock_timeout_seconds=3.0))
     assert nightly.run_key(dataclasses.replace(cfg, job=dataclasses.replace(cfg.job, extra={"v": 1})), "d") == key
     changed = {"convert": {"format": "sequences", "samples": "per-user", "max_seq_len": 50, "user_col": "u",
-                           "item_col": "i", "time_col": "t", "sep": ",", "has_header": True},
+                           "item_col": "i", "time_col": "t", "sep": ",", "has_header": True, "remap_ids": True,
+                           "vocab": "v.vocab", "bad_lines": "skip", "feature_cols": "r"},
                "balance": {"num_ranks": 8, "batch_size_per_rank": 4, "cost_model": "tokens", "columns": "sample_id=id",
                            "seed": 4, "strategy": "shuffle", "batch_policy": "cost-budget", "remainder": "error",
                            "partitioner": "kk", "budget": 9.0, "compose_window": 8, "plan_window": 64, "epochs": 2},
