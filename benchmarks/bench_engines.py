@@ -22,15 +22,11 @@ and the peak size of the spill folder); and whether the two outputs are byte-ide
 of every file). Prints a table and writes ``OUT/bench_engines.json``.
 
 ``--engines copy,local`` (the offline stage against the I/O floor, docs/results/bench_offline_stage.md)
-instead alternates, ``--rounds`` times per size in one run, a Polars copy of the input
-(``pl.scan_parquet(INPUT).sink_parquet(OUT)``) and ``fsdata balance --engine local``, each in a child
-process that reports its own figures at exit: wall seconds, balance's stage seconds
-(``read_lengths``, ``plan``, ``write_ranks``, ``finalize``), bytes read and written
-(``/proc/self/io``: ``rchar``/``wchar`` through system calls, ``read_bytes``/``write_bytes`` at the
-storage layer, i.e. pages dirtied; ``cancelled_write_bytes``: dirtied pages of files deleted before
-write-back), and peak resident memory (``ru_maxrss``). The output is deleted before each run (not
-timed), and the ratio balance / copy is taken per round and over the medians. Writes
-``OUT/bench_offline_stage.json``.
+instead alternates, ``--rounds`` times per size in one run with the input in the page cache, a
+Polars copy of the input (``pl.scan_parquet(INPUT).sink_parquet(OUT)``) and ``fsdata balance
+--engine local``, and records the 1-minute load average before each round: a round starting above
+``--max-load`` is marked and not used for the ratio of record (:mod:`benchmarks.bench_offline_stage`;
+``--quick``: a tiny run). Writes ``OUT/bench_offline_stage.json``.
 
 ``--engines reshard`` (docs/results/bench_reshard.md) times ``fsdata balance OLD NEW --ranks R/2
 --from-step 0`` (OLD: the input balanced for ``--ranks``) against ``fsdata balance INPUT NEW --ranks
@@ -44,11 +40,9 @@ import hashlib
 import json
 import os
 import re
-import resource
-import runpy
 import shutil
-import statistics
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +51,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from benchmarks import bench_offline_stage as offline_stage
 
 DATASETS = Path(os.environ.get("FREESCALE_DATASETS", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -293,149 +289,8 @@ def bench_reshard(n: int, a: argparse.Namespace, work: Path) -> dict:
     return row
 
 
-_CHILD_FLAG = "--measure-child"
-
-
-def proc_io() -> dict[str, int]:
-    """This process's I/O counters (``/proc/self/io``; all threads, including ended ones)."""
-    out = {}
-    with open("/proc/self/io") as f:
-        for line in f:
-            k, v = line.split(":")
-            out[k.strip()] = int(v)
-    return out
-
-
-def _measure_child(argv: list[str]) -> int:
-    """Child side: ``--measure-child RESULT.json (-m MODULE ARGS... | -c CODE)``: run the target in
-    this process, then write its wall seconds, I/O counters and peak RSS to RESULT.json."""
-    result, kind, target, *rest = argv
-    t0 = time.perf_counter()
-    code = 0
-    try:
-        if kind == "-m":
-            sys.argv = [target, *rest]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            exec(compile(target, "<copy>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    wall = time.perf_counter() - t0
-    sys.stdout.flush()
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    Path(result).write_text(json.dumps({"inner_wall_seconds": wall, "io": proc_io(),
-                                        "cpu_seconds": ru.ru_utime + ru.ru_stime,
-                                        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-    return code
-
-
-def run_child_measured(target: list[str], env: dict, result: Path) -> dict:
-    """Run ``python --measure-child`` on ``target``; wall seconds of the whole child plus its report."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_engines", _CHILD_FLAG, str(result), *target]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if r.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-1500:]}")
-    rep = json.loads(result.read_text())
-    result.unlink()
-    return {"wall_seconds": wall, **rep, "stdout": r.stdout}
-
-
-def _rm(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-
-
-def _tree_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-
-
-def bench_vs_copy(n: int, a: argparse.Namespace, work: Path) -> dict:
-    """Alternate a Polars copy and ``fsdata balance --engine local`` ``a.rounds`` times on one input."""
-    py = sys.executable
-    env = {**os.environ}
-    inp = work / f"synth-{n}-L{a.max_seq_len}.parquet"
-    if not inp.exists():
-        subprocess.run([py, "-m", "fsdata", "synth", str(inp), "--num-samples", str(n), "--lengths-from",
-                        a.lengths_from, "--layout", "event", "--max-seq-len", str(a.max_seq_len), "--no-progress"],
-                       check=True, env=env)
-    copy_out, bal_out, res = work / f"copy-{n}.parquet", work / f"out-local-{n}", work / f"child-{n}.json"
-    copy_code = f"import polars as pl; pl.scan_parquet({str(inp)!r}).sink_parquet({str(copy_out)!r})"
-    bal = ["-m", "fsdata", "balance", str(inp), str(bal_out), "--ranks", str(a.ranks), "--batch-size-per-rank",
-           str(a.batch_size_per_rank), "--cost-model", a.cost_model, "--num-threads", str(a.ray_cpus),
-           "--bucket-compression", a.bucket_compression, "--no-progress", "--json",
-           *(["--plan-window", str(a.plan_window)] if a.plan_window else [])]
-    rounds = []
-    for i in range(a.rounds):
-        _rm(copy_out)
-        c = run_child_measured(["-c", copy_code], env, res)
-        c.pop("stdout")
-        c["output_bytes"] = _tree_bytes(copy_out)
-        _rm(copy_out)
-        _rm(bal_out)
-        b = run_child_measured(bal, env, res)
-        b["stage_seconds"] = json.loads(b.pop("stdout")).get("stage_seconds", {})
-        b["output_bytes"] = _tree_bytes(bal_out)
-        b["format_version"] = json.loads((bal_out / "_manifest.json").read_text())["format_version"]
-        if not a.keep_outputs or i + 1 < a.rounds:
-            _rm(bal_out)
-        rounds.append({"copy": c, "balance": b, "ratio": b["wall_seconds"] / c["wall_seconds"]})
-        print(f"  {n:,} round {i + 1}: copy {c['wall_seconds']:.1f} s, balance {b['wall_seconds']:.1f} s "
-              f"({', '.join(f'{k} {v:.1f}' for k, v in b['stage_seconds'].items())}), "
-              f"ratio {rounds[-1]['ratio']:.2f}; CPU s copy {c['cpu_seconds']:.1f}, balance {b['cpu_seconds']:.1f}", flush=True)
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    copy_s = med([r["copy"]["wall_seconds"] for r in rounds])
-    bal_s = med([r["balance"]["wall_seconds"] for r in rounds])
-    last = rounds[-1]["balance"]
-    row = {"num_samples": n, "input_bytes": inp.stat().st_size, "rounds": rounds,
-           "copy_seconds_median": copy_s, "balance_seconds_median": bal_s, "ratio_of_medians": bal_s / copy_s,
-           "ratio_per_round": [r["ratio"] for r in rounds],
-           "stage_seconds_median": {k: med([r["balance"]["stage_seconds"][k] for r in rounds])
-                                    for k in last["stage_seconds"]},
-           "balance_peak_rss_bytes": max(r["balance"]["peak_rss_bytes"] for r in rounds),
-           "copy_peak_rss_bytes": max(r["copy"]["peak_rss_bytes"] for r in rounds),
-           "balance_output_bytes": last["output_bytes"], "copy_output_bytes": rounds[-1]["copy"]["output_bytes"],
-           "format_version": last["format_version"], "bucket_compression": a.bucket_compression,
-           "balance_write_bytes": max(r["balance"]["io"]["write_bytes"] for r in rounds),
-           "balance_wchar": max(r["balance"]["io"]["wchar"] for r in rounds),
-           "balance_read_bytes": max(r["balance"]["io"]["read_bytes"] for r in rounds),
-           "balance_rchar": max(r["balance"]["io"]["rchar"] for r in rounds),
-           "copy_write_bytes": max(r["copy"]["io"]["write_bytes"] for r in rounds),
-           "copy_rchar": max(r["copy"]["io"]["rchar"] for r in rounds),
-           "copy_cpu_seconds_median": med([r["copy"]["cpu_seconds"] for r in rounds]),
-           "balance_cpu_seconds_median": med([r["balance"]["cpu_seconds"] for r in rounds])}
-    row["written_over_output"] = row["balance_write_bytes"] / row["balance_output_bytes"]
-    row["cpu_ratio_of_medians"] = row["balance_cpu_seconds_median"] / row["copy_cpu_seconds_median"]
-    if not a.keep_input:
-        inp.unlink()
-    return row
-
-
-def print_vs_copy(rows: list[dict], a: argparse.Namespace) -> None:
-    gib, gb = 1024**3, 1e9
-    print(f"\nfsdata balance --engine local vs pl.scan_parquet(IN).sink_parquet(OUT), R={a.ranks} "
-          f"B={a.batch_size_per_rank}, cost {a.cost_model}, max_seq_len {a.max_seq_len}, {a.rounds} rounds alternated, "
-          f"format_version {rows[0]['format_version'] if rows else '?'}, --bucket-compression {a.bucket_compression}")
-    print(f"| samples | input GB | copy s | balance s | ratio (medians) | ratio per round | read_lengths | plan | "
-          f"write_ranks | finalize | balance peak RSS GiB | copy peak RSS GiB | balance read GB (rchar) | "
-          f"balance written GB (write_bytes) | output GB | written / output | CPU s copy | CPU s balance | CPU ratio |")
-    print("|" + "---|" * 19)
-    for r in rows:
-        st = r["stage_seconds_median"]
-        print(f"| {r['num_samples']:,} | {r['input_bytes'] / gb:.2f} | {r['copy_seconds_median']:.1f} | "
-              f"{r['balance_seconds_median']:.1f} | **{r['ratio_of_medians']:.2f}** | "
-              f"{', '.join(f'{x:.2f}' for x in r['ratio_per_round'])} | {st.get('read_lengths', 0):.1f} | "
-              f"{st.get('plan', 0):.1f} | {st.get('write_ranks', 0):.1f} | {st.get('finalize', 0):.1f} | "
-              f"{r['balance_peak_rss_bytes'] / gib:.2f} | {r['copy_peak_rss_bytes'] / gib:.2f} | "
-              f"{r['balance_rchar'] / gb:.2f} | {r['balance_write_bytes'] / gb:.2f} | "
-              f"{r['balance_output_bytes'] / gb:.2f} | {r['written_over_output']:.2f} | "
-              f"{r['copy_cpu_seconds_median']:.1f} | {r['balance_cpu_seconds_median']:.1f} | {r['cpu_ratio_of_medians']:.2f} |")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == _CHILD_FLAG:
-        return _measure_child(argv[1:])
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_engines", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000000,5000000,20000000", help="comma-separated sample counts")
     p.add_argument("--ranks", type=int, default=256)
@@ -458,7 +313,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", default="local,ray", choices=["local,ray", "ray", "copy,local", "reshard"],
                    help="local,ray (both: byte identity checked), ray, copy,local (against a Polars copy), or "
                         "reshard (balance OLD --from-step against balance from the samples' Parquet)")
-    p.add_argument("--rounds", type=int, default=2, help="copy,local: copy and balance alternated this many times")
+    p.add_argument("--rounds", type=int, default=3, help="copy,local: copy and balance alternated this many times")
+    p.add_argument("--max-load", type=float, default=0.5,
+                   help="copy,local: a round whose 1-minute load average before it exceeds this is marked and left "
+                        "out of the ratio of record (default 0.5, for a 2-core machine)")
+    p.add_argument("--settle-seconds", type=float, default=180.0,
+                   help="copy,local: wait up to this long before each round for the load average to fall to "
+                        "--max-load (default 180)")
+    p.add_argument("--min-quiet-rounds", type=int, default=3,
+                   help="copy,local: unmarked rounds needed for a ratio of record (default 3)")
+    p.add_argument("--quick", action="store_true",
+                   help="copy,local: a tiny run that exercises every part (%s where not given)"
+                        % ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in offline_stage.QUICK.items()))
     p.add_argument("--cost-model", default="quadratic", help="copy,local: --cost-model (default L^2 + 64L)")
     p.add_argument("--keep-input", action="store_true", help="copy,local: keep the generated inputs")
     a = p.parse_args(argv)
@@ -477,15 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"JSON: {out / 'bench_reshard.json'}")
         return 0
     if a.engines == "copy,local":
-        rows = []
-        for n in [int(x) for x in a.sizes.split(",") if x]:
-            rows.append(bench_vs_copy(n, a, work))
-            (out / "bench_offline_stage.json").write_text(json.dumps(
-                {"settings": vars(a), "cpu_count": os.cpu_count(), "load_average_at_end": os.getloadavg(),
-                 "results": rows}, indent=2) + "\n")
-            print_vs_copy(rows, a)
-        print(f"JSON: {out / 'bench_offline_stage.json'}")
-        return 0
+        given = {act.dest for act in p._actions
+                 if any(x == o or x.startswith(o + "=") for o in act.option_strings for x in argv)}
+        return offline_stage.run(a, given)
     rows = []
     json_path = out / ("bench_engines.json" if a.bucket_compression == "zstd" else
                        f"bench_engines-{a.bucket_compression}.json")
