@@ -67,6 +67,11 @@ SECTIONS = {"convert": ConvertSettings, "balance": BalanceSettings, "job": JobSe
 NEW_CONVERT_DEFAULTS = {"remap_ids": False, "vocab": None, "feature_cols": None, "bad_lines": "error"}
 
 
+#: Balance settings added after run keys existed, left out of the key at these defaults (existing
+#: runs keep their key): ``from_step`` applies to an OUTPUT as input only.
+NEW_BALANCE_DEFAULTS = {"from_step": None}
+
+
 def key_settings(cfg: NightlyConfig) -> dict:
     """The settings that change a run's output, flat (the names of the flat settings before they
     were nested, so an existing run keeps its key): every convert setting but ``input`` (the run
@@ -81,5 +86,6 @@ def key_settings(cfg: NightlyConfig) -> dict:
     if cfg.convert.format != "events":  # unused columns: the key they had when their defaults were "0" and "1"
         convert["user_col"] = "0" if convert["user_col"] is None else convert["user_col"]
         convert["item_col"] = "1" if convert["item_col"] is None else convert["item_col"]
-    balance = {k: v for k, v in asdict(cfg.balance).items() if k not in NOT_IN_KEY and k != "num_workers"}
+    balance = {k: v for k, v in asdict(cfg.balance).items() if k not in NOT_IN_KEY and k != "num_workers"
+               and not (k in NEW_BALANCE_DEFAULTS and v == NEW_BALANCE_DEFAULTS[k])}
     return {**convert, **balance, "extra": cfg.job.extra}

@@ -192,7 +192,7 @@ def test_balance_carries_num_items_and_vocab_into_the_manifest(tmp_path):
                  "--no-progress"]) == 0
     raw = json.loads((tmp_path / "shards" / "_manifest.json").read_text())
     keys = list(raw)
-    assert keys[-2:] == ["num_items", "vocab"]  # after every existing key
+    assert keys[-3:] == ["num_items", "vocab", "plan_digest"]  # after every existing key; plan_digest last
     m = Manifest.read(tmp_path / "shards")
     assert m.num_items == s.num_items and m.vocab == {"digest": s.vocab["digest"], "path": "../train.parquet.vocab"}
     assert m.feature_columns is None

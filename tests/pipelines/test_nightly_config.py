@@ -159,7 +159,8 @@ def test_run_key_hashes_exactly_the_settings_that_change_the_output():
                            "vocab": "v.vocab", "bad_lines": "skip", "feature_cols": "r"},
                "balance": {"num_ranks": 8, "batch_size_per_rank": 4, "cost_model": "tokens", "columns": "sample_id=id",
                            "seed": 4, "strategy": "shuffle", "batch_policy": "cost-budget", "remainder": "error",
-                           "partitioner": "kk", "budget": 9.0, "compose_window": 8, "plan_window": 64, "epochs": 2},
+                           "partitioner": "kk", "budget": 9.0, "compose_window": 8, "plan_window": 64, "epochs": 2,
+                           "from_step": 5},
                "job": {"extra": {"v": 2}}}
     for section, values in changed.items():
         declared = {f.name for f in dataclasses.fields(SECTIONS[section])}
