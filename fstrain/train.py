@@ -28,7 +28,7 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import HISTORY_KEY, Batch
-from fstrain.data.manifest import (check_eval_ids, infer_num_codes, infer_num_items, load_manifest,
+from fstrain.data.manifest import (check_counts, check_eval_ids, infer_num_codes, infer_num_items, load_manifest,
                                    max_history_length, plan_digest, resharded_from, resolve_action_column,
                                    resolve_num_items, steps_per_epoch)
 from fstrain.data.merge import merge_factor, open_rank_reader
@@ -215,6 +215,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     cfg.check()
     pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
+    check_counts(manifest)  # untrusted counts against the files, before anything is sized by them
     if cfg.checkpoint.dir:
         check_checkpoint_dir(cfg.checkpoint.dir)  # outputs replace only what fstrain wrote
     for flag, folder in (("--metrics-dir", cfg.metrics.dir), ("--tensorboard-dir", cfg.metrics.tensorboard_dir)):

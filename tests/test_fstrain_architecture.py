@@ -22,6 +22,7 @@ FSDATA_SURFACE = {
                        "add_version_flag", "cli_main", "configure_logging", "new_parser", "resolve_progress",
                        "settings_help", "subparsers"},
     "fsdata.guards": {"check_output_apart", "process_alive"},
+    "fsdata.atomic": {"check_replaceable", "register_output_kind"},
     "fsdata.report": {"Figure", "pyplot", "figure_png", "load_output", "output_figures", "output_rows", "write_page"},
 }
 

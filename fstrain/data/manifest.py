@@ -121,6 +121,44 @@ def _step_rank_matrix(manifest: Manifest, column: str) -> np.ndarray:
     return out
 
 
+def check_counts(manifest: Manifest) -> None:
+    """Check a manifest's step and row counts against its files before anything is sized by them.
+
+    With ``_step_stats.parquet``, :func:`load_step_counts` checks that file's row count
+    (``num_steps x num_ranks``) before it allocates; nothing to do here. Under ``fixed`` without
+    it, every rank file holds ``num_steps x batch_size_per_rank`` rows; the manifest's
+    ``num_rows`` of every rank must say so, and rank 0's file's Parquet footer must hold that many
+    rows (one footer read). ``num_ranks`` is already bounded by the manifest's file entries
+    (:meth:`fsdata.shards.manifest.Manifest.from_json`), so an ``[S x R]`` array sized by these
+    counts is no larger than ``R / batch_size_per_rank`` times rank 0's real row count.
+
+    Raises:
+        ShardError: under ``fixed`` without step stats, a ``num_rows`` that is not ``num_steps x
+            batch_size_per_rank``, or rank 0's file missing, unreadable or holding another row count.
+    """
+    if manifest.batch_policy != "fixed" or fsio.exists(manifest.step_stats_path()):
+        return
+    S, B = manifest.num_steps, manifest.batch_size_per_rank
+    for f in manifest.files:
+        if f.num_rows != S * B:
+            raise ShardError(f"{manifest.path}: rank {f.rank} has num_rows {f.num_rows} but batch_policy fixed needs "
+                             f"num_steps {S} x batch_size_per_rank {B} = {S * B}; the manifest does not describe "
+                             "its files: re-run fsdata balance")
+    path = manifest.rank_file(0)
+    try:
+        fs, where = fsio.filesystem_and_path(path)
+        rows = pq.read_metadata(where, filesystem=fs).num_rows
+    except FileNotFoundError:
+        raise ShardError(f"rank 0: {path} not found; re-run fsdata balance or copy the whole OUTPUT") from None
+    except (OSError, pa.ArrowException) as e:
+        raise ShardError(f"rank 0: {path} is truncated or corrupt ({str(e).splitlines()[0]}); "
+                         "re-run fsdata balance") from None
+    if rows != S * B:
+        raise ShardError(f"rank 0: {path} has {rows} rows but the manifest of {manifest.path} says num_steps {S} x "
+                         f"batch_size_per_rank {B} = {S * B}; the manifest does not describe its files: "
+                         "re-run fsdata balance")
+
+
 def load_step_counts(manifest: Manifest) -> np.ndarray:
     """Per-(step, rank) sample counts.
 
@@ -133,13 +171,19 @@ def load_step_counts(manifest: Manifest) -> np.ndarray:
     Returns:
         shape ``[S x R]``, int64.
 
+    Every count is checked against the files before the array is allocated: the step stats' row
+    count (``num_steps x num_ranks`` rows), or under ``fixed`` without step stats the rank files'
+    row counts (:func:`check_counts`).
+
     Raises:
         ShardError: ``_step_stats.parquet`` is missing, unreadable, or does not cover every
-            (step, rank) exactly once with at least one sample.
+            (step, rank) exactly once with at least one sample; under ``fixed`` without step stats,
+            counts that disagree with the rank files.
     """
     S, R = manifest.num_steps, manifest.num_ranks
     stats_path = manifest.step_stats_path()
     if manifest.batch_policy == "fixed" and not fsio.exists(stats_path):
+        check_counts(manifest)  # S and R are untrusted: checked against the files before allocating
         return np.full((S, R), manifest.batch_size_per_rank, dtype=np.int64)
     counts = _step_rank_matrix(manifest, "num_samples")
     if (counts < 1).any():

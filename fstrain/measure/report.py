@@ -24,6 +24,7 @@ from fsdata.balancer import bubble
 from fsdata.report import Figure, pyplot, figure_png, load_output, output_figures, output_rows, write_page
 from fstrain.errors import ConfigError
 from fstrain.components.metrics import NULL_TIMES, read_step_times, step_losses, timing_matrix
+from fstrain.components.outputs import check_output_file
 
 
 def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> bytes:
@@ -98,7 +99,9 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
         ``null_bubble`` (fraction) when the run recorded a null control.
 
     Raises:
-        ConfigError: no ``step_times.parquet``, or metrics from other shards (world size, steps).
+        ConfigError: no ``step_times.parquet``, metrics from other shards (world size, steps), or
+            the page or a PNG beside it exists and is not one a report wrote
+            (:func:`fstrain.components.outputs.check_output_file`); nothing was written then.
         fsdata.errors.InputError: see :func:`fsdata.report.load_output`.
     """
     times_path = Path(metrics_dir) / "step_times.parquet"
@@ -150,9 +153,13 @@ def write_train_report(shards: str | os.PathLike, metrics_dir: str | os.PathLike
                            "(the num_samples-weighted mean of the ranks' losses in step_times.parquet).",
                            png=_fig_loss(loss_steps, loss)))
     hp = Path(html_path) if html_path is not None else Path(metrics_dir) / "report.html"
+    shard_figs = output_figures(d)
+    check_output_file(str(hp), "report", "--html")
+    for f in [*figs, *shard_figs]:  # write_page's names; a PNG is replaced only when it carries the report marker
+        check_output_file(str(hp.with_name(f"{hp.stem}-{f.name}.png")), "report-figure", "figure")
     res = write_page(hp, f"fstrain report: {shards} trained -> {metrics_dir}",
                      [("Shards: settings and counts", output_rows(d), []), ("Training", rows, figs),
-                      ("Shards: predicted", [], output_figures(d))])
+                      ("Shards: predicted", [], shard_figs)])
     if null is not None and null.size:
         res["null_bubble"] = bubble.run_bubble(null)
     res.update(measured_bubble=bubble.run_bubble(compute), predicted_bubble=bubble.run_bubble(predicted),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -97,7 +98,9 @@ def trained(tmp_path_factory):
 
 
 def _one_error_line(out) -> str:
-    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    """The one error line of a failed command (fstrain's own INFO log records, e.g. ``num_items 50
+    (inferred)`` before the checkpoint is opened, are progress, not part of the error)."""
+    lines = [x for x in out.stderr.splitlines() if x.strip() and not re.match(r"^[\d-]+ [\d:,]+ INFO fstrain\.", x)]
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and len(lines) == 1, out.stderr
     return lines[0]

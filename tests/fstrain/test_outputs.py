@@ -61,7 +61,7 @@ def test_output_file_rules(tmp_path):
     check_output_file(cost, "cost-model", "--output")
     check_output_file(str(tmp_path / "new.json"), "cost-model", "--output")
     notes = _write(tmp_path / "notes.json", json.dumps({"todo": 1}))
-    with pytest.raises(ConfigError, match="--output .*notes.json exists and is not a cost model"):
+    with pytest.raises(ConfigError, match="--output .*notes.json is not a cost model fstrain calibrate wrote"):
         check_output_file(notes, "cost-model", "--output")
     with pytest.raises(ConfigError, match="is a folder"):
         check_output_file(str(tmp_path), "evaluate", "--output")
@@ -81,7 +81,7 @@ def test_cli_refuses_foreign_outputs_and_inputs(tmp_path, capsys):
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=4)
     notes = _write(tmp_path / "notes.txt", "mine")
     code, err = _cli(capsys, "calibrate", "-o", notes)
-    assert code == 2 and len(err) == 1 and "exists and is not a cost model" in err[0]
+    assert code == 2 and len(err) == 1 and "is not a cost model fstrain calibrate wrote" in err[0]
     assert open(notes).read() == "mine"
     metrics = tmp_path / "run"
     _write(metrics / "summary.json", json.dumps({"thesis": 1}))
@@ -103,3 +103,64 @@ def test_cli_refuses_foreign_outputs_and_inputs(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "lies inside" in err[0]
     code, err = _cli(capsys, "report", shards, "--metrics-dir", str(m2), "--html", _write(tmp_path / "my.html"))
     assert code == 2 and len(err) == 1 and "not an fstrain report page" in err[0]
+
+
+# --- one rule: fsdata.atomic.check_replaceable decides, with fstrain's kinds registered
+
+
+def test_fstrain_kinds_are_fsdatas_rule(tmp_path):
+    from fsdata.atomic import check_replaceable
+    from fsdata.errors import FsdataError
+
+    step = tmp_path / "step-00000001"
+    _write(step / "fstrain.json", "{}")
+    check_replaceable(str(step), "fstrain-checkpoint")  # the kinds live in fsdata's registry
+    _write(step / "thesis.tex")
+    with pytest.raises(FsdataError, match="holds files FreeScale did not write"):
+        check_replaceable(str(step), "fstrain-checkpoint")
+    cost = _write(tmp_path / "c.json", json.dumps({"kind": "polynomial", "coefficients": [0, 1, 0]}))
+    check_replaceable(cost, "fstrain-cost-model")
+    with pytest.raises(FsdataError, match="is not an evaluation result"):
+        check_replaceable(cost, "fstrain-evaluate")
+
+
+def test_empty_files_and_folders_are_replaceable_other_kinds_not(tmp_path):
+    empty = _write(tmp_path / "empty.json", "")
+    check_output_file(empty, "cost-model", "--output")  # empty: nothing to lose (fsdata's rule)
+    os.makedirs(tmp_path / "ck" / "step-00000003")
+    check_checkpoint_dir(str(tmp_path / "ck"))  # an empty step folder: a checkpoint cut short before writing
+    _write(tmp_path / "ck2" / "step-00000003", "a file")
+    with pytest.raises(ConfigError, match="holds step-00000003, which fstrain did not write"):
+        check_checkpoint_dir(str(tmp_path / "ck2"))
+    evaluation = _write(tmp_path / "e.json", json.dumps({"checkpoint": "ck", "num_users": 3}))
+    with pytest.raises(ConfigError, match="is not a replay result fstrain replay wrote"):
+        check_output_file(evaluation, "replay", "--output")  # ours, but another kind
+
+
+def test_null_step_times_are_checked_like_step_times(tmp_path):
+    m = tmp_path / "run"
+    pq.write_table(pa.table({"step": [0], "rank": [0], "compute_seconds": [0.1]}),
+                   str(_write(m / "x") and m / "null_step_times.parquet"))
+    check_metrics_dir(str(m))
+    pq.write_table(pa.table({"user": [1]}), str(m / "null_step_times.parquet"))
+    with pytest.raises(ConfigError, match="holds null_step_times.parquet, which fstrain did not write"):
+        check_metrics_dir(str(m))
+
+
+def test_folders_inside_an_fsdata_output_are_refused(tmp_path):
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=1, batch_size_per_rank=2)
+    for check, flag in ((check_checkpoint_dir, "--checkpoint-dir"), (check_metrics_dir, "--metrics-dir")):
+        with pytest.raises(ConfigError, match=f"^{flag} .* lies inside the fsdata balance OUTPUT"):
+            check(os.path.join(shards, "sub"), flag)
+    with pytest.raises(ConfigError, match="lies inside the fsdata balance OUTPUT"):
+        check_output_file(os.path.join(shards, "cost.json"), "cost-model", "--output")
+    assert sorted(os.listdir(shards)) == ["_manifest.json", "_step_stats.parquet", "rank-00000"]
+
+
+def test_report_figures_are_replaced_only_with_the_report_marker(tmp_path):
+    png = tmp_path / "r-x.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20 + b"tEXtSoftware\0freescale-report")
+    check_output_file(str(png), "report-figure", "figure")
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)  # a user's own picture
+    with pytest.raises(ConfigError, match="^figure .*r-x.png is not a figure fsdata report wrote"):
+        check_output_file(str(png), "report-figure", "figure")

@@ -78,3 +78,22 @@ def test_train_report_refuses_metrics_from_other_shards(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "3 ranks" in err and not (run / "report.html").exists()
     assert main(["report", str(shards), "--metrics-dir", str(tmp_path / "none")]) == 2
     assert "--metrics-dir" in capsys.readouterr().err
+
+
+def test_train_report_replaces_only_its_own_figures(tmp_path, capsys):
+    shards = _shards(tmp_path)
+    run = tmp_path / "run"
+    _metrics(run, 2, 5)
+    capsys.readouterr()
+    assert main(["report", str(shards), "--metrics-dir", str(run), "--json"]) == 0
+    pngs = json.loads(capsys.readouterr().out)["png"]
+    assert main(["report", str(shards), "--metrics-dir", str(run)]) == 0  # its own page and PNGs: replaced
+    capsys.readouterr()
+    mine = b"\x89PNG\r\n\x1a\n my holiday picture"
+    with open(pngs[-1], "wb") as f:  # a user's PNG where a figure would go (a shard figure)
+        f.write(mine)
+    page = (run / "report.html").read_bytes()
+    assert main(["report", str(shards), "--metrics-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a figure fsdata report wrote" in err[0] and "--overwrite" not in err[0], err
+    assert open(pngs[-1], "rb").read() == mine and (run / "report.html").read_bytes() == page  # nothing written
