@@ -114,7 +114,7 @@ def test_replay_cli_json(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["replay", "{missing}"], "manifest.json not found"),
     (["replay", "{shards}", "--max-steps", "0"], "--max-steps must be >= 1"),
-    (["train", "{shards}"], "written for 2 ranks but this job has world size 1"),
+    (["train", "{shards}", "--num-items", "2"], "but the model has num_items 2 (--num-items)"),
     (["train", "{shards}", "--resume"], "--resume needs --checkpoint-dir"),
     (["calibrate", "-o", "{tmp}/c.json", "--lengths", "a,b"], "--lengths must be comma-separated integers"),
 ])
