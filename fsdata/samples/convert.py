@@ -423,12 +423,19 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
     if events_src is not None:
         I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
         if mapped:
-            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior)
-            events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
+            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior,
+                                     reread=lambda: read_raw(events_src))
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)
         try:
+            vocab_files, vocab_digest, vocab_items = None, None, 0
+            if new_vocab is not None:  # written now and freed: the conversion holds only the maps' sorted keys
+                vocab_files = spool / "vocab"
+                vocab_files.mkdir()
+                vocab_digest, vocab_items = new_vocab.write(vocab_files), new_vocab.num_items
+                events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
+                new_vocab = None
             stats: dict = {}
             frames = iter_sequences(read_from) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
@@ -482,11 +489,13 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)
-                summary.num_items = max(max_item, new_vocab.num_items - 1 if new_vocab else -1) + 1
-                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if new_vocab
+                summary.num_items = max(max_item, vocab_items - 1 if vocab_files else -1) + 1
+                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if vocab_files
                       else contextlib.nullcontext()) as vtmp:
-                    if new_vocab is not None:
-                        summary.vocab = {"digest": new_vocab.write(vtmp), "path": vocab_out.name}
+                    if vocab_files is not None:
+                        for f in sorted(vocab_files.iterdir()):
+                            shutil.move(f, Path(vtmp) / f.name)
+                        summary.vocab = {"digest": vocab_digest, "path": vocab_out.name}
                     # the file name only: the same log under another path gives the same bytes (and input digest)
                     writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
                                                                                   "input": src.name}).encode()})
