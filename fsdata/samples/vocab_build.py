@@ -5,8 +5,8 @@ Each id column has a :class:`FirstSeen`: the distinct ids met so far as 64-bit k
 arrays (Polars' ``hash`` of a string id with seed 0, an integer id as it is), each key's position in order of
 first appearance, the counts by position, and the ids themselves as Polars chunks in that order. A block of
 rows is grouped on its own (``group_by(maintain_order=True)``: its distinct ids in order of first appearance),
-its keys looked up with ``np.searchsorted`` and the new ones merged in. String ids carry a second hash (seed
-1) that must agree for a key found: two distinct ids of one 64-bit hash (about n^2 / 2^65) raise
+its keys looked up with ``np.searchsorted`` and the new ones merged in. String ids are compared with the ids met
+before when their key is found: two distinct ids of one 64-bit hash (about n^2 / 2^65) raise
 :class:`HashCollision` and the caller falls back to the grouping of :func:`fsdata.samples.ids.build_maps`.
 
 NumPy's buffers go back to the operating system when freed, where the Polars group-by over the running table
@@ -38,16 +38,15 @@ class FirstSeen:
         self.dtype = dtype
         self.string = dtype == pl.String
         self.keys = np.empty(0, np.uint64)  # sorted
-        self.check = np.empty(0, np.uint64)  # second hash, aligned with keys (strings only)
         self.pos = np.empty(0, np.uint32)  # position in order of first appearance, aligned with keys
         self.counts = np.zeros(1 << 16, np.int64)  # by position (grown by doubling)
-        self.chunks: list[pl.Series] = []
+        self.ids = pl.Series("id", [], dtype=dtype)  # in order of first appearance (one chunk per block)
         self.n = 0
 
-    def _hash(self, s: pl.Series) -> tuple[np.ndarray, np.ndarray | None]:
+    def _hash(self, s: pl.Series) -> np.ndarray:
         if self.string:
-            return s.hash(seed=0).to_numpy(), s.hash(seed=1).to_numpy()
-        return s.cast(pl.Int64).to_numpy().view(np.uint64), None
+            return s.hash(seed=0).to_numpy()
+        return s.cast(pl.Int64).to_numpy().view(np.uint64)
 
     def add(self, s: pl.Series) -> None:
         """Count the non-null ids of ``s`` (a block, in input order) and append the new ones."""
@@ -55,15 +54,16 @@ class FirstSeen:
              .agg(pl.len().cast(pl.Int64).alias("count")))
         if g.height == 0:
             return
-        keys, check = self._hash(g["id"])
+        keys = self._hash(g["id"])
         cnt = g["count"].to_numpy()
         at = np.searchsorted(self.keys, keys)
         found = np.zeros(len(keys), bool)
         if len(self.keys):
             inside = at < len(self.keys)
             found[inside] = self.keys[at[inside]] == keys[inside]
-        if check is not None and found.any() and np.any(self.check[at[found]] != check[found]):
-            raise HashCollision
+        if self.string and found.any():  # the ids of the keys found are the ids met before: else two share a hash
+            if (self.ids.gather(self.pos[at[found]]) != g["id"].filter(pl.Series(found))).any():
+                raise HashCollision
         np.add.at(self.counts, self.pos[at[found]], cnt[found])
         new = ~found
         k = int(new.sum())
@@ -78,21 +78,18 @@ class FirstSeen:
             grown[:self.n] = self.counts[:self.n]
             self.counts = grown
         self.counts[new_pos] = cnt[new]
-        self.chunks.append(g["id"].filter(pl.Series(new)))
+        self.ids.append(g["id"].filter(pl.Series(new)))
         order = np.argsort(new_keys, kind="stable")
         where = np.searchsorted(self.keys, new_keys[order])
         self.keys = np.insert(self.keys, where, new_keys[order])
         self.pos = np.insert(self.pos, where, new_pos[order])
-        if check is not None:
-            self.check = np.insert(self.check, where, check[new][order])
         self.n += k
 
     def table(self) -> pl.DataFrame:
         """``id``, ``first`` (the position of first appearance, UInt32... as Int64), ``count``, in order of
         first appearance; the sorted keys are freed."""
-        self.keys = self.check = self.pos = np.empty(0, np.uint64)
-        ids = pl.concat(self.chunks, rechunk=True) if self.chunks else pl.Series("id", [], dtype=self.dtype)
-        self.chunks = []
+        self.keys = self.pos = np.empty(0, np.uint64)
+        ids, self.ids = self.ids.rechunk(), None
         counts, self.counts = self.counts[:self.n], np.empty(0, np.int64)
         return pl.DataFrame({"id": ids, "first": np.arange(self.n, dtype=np.int64), "count": counts})
 
