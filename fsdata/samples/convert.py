@@ -434,7 +434,11 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                 vocab_files = spool / "vocab"
                 vocab_files.mkdir()
                 vocab_digest, vocab_items = new_vocab.write(vocab_files), new_vocab.num_items
-                events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
+                for c, attr in (("user_id", "users"), ("item_id", "items")):  # each table freed once hashed
+                    table = getattr(new_vocab, attr).select("id", "index")
+                    setattr(new_vocab, attr, None)
+                    events_src.maps[c] = IdMap(table)
+                    del table
                 new_vocab = None
             stats: dict = {}
             frames = iter_sequences(read_from) if events_src is None else iter_events(

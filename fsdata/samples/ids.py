@@ -115,6 +115,13 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, rerea
         seen = _grouped_first_seen(batches if reread is None else reread(), kinds, shells)
     tables = {}
     for c in ID_COLUMNS:  # one column at a time
+        first = seen[c]["first"]
+        if prior is None and (first.is_empty() or (first.is_sorted() and first[-1] == len(first) - 1)):
+            # first = 0, 1, 2, ... (the pass lists the ids in order of first appearance): no sort, no copy
+            t = seen.pop(c)
+            tables[c] = t.select(pl.col("id").cast(dtypes[c]), (pl.col("first").cast(pl.Int64) + 1).alias("index"),
+                                 pl.col("count").cast(pl.Int64))
+            continue
         tables[c] = V.extend(seen.pop(c), None if prior is None else (prior.items if c == "item_id" else prior.users),
                              dtypes[c], c.removesuffix("_id"))
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])

@@ -74,7 +74,7 @@ class FirstSeen:
             raise HashCollision
         new_pos = np.arange(self.n, self.n + k, dtype=np.uint32)
         if self.n + k > len(self.counts):
-            grown = np.zeros(max(2 * len(self.counts), self.n + k), np.int64)
+            grown = np.zeros(max(len(self.counts) + len(self.counts) // 4, self.n + k), np.int64)
             grown[:self.n] = self.counts[:self.n]
             self.counts = grown
         self.counts[new_pos] = cnt[new]
