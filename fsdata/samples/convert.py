@@ -66,7 +66,7 @@ from fsdata.samples.events import _check_input_file, _chunks, _events, _open_eve
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
-from fsdata.samples.vocab import IdMap, Vocabulary, vocab_dir_for
+from fsdata.samples.vocab import Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
@@ -423,23 +423,13 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
     if events_src is not None:
         I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
         if mapped:
-            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior,
-                                     reread=lambda: read_raw(events_src))
+            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior, reread=lambda: read_raw(events_src))
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)
         try:
-            vocab_files, vocab_digest, vocab_items = None, None, 0
-            if new_vocab is not None:  # written now and freed: the conversion holds only the maps' sorted keys
-                vocab_files = spool / "vocab"
-                vocab_files.mkdir()
-                vocab_digest, vocab_items = new_vocab.write(vocab_files), new_vocab.num_items
-                for c, attr in (("user_id", "users"), ("item_id", "items")):  # each table freed once hashed
-                    table = getattr(new_vocab, attr).select("id", "index")
-                    setattr(new_vocab, attr, None)
-                    events_src.maps[c] = IdMap(table)
-                    del table
-                new_vocab = None
+            vocab_files = spool / "vocab" if new_vocab else None  # the vocabulary written now, its tables freed
+            vocab_digest, vocab_items = I.write_and_map(new_vocab, vocab_files, events_src) if new_vocab else (None, 0)
             stats: dict = {}
             frames = iter_sequences(read_from) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
@@ -449,7 +439,6 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                                   num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
             num_users = num_events = num_events_all = skipped = written = truncated = 0
             max_item = -1
-            features = events_src.feature_types() if events_src is not None else {}
             with pq.ParquetWriter(str(tmp), sample_schema(has_ts, features), compression="zstd",
                                   write_page_index=False) as writer:
                 bar = tqdm(unit="user", desc="convert", disable=not progress)
@@ -497,8 +486,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                 with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if vocab_files
                       else contextlib.nullcontext()) as vtmp:
                     if vocab_files is not None:
-                        for f in sorted(vocab_files.iterdir()):
-                            shutil.move(f, Path(vtmp) / f.name)
+                        shutil.copytree(vocab_files, vtmp, dirs_exist_ok=True)
                         summary.vocab = {"digest": vocab_digest, "path": vocab_out.name}
                     # the file name only: the same log under another path gives the same bytes (and input digest)
                     writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),

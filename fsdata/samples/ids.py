@@ -127,6 +127,26 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, rerea
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
 
 
+def write_and_map(vocab: V.Vocabulary, folder: Path, src) -> tuple[str, int]:
+    """Write ``vocab`` into ``folder`` (created) and set ``src.maps`` (``user_id``/``item_id`` ->
+    :class:`~fsdata.samples.vocab.IdMap`), freeing each of ``vocab``'s tables once hashed: the conversion then
+    holds 12 bytes an id (the maps' sorted keys and indices) instead of the tables' 32 or more.
+
+    Returns:
+        ``(digest, num_items)``: :meth:`~fsdata.samples.vocab.Vocabulary.write`'s digest and the items'
+        embedding-table size.
+    """
+    folder.mkdir()
+    digest, num_items = vocab.write(folder), vocab.num_items
+    src.maps = {}
+    for c, attr in (("user_id", "users"), ("item_id", "items")):
+        table = getattr(vocab, attr).select("id", "index")
+        setattr(vocab, attr, None)
+        src.maps[c] = V.IdMap(table)
+        del table
+    return digest, num_items
+
+
 def _grouped_first_seen(batches, kinds: dict[str, str], shells: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
     """Each id column's ``id``, ``first`` (row), ``count`` by Polars grouping (the fallback of :func:`build_maps`)."""
     acc: dict[str, list[pl.DataFrame]] = {c: [] for c in ID_COLUMNS}

@@ -276,7 +276,8 @@ class IdMap:
         keys = self._keys(s.fill_null("" if s.dtype == pl.String else 0))
         pos = np.minimum(np.searchsorted(self._keys_sorted, keys), max(0, len(self._keys_sorted) - 1))
         found = (self._keys_sorted[pos] == keys) if len(self._keys_sorted) else np.zeros(len(keys), bool)
-        out = pl.Series(s.name, self._index[pos].astype(np.int64) if len(self._index) else np.zeros(len(keys), np.int64))
+        index = self._index[pos].astype(np.int64) if len(self._index) else np.zeros(len(keys), np.int64)
+        out = pl.Series(s.name, index)
         return out.scatter(np.flatnonzero(~found | s.is_null().to_numpy()), None) if (~found).any() or \
             s.null_count() else out
 
