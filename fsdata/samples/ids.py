@@ -109,21 +109,22 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, rerea
     dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
                             kinds[c] == "string") for c in ID_COLUMNS}
     shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
-    try:
-        seen = first_seen_tables(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells))
-    except HashCollision:
-        seen = _grouped_first_seen(batches if reread is None else reread(), kinds, shells)
+    try:  # ``id``, ``count`` in order of first appearance
+        seen, ordered = first_seen_tables(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
+    except HashCollision:  # ``id``, ``first`` (row), ``count``
+        seen, ordered = _grouped_first_seen(batches if reread is None else reread(), kinds, shells), False
     tables = {}
     for c in ID_COLUMNS:  # one column at a time
-        first = seen[c]["first"]
-        if prior is None and (first.is_empty() or (first.is_sorted() and first[-1] == len(first) - 1)):
-            # first = 0, 1, 2, ... (the pass lists the ids in order of first appearance): no sort, no copy
-            t = seen.pop(c)
-            tables[c] = t.select(pl.col("id").cast(dtypes[c]), (pl.col("first").cast(pl.Int64) + 1).alias("index"),
-                                 pl.col("count").cast(pl.Int64))
+        t = seen.pop(c)
+        if ordered and prior is None:  # indices in order of first appearance: no sort, no copy of the ids
+            tables[c] = t.select(pl.col("id").cast(dtypes[c]), pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
+                                 .alias("index"), pl.col("count").cast(pl.Int64))
             continue
-        tables[c] = V.extend(seen.pop(c), None if prior is None else (prior.items if c == "item_id" else prior.users),
+        if ordered:
+            t = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("first"))
+        tables[c] = V.extend(t, None if prior is None else (prior.items if c == "item_id" else prior.users),
                              dtypes[c], c.removesuffix("_id"))
+        del t
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
 
 

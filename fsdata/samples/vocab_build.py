@@ -86,12 +86,13 @@ class FirstSeen:
         self.n += k
 
     def table(self) -> pl.DataFrame:
-        """``id``, ``first`` (the position of first appearance, UInt32... as Int64), ``count``, in order of
-        first appearance; the sorted keys are freed."""
+        """``id``, ``count`` (Int64), in order of first appearance; the running arrays are freed as they are
+        turned into the table (the sorted keys first, then the id chunks once joined, then the counts)."""
         self.keys = self.pos = np.empty(0, np.uint64)
         ids, self.ids = self.ids.rechunk(), None
-        counts, self.counts = self.counts[:self.n], np.empty(0, np.int64)
-        return pl.DataFrame({"id": ids, "first": np.arange(self.n, dtype=np.int64), "count": counts})
+        count = pl.Series("count", self.counts[:self.n], dtype=pl.Int64)
+        self.counts = np.empty(0, np.int64)
+        return pl.DataFrame([ids, count])
 
 
 def first_seen_tables(batches, columns, dtypes: dict, prepare) -> dict[str, pl.DataFrame]:
