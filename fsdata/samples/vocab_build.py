@@ -39,7 +39,7 @@ class FirstSeen:
         self.string = dtype == pl.String
         self.keys = np.empty(0, np.uint64)  # sorted
         self.pos = np.empty(0, np.uint32)  # position in order of first appearance, aligned with keys
-        self.counts = np.zeros(1 << 16, np.int64)  # by position (grown by doubling)
+        self.counts = np.zeros(1 << 16, np.uint32)  # by position (grown by a quarter), Int64 in the table
         self.ids = pl.Series("id", [], dtype=dtype)  # in order of first appearance (one chunk per block)
         self.n = 0
 
@@ -64,7 +64,7 @@ class FirstSeen:
         if self.string and found.any():  # the ids of the keys found are the ids met before: else two share a hash
             if (self.ids.gather(self.pos[at[found]]) != g["id"].filter(pl.Series(found))).any():
                 raise HashCollision
-        np.add.at(self.counts, self.pos[at[found]], cnt[found])
+        np.add.at(self.counts, self.pos[at[found]], cnt[found].astype(np.uint32))
         new = ~found
         k = int(new.sum())
         if not k:
@@ -74,10 +74,10 @@ class FirstSeen:
             raise HashCollision
         new_pos = np.arange(self.n, self.n + k, dtype=np.uint32)
         if self.n + k > len(self.counts):
-            grown = np.zeros(max(len(self.counts) + len(self.counts) // 4, self.n + k), np.int64)
+            grown = np.zeros(max(len(self.counts) + len(self.counts) // 4, self.n + k), np.uint32)
             grown[:self.n] = self.counts[:self.n]
             self.counts = grown
-        self.counts[new_pos] = cnt[new]
+        self.counts[new_pos] = cnt[new].astype(np.uint32)
         self.ids.append(g["id"].filter(pl.Series(new)))
         order = np.argsort(new_keys, kind="stable")
         where = np.searchsorted(self.keys, new_keys[order])
@@ -90,8 +90,8 @@ class FirstSeen:
         turned into the table (the sorted keys first, then the id chunks once joined, then the counts)."""
         self.keys = self.pos = np.empty(0, np.uint64)
         ids, self.ids = self.ids.rechunk(), None
-        count = pl.Series("count", self.counts[:self.n], dtype=pl.Int64)
-        self.counts = np.empty(0, np.int64)
+        count = pl.Series("count", self.counts[:self.n]).cast(pl.Int64)
+        self.counts = np.empty(0, np.uint32)
         return pl.DataFrame([ids, count])
 
 
@@ -125,4 +125,6 @@ def first_seen_tables(batches, columns, dtypes: dict, prepare) -> dict[str, pl.D
             rows = 0
     if pending:
         flush()
+    if hasattr(batches, "close"):  # the reader's buffers go before the tables are built
+        batches.close()
     return {c: seen[c].table() for c in columns}
