@@ -21,7 +21,7 @@ from pathlib import Path
 # when pyarrow loads, so it is set before the imports below load it; a value in the environment wins.
 # ``fsdata convert`` is bounded by its peak memory (1 GiB on the 2 GB benchmark input, string ids included),
 # not by those pages: it keeps mimalloc's default, and Polars' allocator (jemalloc) hands freed pages back at
-# once (measured on a 0.24 GB string-id log: 935 -> N MiB peak, docs/results/bench_convert_strings.md).
+# once (docs/results/bench_convert_strings.md: with the other changes there, 935 -> 510 MiB on a 0.24 GB log).
 if sys.argv[1:2] == ["convert"]:
     os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 else:
