@@ -19,7 +19,13 @@ from pathlib import Path
 # back is faulted and zeroed again when reused (perf: 7.7% of the CPU at 20M samples). Measured at
 # 20M (docs/results/bench_offline_stage.md): about 8% less wall time, +0.2 GiB peak RSS. Read
 # when pyarrow loads, so it is set before the imports below load it; a value in the environment wins.
-os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
+# ``fsdata convert`` is bounded by its peak memory (1 GiB on the 2 GB benchmark input, string ids included),
+# not by those pages: it keeps mimalloc's default, and Polars' allocator (jemalloc) hands freed pages back at
+# once (docs/results/bench_convert_strings.md: with the other changes there, 935 -> 510 MiB on a 0.24 GB log).
+if sys.argv[1:2] == ["convert"]:
+    os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+else:
+    os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
 
 from fsdata import fsio
 from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,

@@ -45,15 +45,13 @@ import numpy as np
 from numba import njit
 
 from fsdata.balancer.bubble import step_proven_bound
+from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW  # noqa: F401  (defined there: the settings load no numba)
 from fsdata.errors import ConfigError, setting
 
 #: The composition algorithm recorded in the manifest.
 ALGORITHM = "stratified-heavy"
 #: Windows measured and documented in docs/balancer.md (``--compose-window``).
 SHIPPED_WINDOWS = (1, 4, 16, 64, 256)
-#: Default window, a constant (docs/balancer.md, "Composition": the trade-off between bubble and
-#: departure from the random order; provisional until the training-quality table of issue 10).
-DEFAULT_COMPOSE_WINDOW = 256
 #: A heavy step takes heavy chunks until its estimated per-rank mean is this factor above its
 #: heaviest sample plus the cheapest companions: steps packed exactly to their mean are hard to
 #: split evenly with B per rank (measured on Amazon Beauty / Sports / Toys: 1.0 -> 0.84% and

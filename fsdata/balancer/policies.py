@@ -17,6 +17,10 @@ DEFAULT_PARTITIONER = "auto"
 #: Steps per plan window (``--plan-window``; rounded up to a multiple of the composition window).
 #: Memory of planning one window: about 80 bytes x K x R x B (K=1024, R=256, B=32: ~0.7 GB).
 DEFAULT_PLAN_WINDOW = 1024
+#: Default composition window, a constant (docs/balancer.md, "Composition": the trade-off between bubble and
+#: departure from the random order; provisional until the training-quality table of issue 10). Used by
+#: :mod:`fsdata.balancer.compose`; defined here so the settings load without numba.
+DEFAULT_COMPOSE_WINDOW = 256
 
 
 def check_settings(num_samples: int, num_ranks: int, batch_size_per_rank: int) -> None:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
-from fsdata.balancer.plan import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, Plan, check_settings, make_plan
+from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW
 from fsdata.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fsdata.balancer.plan import Plan
+
+# fsdata.balancer.plan (and compose) load numba (about 120 MiB of RSS): imported where a plan is made, so
+# commands that make none (``fsdata convert``, whose 1 GiB bound the CLI's imports counted against) do not load it
 
 
 @dataclass(kw_only=True, slots=True)
@@ -111,6 +116,8 @@ def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None
         settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
         seed: the seed to plan with instead of ``settings.seed`` (an epoch's seed).
     """
+    from fsdata.balancer.plan import make_plan
+
     return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
                      seed=settings.seed if seed is None else seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
@@ -167,4 +174,6 @@ def check_ranks_and_batch(num_ranks: int, batch_size_per_rank: int) -> None:
         ConfigError: one line naming the setting.
     """
     if num_ranks < 1 or batch_size_per_rank < 1:
+        from fsdata.balancer.plan import check_settings
+
         check_settings(num_ranks * max(batch_size_per_rank, 1), num_ranks, batch_size_per_rank)

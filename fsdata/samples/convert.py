@@ -66,7 +66,7 @@ from fsdata.samples.events import _check_input_file, _chunks, _events, _open_eve
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
-from fsdata.samples.vocab import IdMap, Vocabulary, vocab_dir_for
+from fsdata.samples.vocab import Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
@@ -423,12 +423,13 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
     if events_src is not None:
         I.check_whole(events_src.raw, events_src.kinds, events_src.where, events_src.given, src)
         if mapped:
-            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior)
-            events_src.maps = {"user_id": IdMap(new_vocab.users), "item_id": IdMap(new_vocab.items)}
+            new_vocab = I.build_maps(read_raw(events_src), events_src.kinds, prior, reread=lambda: read_raw(events_src))
     has_ts = events_src is not None and events_src.has_time
     with atomic_output(output_path, overwrite=overwrite, is_dir=False) as tmp:
         spool = _spool_dir(output_path)
         try:
+            vocab_files = spool / "vocab" if new_vocab else None  # the vocabulary written now, its tables freed
+            vocab_digest, vocab_items = I.write_and_map(new_vocab, vocab_files, events_src) if new_vocab else (None, 0)
             stats: dict = {}
             frames = iter_sequences(read_from) if events_src is None else iter_events(
                 events_src, spool, events_per_bucket=events_per_bucket, stats=stats)
@@ -438,7 +439,6 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                                   num_users_kept_whole=0, num_items_truncated=0) if eval_spool else None
             num_users = num_events = num_events_all = skipped = written = truncated = 0
             max_item = -1
-            features = events_src.feature_types() if events_src is not None else {}
             with pq.ParquetWriter(str(tmp), sample_schema(has_ts, features), compression="zstd",
                                   write_page_index=False) as writer:
                 bar = tqdm(unit="user", desc="convert", disable=not progress)
@@ -482,11 +482,12 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                 if held is not None:
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)
-                summary.num_items = max(max_item, new_vocab.num_items - 1 if new_vocab else -1) + 1
-                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if new_vocab
+                summary.num_items = max(max_item, vocab_items - 1 if vocab_files else -1) + 1
+                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if vocab_files
                       else contextlib.nullcontext()) as vtmp:
-                    if new_vocab is not None:
-                        summary.vocab = {"digest": new_vocab.write(vtmp), "path": vocab_out.name}
+                    if vocab_files is not None:
+                        shutil.copytree(vocab_files, vtmp, dirs_exist_ok=True)
+                        summary.vocab = {"digest": vocab_digest, "path": vocab_out.name}
                     # the file name only: the same log under another path gives the same bytes (and input digest)
                     writer.add_key_value_metadata({CONVERT_META_KEY: json.dumps({**asdict(summary),
                                                                                   "input": src.name}).encode()})

@@ -87,24 +87,69 @@ def needs_map(kinds: dict[str, str], remap_ids: bool, prior: V.Vocabulary | None
 _MERGE_ROWS = 1 << 19
 
 
-def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.Vocabulary:
+def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, reread=None) -> V.Vocabulary:
     """The vocabulary of an input: one pass for each id column's first appearance and count.
 
-    Each batch is grouped on its own and the groups merged into a running table every
-    :data:`_MERGE_ROWS` rows, so memory holds about twice the distinct ids (Polars' streaming group-by
-    over the whole scan held 350 MiB more for 1.6M ids of a 0.12 GB log).
+    The pass keeps each column's distinct ids as sorted 64-bit keys in NumPy arrays
+    (:mod:`fsdata.samples.vocab_build`); should two distinct ids share a hash, the input is read again
+    (``reread()``) and grouped with Polars instead (each batch grouped on its own, the groups merged into a
+    running table every :data:`_MERGE_ROWS` rows).
 
     Args:
         batches: frames ``_row``, ``user_id``, ``item_id`` as read (ids not cast), in input order.
         kinds: the id kinds (:func:`classify`).
         prior: the ``--vocab`` vocabulary, or None.
+        reread: ``() -> batches`` again, for the fallback (None: ``batches`` is re-iterable).
 
     Returns:
         The extended :class:`~fsdata.samples.vocab.Vocabulary` (not written yet).
     """
+    from fsdata.samples.vocab_build import HashCollision, first_seen_tables
+
     dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
                             kinds[c] == "string") for c in ID_COLUMNS}
     shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
+    try:  # ``id``, ``count`` in order of first appearance
+        seen, ordered = first_seen_tables(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
+    except HashCollision:  # ``id``, ``first`` (row), ``count``
+        seen, ordered = _grouped_first_seen(batches if reread is None else reread(), kinds, shells), False
+    tables = {}
+    for c in ID_COLUMNS:  # one column at a time
+        t = seen.pop(c)
+        if ordered and prior is None:  # indices in order of first appearance: no sort, no copy of the ids
+            tables[c] = t.select(pl.col("id").cast(dtypes[c]), pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
+                                 .alias("index"), pl.col("count").cast(pl.Int64))
+            continue
+        if ordered:
+            t = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("first"))
+        tables[c] = V.extend(t, None if prior is None else (prior.items if c == "item_id" else prior.users),
+                             dtypes[c], c.removesuffix("_id"))
+        del t
+    return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
+
+
+def write_and_map(vocab: V.Vocabulary, folder: Path, src) -> tuple[str, int]:
+    """Write ``vocab`` into ``folder`` (created) and set ``src.maps`` (``user_id``/``item_id`` ->
+    :class:`~fsdata.samples.vocab.IdMap`), freeing each of ``vocab``'s tables once hashed: the conversion then
+    holds 12 bytes an id (the maps' sorted keys and indices) instead of the tables' 32 or more.
+
+    Returns:
+        ``(digest, num_items)``: :meth:`~fsdata.samples.vocab.Vocabulary.write`'s digest and the items'
+        embedding-table size.
+    """
+    folder.mkdir()
+    digest, num_items = vocab.write(folder), vocab.num_items
+    src.maps = {}
+    for c, attr in (("user_id", "users"), ("item_id", "items")):
+        table = getattr(vocab, attr).select("id", "index")
+        setattr(vocab, attr, None)
+        src.maps[c] = V.IdMap(table)
+        del table
+    return digest, num_items
+
+
+def _grouped_first_seen(batches, kinds: dict[str, str], shells: dict[str, pl.DataFrame]) -> dict[str, pl.DataFrame]:
+    """Each id column's ``id``, ``first`` (row), ``count`` by Polars grouping (the fallback of :func:`build_maps`)."""
     acc: dict[str, list[pl.DataFrame]] = {c: [] for c in ID_COLUMNS}
     pending = dict.fromkeys(ID_COLUMNS, 0)
 
@@ -120,13 +165,7 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None) -> V.
             if pending[c] >= _MERGE_ROWS:
                 acc[c], pending[c] = merge(acc[c]), 0
     empty = pl.DataFrame(schema={"id": pl.String, "first": pl.UInt32, "count": pl.Int64})
-    tables = {}
-    for c in ID_COLUMNS:  # one column at a time, its partial groups freed as it is merged
-        seen, acc[c] = (merge(acc[c])[0] if acc[c] else empty), []
-        tables[c] = V.extend(seen, None if prior is None else (prior.items if c == "item_id" else prior.users),
-                             dtypes[c], c.removesuffix("_id"))
-        del seen
-    return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
+    return {c: merge(acc[c])[0] if acc[c] else empty for c in ID_COLUMNS}
 
 
 def id_kinds(path: Path, lf: pl.LazyFrame, given: dict[str, str], rescan, force_string: dict[str, bool],

@@ -249,13 +249,20 @@ class IdMap:
     """
 
     def __init__(self, table: pl.DataFrame) -> None:
-        self.table = table.select("id", "index")
-        self.schema = self.table.schema
-        keys = self._keys(self.table["id"])
+        table = table.select("id", "index")
+        self.schema = table.schema
+        keys = self._keys(table["id"])
         order = np.argsort(keys, kind="stable")
         self._keys_sorted = keys[order]
-        self._index = self.table["index"].to_numpy()[order]
+        del keys
+        index = table["index"].to_numpy()
+        small = len(index) == 0 or (index.min() >= 0 and index.max() < np.iinfo(np.int32).max)
+        self._index = index[order].astype(np.int32 if small else np.int64)
+        del order, index
         self._exact = not bool(np.any(self._keys_sorted[1:] == self._keys_sorted[:-1]))
+        # the table itself is kept only for the join fallback (two ids of one hash): the sorted keys and
+        # indices take 12 bytes an id, the table 32 or more
+        self.table = None if self._exact else table
 
     def _keys(self, s: pl.Series) -> np.ndarray:
         if s.dtype == pl.String:
@@ -269,7 +276,8 @@ class IdMap:
         keys = self._keys(s.fill_null("" if s.dtype == pl.String else 0))
         pos = np.minimum(np.searchsorted(self._keys_sorted, keys), max(0, len(self._keys_sorted) - 1))
         found = (self._keys_sorted[pos] == keys) if len(self._keys_sorted) else np.zeros(len(keys), bool)
-        out = pl.Series(s.name, self._index[pos] if len(self._index) else np.zeros(len(keys), np.int64))
+        index = self._index[pos].astype(np.int64) if len(self._index) else np.zeros(len(keys), np.int64)
+        out = pl.Series(s.name, index)
         return out.scatter(np.flatnonzero(~found | s.is_null().to_numpy()), None) if (~found).any() or \
             s.null_count() else out
 
@@ -284,6 +292,9 @@ def encode_frame(frame, maps: dict):
     if isinstance(frame, pl.DataFrame):
         return frame.with_columns([maps[c].encode(frame[c]).alias(c) for c in maps])
     for c, m in maps.items():
+        if isinstance(m, IdMap) and m.table is None:
+            frame = frame.with_columns(pl.col(c).map_batches(m.encode, return_dtype=pl.Int64))
+            continue
         tmp = f"_{c}_index"
         table = m.table if isinstance(m, IdMap) else m
         frame = frame.join(table.select(pl.col("id").alias(c), pl.col("index").alias(tmp)).lazy(),

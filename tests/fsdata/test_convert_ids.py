@@ -213,7 +213,7 @@ def test_id_map_lookup_by_hash_equals_the_join_fallback():
     m = IdMap(table)
     batch = pl.Series("item_id", ["id5", None, "id999", "unknown", "id0"])
     fast = m.encode(batch)
-    m._exact = False  # as after a hash collision
+    m._exact, m.table = False, table  # as after a hash collision (the table is kept for the joins)
     assert fast.to_list() == m.encode(batch).to_list() == [6, None, 1000, None, 1]
     ints = IdMap(pl.DataFrame({"id": [30, 10, 20], "index": [1, 2, 3]}))
     assert ints.encode(pl.Series([10, 30, 99])).to_list() == [2, 1, None]
