@@ -5,15 +5,14 @@ Input formats (docs/fsdata.md):
 * ``sequences``: one user per line, ``user item1 item2 ...`` in chronological order.
 * ``events``: one interaction per row: whitespace-separated ``user item`` lines, or CSV/Parquet
   with user, item and optional timestamp columns (``--user-col/--item-col/--time-col``).
-  Without a timestamp column, rows are taken in file order (assumed chronological per user);
-  with one, each user's events are stably sorted by time.
+  Without a timestamp column, rows are taken in file order (assumed chronological per user); with
+  one, each user's events are stably sorted by time.
 
 Sample modes:
-
-* ``per-user``: one sample per user with at least 2 items: history = all but the last item
-  (at most ``max_seq_len`` most recent), target = the last item.
-* ``per-event``: one sample per interaction ``t >= 1`` of each user: history = up to
-  ``max_seq_len`` items before ``t``, target = item ``t`` (how industrial training data is built).
+* ``per-user``: one sample per user with 2 or more items: history = all but the last (at most
+  ``max_seq_len`` most recent), target = the last item.
+* ``per-event``: one sample per interaction ``t >= 1`` of each user: history = up to ``max_seq_len`` items
+  before ``t``, target = item ``t`` (how industrial training data is built).
 
 The output also holds ``seq_len`` (int32, ``len(item_ids)``), so later passes (profile, balance)
 read lengths without decoding the lists. ``sample_id`` is the 0-based row number of the output, in user order then time order. Users with
@@ -366,8 +365,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         check_replaceable(output_path, "samples", flag=setting("overwrite_arg", True))
         if holdout_output:
             check_replaceable(holdout_output, "eval", name="--holdout-output", flag=setting("overwrite_arg", True))
-    vocab_out = vocab_dir_for(output_path)
-    prior = None
+    vocab_out, prior = vocab_dir_for(output_path), None
+    if overwrite and Path(vocab_out).exists():  # replaced at the end: refused now, before any work
+        check_replaceable(vocab_out, "vocab", name="vocabulary output", flag=setting("overwrite_arg", True))
     if vocab is not None:
         check_output_apart(vocab_out, [input_path, vocab], output_name="vocabulary output", input_name="input")
         prior = Vocabulary.read(vocab)
@@ -483,7 +483,7 @@ def _convert(src: Path, output_path, prep_dir: Path, *, fmt, samples, max_seq_le
                     summary.num_events = num_events_all
                     summary.holdout = asdict(held)
                 summary.num_items = max(max_item, vocab_items - 1 if vocab_files else -1) + 1
-                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True) if vocab_files
+                with (atomic_output(vocab_out, overwrite=overwrite, is_dir=True, kind="vocab") if vocab_files
                       else contextlib.nullcontext()) as vtmp:
                     if vocab_files is not None:
                         shutil.copytree(vocab_files, vtmp, dirs_exist_ok=True)

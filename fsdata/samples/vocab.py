@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from fsdata.atomic import register_output_kind
 from fsdata.errors import InputError
 
 #: Suffix of the vocabulary folder written beside a convert output (``train.parquet.vocab/``).
@@ -35,6 +36,32 @@ ITEMS_FILE = "items.parquet"
 USERS_FILE = "users.parquet"
 #: ``kind`` -> file name.
 FILES = {"item": ITEMS_FILE, "user": USERS_FILE}
+
+
+def _is_vocab_folder(path: str) -> bool:
+    """Whether the existing folder ``path`` is a vocabulary ``fsdata convert`` wrote: it holds only
+    ``items.parquet`` / ``users.parquet``, each a Parquet file with the columns ``id``, ``index``,
+    ``count`` (the ownership rule of ``--overwrite``, :func:`fsdata.atomic.check_replaceable`)."""
+    from fsdata import fsio  # noqa: PLC0415
+
+    try:
+        names = fsio.list_dir(path)
+    except OSError:
+        return False
+    if not names or any(is_dir or n not in FILES.values() for n, is_dir in names):
+        return False
+    for n, _ in names:
+        try:
+            cols = set(fsio.read_parquet_metadata(fsio.join(path, n)).schema.to_arrow_schema().names)
+        except Exception:  # noqa: BLE001 - not Parquet, unreadable: not ours
+            return False
+        if not {"id", "index", "count"} <= cols:
+            return False
+    return True
+
+
+register_output_kind("vocab", "a vocabulary fsdata convert wrote (items.parquet / users.parquet only)",
+                     _is_vocab_folder, folder=True)
 
 
 def vocab_dir_for(output: str | os.PathLike) -> Path:

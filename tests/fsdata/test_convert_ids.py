@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from fsdata.errors import ConfigError
 from fsdata.samples.convert import CONVERT_META_KEY, convert
 
 
@@ -217,3 +218,19 @@ def test_id_map_lookup_by_hash_equals_the_join_fallback():
     assert fast.to_list() == m.encode(batch).to_list() == [6, None, 1000, None, 1]
     ints = IdMap(pl.DataFrame({"id": [30, 10, 20], "index": [1, 2, 3]}))
     assert ints.encode(pl.Series([10, 30, 99])).to_list() == [2, 1, None]
+
+
+def test_overwrite_replaces_its_own_vocabulary_only(tmp_path):
+    """A second convert with overwrite replaces OUTPUT.vocab/ it wrote; a vocabulary folder holding a
+    user's file is refused before any work, and nothing is replaced."""
+    src = tmp_path / "log.csv"
+    src.write_text("user,item,ts\n" + "".join(f"u{i % 7},it{i % 11},{i}\n" for i in range(200)))
+    out = tmp_path / "s.parquet"
+    convert(src, out, fmt="events", progress=False)
+    before = out.read_bytes()
+    convert(src, out, fmt="events", progress=False, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "s.parquet.vocab").iterdir()) == ["items.parquet", "users.parquet"]
+    (tmp_path / "s.parquet.vocab" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="vocabulary output .* holds files FreeScale did not write"):
+        convert(src, out, fmt="events", progress=False, overwrite=True)
+    assert (tmp_path / "s.parquet.vocab" / "notes.txt").read_text() == "mine" and out.read_bytes() == before
