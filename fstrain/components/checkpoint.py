@@ -214,16 +214,23 @@ def load_model_weights(dmp, path: str, model: dict) -> None:
     """
     state = {"model": dmp.state_dict()}
     check_checkpoint_files(path)  # truncated or untrusted: its own one-line error
+    _safe_load(state, path, lambda why: f"cannot load {path} into a model with {model} ({why}); "
+                                        "pass the model flags the checkpoint was trained with")
+    dmp.load_state_dict(state["model"])
+
+
+
+def _safe_load(state: dict, path: str, message) -> None:
+    """``dcp.load`` of ``state`` from ``path`` without executing code from it
+    (:mod:`fstrain.components.safe_dcp`); a failure is one line: an fstrain error as it is (with
+    ``path``), anything else ``ConfigError(message(why))``."""
     try:
         dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException: a BaseException
         cause = first_cause(e)
         if isinstance(cause, FstrainError):
             raise type(cause)(f"{cause} ({path})") from None
-        raise ConfigError(f"cannot load {path} into a model with {model} ({describe(cause)}); "
-                          "pass the model flags the checkpoint was trained with") from None
-    dmp.load_state_dict(state["model"])
-
+        raise ConfigError(message(describe(cause))) from None
 
 def resolve_checkpoint(path: str) -> str:
     """A ``step-XXXXXXXX`` folder as given, or the newest complete checkpoint of a ``--checkpoint-dir``.
@@ -303,14 +310,8 @@ def init_from_checkpoint(dmp, path: str, num_items: int) -> str:
         if size and cur and size != cur and len(size) == len(cur) and size[1:] == cur[1:] and size[0] < cur[0]:
             grown[key] = value
             state["model"][key] = torch.zeros(size, dtype=saved.properties.dtype)
-    try:
-        dcp.load(state, checkpoint_id=path, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException: a BaseException
-        cause = first_cause(e)
-        if isinstance(cause, FstrainError):
-            raise type(cause)(f"{cause} ({path})") from None
-        raise ConfigError(f"cannot start from {path} ({describe(cause)}); pass the model flags it was trained with "
-                          f"(fstrain.json's model)") from None
+    _safe_load(state, path, lambda why: f"cannot start from {path} ({why}); pass the model flags it was trained "
+                                        "with (fstrain.json's model)")
     for key, target in grown.items():
         _copy_rows(state["model"][key], target)
         state["model"][key] = target
