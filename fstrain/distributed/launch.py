@@ -30,7 +30,8 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 #: How long a rank other than 0 waits, after an error every rank raised, for rank 0 to report it.
 RANK0_GRACE_SECONDS = 30.0
 #: ``rank0_reports``: this process left its error to rank 0 (set by :func:`report_user_error`).
-_state = {"rank0_reports": False}
+#: ``line``: the error line this process wrote to its error file (re-written at exit, see :func:`run_recorded`).
+_state: dict = {"rank0_reports": False, "line": None}
 
 
 def launched_rank() -> int:
@@ -78,6 +79,7 @@ def report_user_error(line: str, *, rank_local: bool = False) -> None:
         print(line, file=sys.stderr, flush=True)
     else:
         _state["rank0_reports"] = True
+    _state["line"] = line
     write_error_file(line)
 
 
@@ -98,6 +100,7 @@ def parse_once(parse: Callable[[], object]):
         if e.code not in (0, None):
             lines = [x for x in buf.getvalue().splitlines() if x.strip()]
             if lines:
+                _state["line"] = lines[-1]
                 write_error_file(lines[-1])
             _state["rank0_reports"] = launched_rank() != 0
         raise
@@ -105,6 +108,13 @@ def parse_once(parse: Callable[[], object]):
         if launched_rank() == 0 and buf.getvalue():
             sys.stderr.write(buf.getvalue())
             sys.stderr.flush()
+
+
+def _exit_deferred() -> None:
+    """Exit 2 from a rank that left its error to rank 0, re-writing its error file with the time now."""
+    if _state["line"]:
+        write_error_file(_state["line"])
+    os._exit(2)
 
 
 def run_recorded(fn: Callable[[], int]) -> int:
@@ -115,7 +125,9 @@ def run_recorded(fn: Callable[[], int]) -> int:
     ``os._exit`` after flushing stdout and stderr, except on a rank other than 0 whose error every
     rank raised: torchrun sends SIGTERM to every worker still running as soon as one has failed, so
     such a rank waits (at most :data:`RANK0_GRACE_SECONDS`) for rank 0 to print the line and fail
-    first, and exits 2 when torchrun's SIGTERM comes.
+    first, and exits 2 when torchrun's SIGTERM comes. It re-writes its error file as it exits, so the
+    file's timestamp (whole seconds; torchrun's "Root Cause" is the failure with the earliest one, the
+    lowest rank on a tie) is never earlier than rank 0's.
     """
     if not under_torchrun():
         return fn()
@@ -131,7 +143,8 @@ def run_recorded(fn: Callable[[], int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         if _state["rank0_reports"] and launched_rank() != 0:
-            signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
+            signal.signal(signal.SIGTERM, lambda *_: _exit_deferred())
             time.sleep(RANK0_GRACE_SECONDS)
+            _exit_deferred()
         os._exit(2)
     return rc

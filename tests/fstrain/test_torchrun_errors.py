@@ -103,3 +103,24 @@ def test_parse_once_holds_a_usage_error_back_on_other_ranks(tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         launch.parse_once(bad)
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_a_deferring_rank_rewrites_its_error_file_as_it_exits(tmp_path):
+    """Rank 1 reports early but exits late: its error file's timestamp must not predate rank 0's
+    (torchrun's "Root Cause" is the earliest timestamp), so it is re-written at exit."""
+    err = tmp_path / "error.json"
+    code = (
+        "import time\n"
+        "from fstrain.distributed import launch\n"
+        "launch.RANK0_GRACE_SECONDS = 2.5\n"
+        "def fn():\n"
+        "    launch.report_user_error('fstrain train: error: x')\n"
+        "    print(int(time.time()), flush=True)\n"
+        "    return 2\n"
+        "launch.run_recorded(fn)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": REPO, "RANK": "1", launch.ERROR_FILE_ENV: str(err)})
+    assert out.returncode == 2, out.stderr
+    reported = int(out.stdout.strip())
+    data = json.loads(err.read_text())
+    assert data["message"] == "fstrain train: error: x" and data["timestamp"] >= reported + 2, data
