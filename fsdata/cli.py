@@ -368,7 +368,7 @@ def _cmd_plan(a: argparse.Namespace) -> int:
 
         raise_if_environment(e, a.plan, action="write")
         raise
-    m = table.meta
+    m = table.meta.to_dict()
     out = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "num_samples_input",
                              "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
     out["plan"] = str(a.plan)

@@ -294,11 +294,10 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
     if overwrite:
         check_replaceable(output, "shards", flag=setting("overwrite_arg", True))
     table = read_plan(plan)
-    engine = get_engine(BalanceSettings(num_ranks=table.num_ranks,
-                                        batch_size_per_rank=int(table.meta["batch_size_per_rank"]), **settings))
+    engine = get_engine(table.meta.balance_settings(**settings))
     engine.check(table.epochs, what=f"plan {plan}")
-    src = engine.open_input(input, table.meta.get("settings", {}).get("input_columns_renamed") or None)
-    if input_digest(src) != table.meta.get("input_digest"):
+    src = engine.open_input(input, table.meta.settings.get("input_columns_renamed") or None)
+    if input_digest(src) != table.meta.input_digest:
         raise InputError(f"input {input} is not the input plan {plan} was made from (input digests differ); "
                          "rerun 'fsdata plan' on this input")
     before = input_state(src)

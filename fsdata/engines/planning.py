@@ -160,14 +160,9 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
                   position=position, plan_window=first.plan_window)
     table = plan_table_from_plan(src, joined, np.tile(np.asarray(ids, dtype=np.int64), E),
                                  np.tile(np.asarray(costs, dtype=np.float64), E), cost_model, settings)
-    meta = table.meta
+    table.meta.num_samples_input = int(N)
     # steps_per_epoch when every epoch has the same count (always under the fixed policy);
-    # epoch_num_steps under cost-budget, whose epochs differ by a few steps
-    per_epoch = {"steps_per_epoch": epoch_steps[0]} if len(set(epoch_steps)) == 1 else {}
-    if settings.batch_policy == "cost-budget" or not per_epoch:  # or a resharded partial first epoch
-        per_epoch["epoch_num_steps"] = epoch_steps
-    meta.update(num_samples_input=int(N), epochs=E, **per_epoch)
-    meta["settings"]["epochs"] = E
-    meta["manifest_extra"].update(epochs=E, **per_epoch)
+    # epoch_num_steps under cost-budget, whose epochs differ by a few steps (or a resharded partial first epoch)
+    table.meta.set_epochs(E, epoch_steps, per_epoch_list=settings.batch_policy == "cost-budget")
     return table
 

@@ -300,9 +300,9 @@ def record_lineage(plan, view: OutputInput, new_output: str | os.PathLike) -> No
     and, with a partial first epoch, ``first_epoch_num_samples``."""
     old = view.manifest
     meta = plan.meta
-    if meta["settings"].get("samples") is None:
-        meta["settings"]["samples"] = (old.settings or {}).get("samples")
-    extra = meta.setdefault("manifest_extra", {})
+    if meta.settings.get("samples") is None:
+        meta.settings["samples"] = (old.settings or {}).get("samples")
+    extra = meta.manifest_extra
     extra.update(carried_keys(old, new_output))
     if view.from_step is not None:
         extra["resharded_from"] = {"plan_digest": view.plan_digest, "from_step": int(view.from_step)}

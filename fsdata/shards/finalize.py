@@ -25,6 +25,7 @@ from fsdata.shards.manifest import (DROPPED_NAME, FORMAT_VERSION, MANIFEST_NAME,
                                     rank_file_path, sha256_file)
 from fsdata.shards.manifest import write_step_stats as _write_step_stats
 from fsdata.shards.plan_file import PLAN_DIGEST_KEY, PlanTable, plan_digest
+from fsdata.shards.plan_meta import PlanMeta
 from fsdata.shards.writer import rank_step_tokens
 
 
@@ -106,12 +107,12 @@ def _check_only_rank_files(out: Path | str, num_ranks: int) -> None:
                          "read them: remove them, or rerun 'fsdata write' into an empty OUTPUT")
 
 
-def _extra(meta: dict, plan, out, remote: bool) -> dict:
+def _extra(meta: PlanMeta, plan, out, remote: bool) -> dict:
     """The manifest's keys after the known ones: the plan's own (``manifest_extra``; a resharded
     OUTPUT's carried keys among them, which win), what the input's convert metadata carries
     (``num_items``, ``vocab``, ``feature_columns``) and, last, ``plan_digest``."""
-    extra = dict(meta.get("manifest_extra", {}))
-    for key, value in _carried(meta.get("carried") or {}, out, remote).items():
+    extra = dict(meta.manifest_extra)
+    for key, value in _carried(meta.carried, out, remote).items():
         extra.setdefault(key, value)
     extra["plan_digest"] = plan_digest(plan)
     return extra
@@ -197,18 +198,12 @@ def finalize(output: str | os.PathLike, plan: PlanTable, records: list[FileEntry
             cols["reason"] = pa.array(["remainder"] * len(dropped))
             pq.write_table(pa.table(cols), where, compression="zstd", filesystem=fs)
         m = Manifest(
-            path=str(out), format_version=FORMAT_VERSION, fsdata_version=meta["fsdata_version"],
-            num_ranks=R, num_steps=plan.num_steps, batch_size_per_rank=int(meta["batch_size_per_rank"]),
-            batch_policy=meta["batch_policy"], strategy=meta["strategy"],
-            num_samples_input=int(meta["num_samples_input"]), num_samples_written=int(counts.sum()),
-            num_samples_dropped=int(len(dropped)), remainder_policy=meta["remainder_policy"],
-            dropped_file=dropped_file, cost_model=meta["cost_model"], seed=meta["seed"],
-            predicted_bubble=meta["predicted_bubble"], baseline_predicted_bubble=meta["baseline_predicted_bubble"],
-            lower_bound_bubble=meta["lower_bound_bubble"], columns=columns, step_stats_file=STEP_STATS_NAME,
+            path=str(out), format_version=FORMAT_VERSION, **meta.manifest_fields(),
+            num_samples_written=int(counts.sum()), num_samples_dropped=int(len(dropped)),
+            dropped_file=dropped_file, columns=columns, step_stats_file=STEP_STATS_NAME,
             step_stats_sha256=sha256_file(stats_path),
             dropped_sha256=sha256_file(dropped_path) if dropped_file else None,
-            input_digest=meta["input_digest"], files=records, settings=meta["settings"],
-            extra=_extra(meta, plan, out, remote))
+            files=records, extra=_extra(meta, plan, out, remote))
         if remote:
             m.write(out)
         else:

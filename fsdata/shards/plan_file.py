@@ -27,6 +27,7 @@ from fsdata.balancer.order import SHUFFLE
 from fsdata.balancer.plan import Plan
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.errors import InputError
+from fsdata.shards.plan_meta import PlanMeta
 from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource
 from fsdata.samples.vocab import carried_keys
@@ -34,7 +35,6 @@ from fsdata.samples.vocab import carried_keys
 #: Column of a plan (and of the rows an engine routes to a rank): the row's index in its (step, rank) batch.
 POSITION = "position"
 #: Version of the plan Parquet's layout (key ``fsdata.plan`` in its key-value metadata).
-PLAN_FORMAT_VERSION = 1
 PLAN_METADATA_KEY = b"fsdata.plan"
 #: Key-value metadata key of the plan digest (:func:`plan_digest`), in the plan file and in every
 #: rank file written from that plan: finalize refuses rank files of another plan.
@@ -83,9 +83,9 @@ def input_digest(src: SampleSource) -> str:
 class PlanTable:
     """The plan of one input, one entry per input row in input order (docs/fsdata.md, "Stages").
 
-    With E epochs (``meta["epochs"]``, absent = 1) every per-row array has ``E*N`` entries: entry
+    With E epochs (``meta.epochs``, None = 1) every per-row array has ``E*N`` entries: entry
     ``e*N + i`` is input row ``i`` in epoch ``e`` (``sample_id`` repeated per epoch), and epoch
-    ``e``'s steps are ``e*S_e .. e*S_e + S_e - 1`` with ``S_e = meta["steps_per_epoch"]``.
+    ``e``'s steps follow epoch ``e-1``'s (:attr:`epoch_num_steps`).
 
     Attributes:
         sample_id: shape ``[N]`` int64 (``[E*N]`` with E epochs; likewise below).
@@ -98,10 +98,7 @@ class PlanTable:
             the per-row arrays (a plan assembled from window summaries; then the per-row arrays may
             be empty); None: computed by :meth:`counts_and_loads`.
         dropped_sample_id: shape ``[D]`` int64, when the per-row arrays are not held.
-        meta: settings and predicted figures (``num_ranks``, ``num_steps``, ``batch_size_per_rank``,
-            ``batch_policy``, ``strategy``, ``remainder_policy``, ``seed``, ``cost_model``,
-            ``predicted_bubble``, ``baseline_predicted_bubble``, ``lower_bound_bubble``,
-            ``num_samples_input``, ``input_digest``, ``fsdata_version``, ``settings``).
+        meta: settings and predicted figures (:class:`fsdata.shards.plan_meta.PlanMeta`).
     """
 
     sample_id: np.ndarray
@@ -109,7 +106,7 @@ class PlanTable:
     rank: np.ndarray
     position: np.ndarray
     cost: np.ndarray
-    meta: dict = field(default_factory=dict)
+    meta: PlanMeta
     counts: np.ndarray | None = None
     loads: np.ndarray | None = None
     dropped_sample_id: np.ndarray | None = None
@@ -118,24 +115,22 @@ class PlanTable:
 
     @property
     def num_ranks(self) -> int:
-        return int(self.meta["num_ranks"])
+        return int(self.meta.num_ranks)
 
     @property
     def num_steps(self) -> int:
         """Steps per rank over all epochs."""
-        return int(self.meta["num_steps"])
+        return int(self.meta.num_steps)
 
     @property
     def epochs(self) -> int:
         """E, the epochs the plan holds (1 when the plan does not say)."""
-        return int(self.meta.get("epochs", 1))
+        return self.meta.num_epochs
 
     @property
     def epoch_num_steps(self) -> list[int]:
         """Steps of each epoch, E ints summing to ``num_steps`` (equal under the fixed policy)."""
-        if "epoch_num_steps" in self.meta:
-            return [int(x) for x in self.meta["epoch_num_steps"]]
-        return [int(self.meta.get("steps_per_epoch", self.num_steps))] * self.epochs
+        return self.meta.steps_of_epochs
 
     def counts_and_loads(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-(step, rank) sample counts ``[S x R]`` int32 and predicted cost ``[S x R]`` float64.
@@ -185,7 +180,7 @@ def plan_digest(plan: PlanTable) -> str:
     input or any setting differ in it even when their per-rank counts are equal.
     """
     h = hashlib.sha256(b"fsdata-plan-digest/1\n")
-    h.update(json.dumps(plan.meta, sort_keys=True, separators=(",", ":")).encode())
+    h.update(json.dumps(plan.meta.to_dict(), sort_keys=True, separators=(",", ":")).encode())
     counts, _ = plan.counts_and_loads()
     h.update(np.ascontiguousarray(counts, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(plan.dropped_sample_ids(), dtype="<i8").tobytes())
@@ -210,17 +205,13 @@ def check_plan(plan: PlanTable, where: str) -> None:
             batch 0..n-1, an empty (step, rank), or a count other than the fixed batch size.
     """
     fix = "the plan file was edited or is corrupt: rerun 'fsdata plan'"
-    m = plan.meta
-    for k, lo in (("num_ranks", 1), ("num_steps", 0), ("batch_size_per_rank", 1), ("num_samples_input", 0)):
-        v = m.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise InputError(f"plan {where}: {k} is {v!r}, not an integer >= {lo}; {fix}")
-    R, S_, N = m["num_ranks"], m["num_steps"], len(plan.sample_id)
+    m = plan.meta  # its fields' types and ranges: PlanMeta.from_dict
+    R, S_, N = m.num_ranks, m.num_steps, len(plan.sample_id)
     if S_ * R > N:  # every (step, rank) holds a row: checked before anything is allocated by these counts
         raise InputError(f"plan {where}: num_steps {S_} x num_ranks {R} exceeds its {N} rows (every step gives every "
                          f"rank at least one); {fix}")
-    if N != plan.epochs * m["num_samples_input"]:  # E epochs: E*N rows
-        raise InputError(f"plan {where}: {N} rows but num_samples_input {m['num_samples_input']} x epochs "
+    if N != plan.epochs * m.num_samples_input:  # E epochs: E*N rows
+        raise InputError(f"plan {where}: {N} rows but num_samples_input {m.num_samples_input} x epochs "
                          f"{plan.epochs}; {fix}")
     step, rank, pos = (np.asarray(a, dtype=np.int64) for a in (plan.step, plan.rank, plan.position))
     kept = step >= 0
@@ -243,10 +234,10 @@ def check_plan(plan: PlanTable, where: str) -> None:
         i = int(np.flatnonzero(counts < 1)[0]) if len(counts) == S_ * R else 0
         raise InputError(f"plan {where}: step {i // R} rank {i % R} has no rows (every step gives every rank at "
                          f"least one); {fix}")
-    if m.get("batch_policy") == "fixed" and (counts != m["batch_size_per_rank"]).any():
-        i = int(np.flatnonzero(counts != m["batch_size_per_rank"])[0])
+    if m.batch_policy == "fixed" and (counts != m.batch_size_per_rank).any():
+        i = int(np.flatnonzero(counts != m.batch_size_per_rank)[0])
         raise InputError(f"plan {where}: step {i // R} rank {i % R} has {int(counts[i])} rows, not "
-                         f"batch_size_per_rank {m['batch_size_per_rank']} (batch_policy fixed); {fix}")
+                         f"batch_size_per_rank {m.batch_size_per_rank} (batch_policy fixed); {fix}")
     order = np.lexsort((pos[kept], flat))
     f_sorted, p_sorted = flat[order], pos[kept][order]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(f_sorted)) + 1]) if len(f_sorted) else np.zeros(0, int)
@@ -312,22 +303,21 @@ def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, 
             the table carries ``plan.counts`` / ``plan.loads``).
         dropped_sample_id: shape ``[D]`` int64, the dropped rows' ids, with ``num_samples``.
     """
-    meta = {
-        "plan_format_version": PLAN_FORMAT_VERSION,
-        "num_ranks": plan.num_ranks, "num_steps": plan.num_steps,
-        "batch_size_per_rank": plan.batch_size_per_rank, "batch_policy": settings.batch_policy,
-        "strategy": settings.strategy, "remainder_policy": settings.remainder, "seed": settings.seed,
-        "cost_model": cost_model.to_json(),
-        "predicted_bubble": plan.predicted_bubble, "baseline_predicted_bubble": plan.baseline_bubble,
-        "lower_bound_bubble": plan.lower_bound_bubble,
-        "num_samples_input": int(len(plan.step) if num_samples is None else num_samples),
-        "input_digest": input_digest(src),
-        "fsdata_version": __version__, "settings": _recorded_settings(settings, plan, src),
-        "carried": carried_keys(src.files, fsio.read_parquet_metadata),
-        "manifest_extra": {"lower_bound_kind": "pigeonhole",
-                           "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
-                           "per_rank_count": plan.count_distribution()},
-    }
+    meta = PlanMeta(
+        num_ranks=plan.num_ranks, num_steps=plan.num_steps,
+        batch_size_per_rank=plan.batch_size_per_rank, batch_policy=settings.batch_policy,
+        strategy=settings.strategy, remainder_policy=settings.remainder, seed=settings.seed,
+        cost_model=cost_model.to_json(),
+        predicted_bubble=plan.predicted_bubble, baseline_predicted_bubble=plan.baseline_bubble,
+        lower_bound_bubble=plan.lower_bound_bubble,
+        num_samples_input=int(len(plan.step) if num_samples is None else num_samples),
+        input_digest=input_digest(src),
+        fsdata_version=__version__, settings=_recorded_settings(settings, plan, src),
+        carried=carried_keys(src.files, fsio.read_parquet_metadata),
+        manifest_extra={"lower_bound_kind": "pigeonhole",
+                        "lower_bound_bubble_simple": plan.lower_bound_bubble_simple,
+                        "per_rank_count": plan.count_distribution()},
+    )
     if num_samples is not None:  # window summaries only: no per-row arrays
         e32 = np.empty(0, dtype=np.int32)
         return PlanTable(sample_id=np.empty(0, dtype=np.int64), step=e32, rank=e32, position=e32,
@@ -349,7 +339,7 @@ def write_plan(path: str | os.PathLike, table: PlanTable, *, overwrite: bool = F
     """
     t = pa.table({S.SAMPLE_ID: table.sample_id, S.STEP: table.step, S.RANK: table.rank, POSITION: table.position,
                   "cost": table.cost})
-    meta_json = json.dumps(table.meta).encode()
+    meta_json = json.dumps(table.meta.to_dict()).encode()
     t = t.replace_schema_metadata({PLAN_METADATA_KEY: meta_json, PLAN_DIGEST_KEY: plan_digest(table).encode(),
                                    PLAN_SHA256_KEY: _plan_content_sha256(t, meta_json).encode()})
     with atomic_output(path, overwrite=overwrite, is_dir=False, kind="plan") as tmp:
@@ -378,19 +368,7 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
     except json.JSONDecodeError:
         raise InputError(f"plan {path}: its {PLAN_METADATA_KEY.decode()} metadata is not JSON; rewrite it with "
                          "'fsdata plan'") from None
-    if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
-        raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
-                         f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
-    E, S_all = meta.get("epochs", 1), meta.get("num_steps")
-    if isinstance(E, int) and not isinstance(E, bool) and E > max(t.num_rows, 1):  # before a list of E entries
-        E = None
-    per = meta.get("epoch_num_steps", [meta.get("steps_per_epoch")] * E if isinstance(E, int) else None)
-    if (isinstance(E, bool) or not isinstance(E, int) or E < 1 or t.num_rows % E
-            or (E > 1 and (not isinstance(per, list) or len(per) != E
-                           or not all(isinstance(x, int) and x > 0 for x in per) or sum(per) != S_all))):
-        raise InputError(f"plan {path}: epochs {meta.get('epochs', 1)!r} and steps per epoch {per!r} do not match its "
-                         f"{t.num_rows} rows "
-                         f"and num_steps {S_all!r}; rewrite it with 'fsdata plan'")
+    meta = PlanMeta.from_dict(meta, str(path), num_rows=t.num_rows)
     recorded = (t.schema.metadata or {}).get(PLAN_SHA256_KEY)
     if recorded is not None and recorded.decode() != _plan_content_sha256(t.select(list(need)), raw):
         raise InputError(f"plan {path}: its content differs from the checksum 'fsdata plan' recorded "

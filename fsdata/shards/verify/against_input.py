@@ -209,22 +209,23 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
                           "'fsdata balance'") from None
     fix = "the output was edited or made with other settings: rerun 'fsdata balance'"
     meta = table.meta
-    for key in sorted(set(meta["settings"]) | set(st)):
-        want, got = _canon(meta["settings"].get(key)), _canon(st.get(key))
+    for key in sorted(set(meta.settings) | set(st)):
+        want, got = _canon(meta.settings.get(key)), _canon(st.get(key))
         if want != got:
             raise VerifyError(f"manifest settings.{key} is {str(got)[:120]}, recomputing the plan from --input gives "
                               f"{str(want)[:120]}; {fix}")
-    for key, want in meta.get("manifest_extra", {}).items():
+    for key, want in meta.manifest_extra.items():
         if _canon((m.extra or {}).get(key)) != _canon(want):
             raise VerifyError(f"manifest {key} is {str((m.extra or {}).get(key))[:120]}, recomputing the plan "
                               f"gives {str(want)[:120]}; {fix}")
     for key in ("num_steps", "batch_policy", "strategy", "remainder_policy"):
-        if getattr(m, key) != meta[key]:
-            raise VerifyError(f"manifest {key} is {getattr(m, key)!r}, recomputing the plan gives {meta[key]!r}; {fix}")
+        if getattr(m, key) != getattr(meta, key):
+            raise VerifyError(f"manifest {key} is {getattr(m, key)!r}, recomputing the plan gives "
+                              f"{getattr(meta, key)!r}; {fix}")
     for key in ("predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble"):
-        got = getattr(m, key)
-        if (got is None) != (meta[key] is None) or (got is not None and float(got) != float(meta[key])):  # bit for bit
-            shown = [None if x is None else float(x) for x in (got, meta[key])]
+        got, want = getattr(m, key), getattr(meta, key)
+        if (got is None) != (want is None) or (got is not None and float(got) != float(want)):  # bit for bit
+            shown = [None if x is None else float(x) for x in (got, want)]
             raise VerifyError(f"manifest {key} is {shown[0]!r}, recomputing the plan gives {shown[1]!r}; {fix}")
     # every sample at the plan's step and rank, in the plan's order inside each rank file
     order = np.argsort(in_ids, kind="stable")
