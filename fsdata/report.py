@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +40,7 @@ from fsdata.errors import InputError
 from fsdata.guards import check_output_apart
 from fsdata.balancer.partition import partition_shuffle, per_rank_loads
 from fsdata.balancer.plan import LEGACY_SHUFFLE, shuffled_steps
-from fsdata.shards.manifest import READ_VERSIONS, Manifest, ManifestError
-
-MANIFEST_NAMES = ("_manifest.json", "manifest.json")
-SUPPORTED_FORMAT_VERSIONS = READ_VERSIONS
+from fsdata.shards.manifest import Manifest, ManifestError
 
 
 def pyplot():
@@ -98,32 +94,6 @@ class OutputData:
     bound_kind: str = "pigeonhole"
 
 
-def find_manifest(output: str | os.PathLike) -> Path:
-    """``OUTPUT/_manifest.json`` (format v2, v3) or ``OUTPUT/manifest.json`` (v1); InputError if neither exists."""
-    for name in MANIFEST_NAMES:
-        p = Path(output) / name
-        if p.is_file():
-            return p
-    raise InputError(f"{output} has no {' or '.join(MANIFEST_NAMES)}; pass an 'fsdata balance' OUTPUT folder")
-
-
-def read_manifest_any(output: str | os.PathLike) -> dict:
-    """Load an OUTPUT's manifest, format v1 or v2.
-
-    Raises:
-        InputError: missing, unparsable, or an unknown ``format_version``.
-    """
-    path = find_manifest(output)
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e}); rerun 'fsdata balance'") from None
-    if m.get("format_version") not in SUPPORTED_FORMAT_VERSIONS:
-        raise InputError(f"{path}: format_version {m.get('format_version')} is not one this report reads "
-                         f"({SUPPORTED_FORMAT_VERSIONS}); update freescale or rerun 'fsdata balance'")
-    return m
-
-
 def _read_rank_files(output: Path, m: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(sample_id, step, length)`` of every written row, each ``[N_written]`` int64."""
     ids, steps, lengths = [], [], []
@@ -160,12 +130,13 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
             match the manifest (names the fix: pass ``--input``).
     """
     out = Path(output)
-    m = read_manifest_any(out)
-    R, B, S_ = int(m["num_ranks"]), int(m["batch_size_per_rank"]), int(m["num_steps"])
-    try:  # the format module's one step-stats reader (v1 and v2 names)
-        stats = Manifest.read(out).read_step_stats(columns=["step", "rank", "predicted_cost"])
+    try:  # the format module's one manifest and step-stats reader (v1 and v2 names)
+        manifest = Manifest.read(out)
+        m = manifest.to_json()
+        stats = manifest.read_step_stats(columns=["step", "rank", "predicted_cost"])
     except ManifestError as e:
         raise InputError(str(e)) from None
+    R, B, S_ = int(m["num_ranks"]), int(m["batch_size_per_rank"]), int(m["num_steps"])
     after = np.zeros((S_, R))
     after[stats.column("step").to_numpy(), stats.column("rank").to_numpy()] = stats.column("predicted_cost").to_numpy()
     ids, out_steps, lengths = _read_rank_files(out, m)
