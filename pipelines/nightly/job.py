@@ -84,7 +84,7 @@ def chained_vocab(cfg: NightlyConfig, work: Path) -> tuple[str | None, str | Non
         return None, None
     folder = cfg.convert.vocab
     if folder is None:
-        published = store._published_run(work)
+        published = store.published_run(work)
         cand = None if published is None else published / (SAMPLES_NAME + VOCAB_SUFFIX)
         folder = str(cand) if cand is not None and cand.is_dir() else None
     return (folder, vocab_digest(folder)) if folder else (None, None)
@@ -147,8 +147,8 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_f
     ``read_from`` is the input snapshot to read (:func:`snapshot_input`; default ``cfg.convert.input``);
     it is removed before ``_SUCCESS`` is written. ``vocab``: the vocabulary convert extends (:func:`chained_vocab`)."""
     conv, bal, progress = cfg.convert, cfg.balance, cfg.balance.progress
-    info = {"run_key": key, "created_unix_ns": created_ns, "created_at": store._iso(created_ns),
-            "built_at": store._iso(store._now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
+    info = {"run_key": key, "created_unix_ns": created_ns, "created_at": store.iso(created_ns),
+            "built_at": store.iso(store.now_ns()), "host": socket.gethostname(), "fsdata_version": fsdata_version,
             "input": os.path.abspath(conv.input), "config": asdict(cfg)}
     (stage / store.RUN_INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
     source = read_from or conv.input
@@ -176,10 +176,10 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_f
     (stage / "verify.json").write_text(json.dumps(checked, indent=2))
     _write_report(stage, key, samples, columns)
     if read_from is not None:
-        store._remove(stage / SNAPSHOT_NAME)
+        store.remove(stage / SNAPSHOT_NAME)
     summary = {"profile": report, "verify": checked}
     tmp_done = stage / f".{store.SUCCESS_NAME}.tmp"
-    tmp_done.write_text(json.dumps({**summary, "files": store._file_digests(stage)}))
+    tmp_done.write_text(json.dumps({**summary, "files": store.file_digests(stage)}))
     os.replace(tmp_done, stage / store.SUCCESS_NAME)
     return summary
 
@@ -232,9 +232,9 @@ def run_nightly(cfg: NightlyConfig) -> dict:
         key = run_key(cfg, vocab_digest=vdigest)
         runs = work / "runs"
         run_dir = runs / key
-        published = store._published_run(work)
-        removed = store._clean_unfinished(runs, published)
-        published = store._published_run(work)  # a run put back by the cleanup
+        published = store.published_run(work)
+        removed = store.clean_unfinished(runs, published)
+        published = store.published_run(work)  # a run put back by the cleanup
         skipped = rebuilt = False
         problem = store.check_run(run_dir) if (run_dir / store.SUCCESS_NAME).exists() else "absent"
         if problem is None:
@@ -244,8 +244,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
             if problem != "absent":
                 rebuilt = True
                 log.warning("run %s was complete but %s; building it again", key, problem)
-            known = [h["created_unix_ns"] for h in store._history(work) if h["run_key"] == key and "created_unix_ns" in h]
-            created = store._created_ns(run_dir) or (min(known) if known else store._now_ns())
+            known = [h["created_unix_ns"] for h in store.history(work) if h["run_key"] == key and "created_unix_ns" in h]
+            created = store.created_ns(run_dir) or (min(known) if known else store.now_ns())
             runs.mkdir(parents=True, exist_ok=True)
             stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             stage.mkdir()
@@ -257,29 +257,29 @@ def run_nightly(cfg: NightlyConfig) -> dict:
                     log.warning("input %s changed after it was hashed; this run is built from the bytes it read "
                                 "(run %s, not %s)", cfg.convert.input, read_key, key)
                     key, run_dir = read_key, runs / read_key
-                    known = [h["created_unix_ns"] for h in store._history(work)
+                    known = [h["created_unix_ns"] for h in store.history(work)
                              if h["run_key"] == key and "created_unix_ns" in h]
-                    created = store._created_ns(run_dir) or (min(known) if known else store._now_ns())
+                    created = store.created_ns(run_dir) or (min(known) if known else store.now_ns())
                 _build(cfg, stage, key, created, read_from=read_from, vocab=vocab)
-                store._swap_in(stage, run_dir)
+                store.swap_in(stage, run_dir)
             except BaseException:
-                store._remove(stage)
+                store.remove(stage)
                 raise
         done = json.loads((run_dir / store.SUCCESS_NAME).read_text())
-        created = store._created_ns(run_dir) or 0
-        floor, why = store._forward_floor(work)
+        created = store.created_ns(run_dir) or 0
+        floor, why = store.forward_floor(work)
         is_published = published is not None and published.resolve() == run_dir.resolve()
         reason = None
         if is_published or created >= floor:
             store.publish(work, run_dir)
-            history = store._history(work)
+            history = store.history(work)
             if not history or history[-1]["run_key"] != key:  # also a publish whose record a kill cut off
-                store._append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": store._now_ns(),
+                store.append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": store.now_ns(),
                                        "rollback": False})
             is_published = True
             removed += store.keep_newest_runs(work, cfg.job.keep_runs)
         else:
-            reason = (f"run {key} (created {store._iso(created)}) is older than the output trainers read: {why}; "
+            reason = (f"run {key} (created {store.iso(created)}) is older than the output trainers read: {why}; "
                       f"latest stays; pass --rollback {key} to publish it")
             log.warning("%s", reason)
     return {"run_dir": str(run_dir), "run_key": key, "skipped": skipped, "rebuilt": rebuilt,

@@ -62,20 +62,20 @@ def _clean_stale_work_tmp(work: Path) -> list[str]:
     return removed
 
 
-def _swap_in(stage: Path, run_dir: Path) -> None:
+def swap_in(stage: Path, run_dir: Path) -> None:
     """Move the complete ``stage`` to ``run_dir``, replacing a previous ``run_dir``.
 
     With a previous one, the two are swapped in one atomic step (``renameat2(RENAME_EXCHANGE)``),
     so ``run_dir`` (and ``latest``, which may name it) always holds a complete run; then the
     previous one (now at the stage's name) is removed. Where the file system has no exchange,
     two renames; a kill between them leaves the previous run at ``.<key>.old-...``, which the
-    next run moves back (:func:`_clean_unfinished`).
+    next run moves back (:func:`clean_unfinished`).
     """
     if not run_dir.exists():
         os.replace(stage, run_dir)
         return
     if exchange(stage, run_dir):
-        _remove(stage)  # the previous run, now at the stage's name
+        remove(stage)  # the previous run, now at the stage's name
         return
     old = run_dir.parent / f".{run_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.replace(run_dir, old)
@@ -84,7 +84,7 @@ def _swap_in(stage: Path, run_dir: Path) -> None:
     except BaseException:
         os.replace(old, run_dir)
         raise
-    _remove(old)
+    remove(old)
 
 
 @contextlib.contextmanager
@@ -137,11 +137,13 @@ def _describe_holder(work: Path) -> str:
         return f"holder unknown: {work / HOLDER_NAME} is missing or unreadable"
 
 
-def _now_ns() -> int:
+def now_ns() -> int:
+    """Wall-clock time now, integer nanoseconds since the Unix epoch (``time.time_ns``)."""
     return time.time_ns()
 
 
-def _iso(ns: int) -> str:
+def iso(ns: int) -> str:
+    """``ns`` (nanoseconds since the Unix epoch) as an ISO 8601 UTC time to the second."""
     return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -153,7 +155,9 @@ def _read_json(path: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _history(work: Path) -> list[dict]:
+def history(work: Path) -> list[dict]:
+    """The records of ``WORK/history.jsonl`` (one per publish or rollback), oldest first; lines that
+    are not JSON records naming a ``run_key`` (one cut off by a kill) are skipped."""
     out = []
     try:
         lines = (work / HISTORY_NAME).read_text().splitlines()
@@ -167,19 +171,22 @@ def _history(work: Path) -> list[dict]:
     return out
 
 
-def _append_history(work: Path, rec: dict) -> None:
+def append_history(work: Path, rec: dict) -> None:
+    """Append one record to ``WORK/history.jsonl`` (one JSON line, flushed and fsynced)."""
     with open(work / HISTORY_NAME, "a") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def _created_ns(run_dir: Path) -> int | None:
+def created_ns(run_dir: Path) -> int | None:
+    """A run's creation time (``run.json``'s ``created_unix_ns``, integer nanoseconds), None when unknown."""
     info = _read_json(run_dir / RUN_INFO_NAME)
     return int(info["created_unix_ns"]) if info and "created_unix_ns" in info else None
 
 
-def _published_run(work: Path) -> Path | None:
+def published_run(work: Path) -> Path | None:
+    """The run ``WORK/latest`` points at (resolved), None when nothing is published."""
     link = work / "latest"
     if not link.is_symlink():
         return None
@@ -228,7 +235,7 @@ def check_run(run_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def _file_digests(run_dir: Path) -> dict[str, str]:
+def file_digests(run_dir: Path) -> dict[str, str]:
     """SHA-256 of every file of a run except ``_SUCCESS`` and the rank files (whose digests the
     shard manifest already holds), keyed by path relative to the run."""
     m = _manifest(run_dir / "shards") or {}
@@ -240,7 +247,8 @@ def _file_digests(run_dir: Path) -> dict[str, str]:
     return out
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Remove a file, link or folder tree; a missing path is no error."""
     shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
 
 
@@ -267,10 +275,10 @@ def is_our_run(path: str | os.PathLike, recorded: set[str] | None = None) -> boo
 
 
 def _recorded(runs: Path) -> set[str]:
-    return {str(h["run_key"]) for h in _history(runs.parent)}
+    return {str(h["run_key"]) for h in history(runs.parent)}
 
 
-def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
+def clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
     """Remove runs being built by a dead process (we hold the lock: every one is stale) and run
     folders without ``_SUCCESS``; never ``protect`` (the published run) and never a folder that is
     not one of the job's runs (:func:`is_our_run`)."""
@@ -299,7 +307,7 @@ def _clean_unfinished(runs: Path, protect: Path | None) -> list[str]:
         unfinished = not p.name.startswith(".") and not (p / SUCCESS_NAME).exists()
         if (stale or unfinished) and (protect is None or p.resolve() != protect.resolve()):
             log.warning("removing unfinished run %s (a failed or killed earlier run); it is redone from the start", p)
-            _remove(p)
+            remove(p)
             removed.append(str(p))
     return removed
 
@@ -317,37 +325,37 @@ def keep_newest_runs(work_dir: str | os.PathLike, keep_runs: int) -> list[str]:
     runs = work / "runs"
     if keep_runs < 1 or not runs.is_dir():
         return []
-    published = _published_run(work)
+    published = published_run(work)
     protect = {published.resolve()} if published else set()
-    rollbacks = [h for h in _history(work) if h.get("rollback")]
+    rollbacks = [h for h in history(work) if h.get("rollback")]
     if rollbacks:
         protect.add((runs / rollbacks[-1]["run_key"]).resolve())
     recorded = _recorded(runs)
     complete = [p for p in runs.iterdir()
                 if not p.name.startswith(".") and (p / SUCCESS_NAME).exists() and is_our_run(p, recorded)]
-    complete.sort(key=lambda p: (_created_ns(p) or 0, p.name), reverse=True)
+    complete.sort(key=lambda p: (created_ns(p) or 0, p.name), reverse=True)
     removed = []
     for p in complete[keep_runs:]:
         if p.resolve() in protect:
             continue
         log.info("--keep-runs %d: removing old run %s", keep_runs, p)
-        _remove(p)
+        remove(p)
         removed.append(str(p))
     return removed
 
 
-def _forward_floor(work: Path) -> tuple[int, str]:
+def forward_floor(work: Path) -> tuple[int, str]:
     """Creation time a run needs to move ``latest`` forward, and why (for the message)."""
     floor, why = 0, ""
-    published = _published_run(work)
+    published = published_run(work)
     if published is not None:
-        created = _created_ns(published)
+        created = created_ns(published)
         if created is not None:
-            floor, why = created, f"the published run {published.name} was created {_iso(created)}"
-    rollbacks = [h for h in _history(work) if h.get("rollback")]
+            floor, why = created, f"the published run {published.name} was created {iso(created)}"
+    rollbacks = [h for h in history(work) if h.get("rollback")]
     if rollbacks and rollbacks[-1].get("published_unix_ns", 0) > floor:
         floor = rollbacks[-1]["published_unix_ns"]
-        why = f"latest was rolled back to {rollbacks[-1]['run_key']} at {_iso(floor)}"
+        why = f"latest was rolled back to {rollbacks[-1]['run_key']} at {iso(floor)}"
     return floor, why
 
 
@@ -383,10 +391,10 @@ def rollback(work_dir: str | os.PathLike, run: str, *, lock_timeout_seconds: flo
         problem = check_run(run_dir)
         if problem is not None:
             raise ConfigError(f"--rollback {run}: {problem}; rerun its command to rebuild it instead")
-        previous = _published_run(work)
+        previous = published_run(work)
         publish(work, run_dir)
-        _append_history(work, {"run_key": key, "created_unix_ns": _created_ns(run_dir) or 0,
-                               "published_unix_ns": _now_ns(), "rollback": True})
+        append_history(work, {"run_key": key, "created_unix_ns": created_ns(run_dir) or 0,
+                               "published_unix_ns": now_ns(), "rollback": True})
         done = json.loads((run_dir / SUCCESS_NAME).read_text())
     return {"run_dir": str(run_dir), "run_key": key, "published": True, "verify": done.get("verify"),
             "previous": str(previous) if previous else None}

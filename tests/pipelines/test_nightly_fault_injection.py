@@ -78,7 +78,7 @@ def _kill_everywhere(h: Harness, root: Path, args: list[str], *, first: int = 1,
 
     ``aside_ok``: a kill between the two renames of the fallback rebuild (no atomic exchange) may leave
     ``latest`` naming nothing while the previous run lies intact at ``runs/.<key>.old-*``, which the
-    next run moves back first (``pipelines.nightly.store._swap_in``); with an exchange it may not.
+    next run moves back first (``pipelines.nightly.store.swap_in``); with an exchange it may not.
 
     Returns:
         How many kills left the previous run published, the new one, or (``aside_ok``) the previous
@@ -195,7 +195,7 @@ def test_rollback_killed_at_every_point_keeps_latest_complete(root, tmp_path):
             assert sorted(p.name for p in work.iterdir()) == [".nightly.lock", "history.jsonl", "latest", "runs"]
             assert json.loads((work / "history.jsonl").read_text().splitlines()[-1]) | {"published_unix_ns": 0} \
                 == {"run_key": old, "rollback": True, "published_unix_ns": 0,
-                    "created_unix_ns": nightly.store._created_ns(_latest(work))}, where
+                    "created_unix_ns": nightly.store.created_ns(_latest(work))}, where
     finally:
         h.close()
     assert seen == {old, new}, seen

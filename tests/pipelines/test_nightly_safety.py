@@ -59,13 +59,13 @@ def test_input_replaced_after_hashing_is_keyed_by_what_was_read(tmp_path, monkey
     a_bytes = a.read_bytes()
     cfg = nightly_config(input=str(a), **FAST)
     key_a = run_key(cfg)
-    real = nightly.store._clean_unfinished
+    real = nightly.store.clean_unfinished
 
     def replace_after_hashing(*args, **kwargs):
         a.write_bytes(b.read_bytes())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(nightly.store, "_clean_unfinished", replace_after_hashing)
+    monkeypatch.setattr(nightly.store, "clean_unfinished", replace_after_hashing)
     r = run_nightly(at(cfg, tmp_path / "work"))
     monkeypatch.undo()
     key_b = run_key(cfg)  # a.parquet now holds B's bytes
@@ -144,7 +144,7 @@ def test_latest_names_a_complete_run_at_every_kill_point(tmp_path, point, rebuil
     if point == "fallback-between":
         # two renames without an atomic exchange: killed between them, the previous run lies aside ...
         assert not Path(good["run_dir"]).exists()
-        nightly.store._clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
+        nightly.store.clean_unfinished(work / "runs", None)  # ... and the next run puts it back first
         assert _complete(Path(good["run_dir"]))
     assert _complete(_latest(work)), f"latest does not name a complete run after a kill at {point}"
     r = run_nightly(at(nightly_config(input=str(inp), **{**FAST, "num_ranks": ranks}), work))
