@@ -9,7 +9,7 @@ its own, ``tests/test_architecture.py`` checks it):
   ``BalanceSettings``;
 * :mod:`fsdata.shards`: the shard format (plan file, rank-file writer, finalize, manifest, verify);
 * :mod:`fsdata.engines`: the engines (``local``, ``ray``) that run the stages, and :func:`balance`;
-* the CLI: :mod:`fsdata.cli`, :mod:`fsdata.cliutil`, :mod:`fsdata.report`.
+* the CLI: :mod:`fsdata.cli`, :mod:`fsdata.common.cli`, :mod:`fsdata.report`.
 
 Python API (docs/fsdata.md, "Python API")::
 

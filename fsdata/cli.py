@@ -28,7 +28,7 @@ else:
     os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
 
 from fsdata import fsio
-from fsdata.cliutil import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
+from fsdata.common.cli import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
                             cli_main, configure_logging, new_parser, resolve_progress, settings_help)
 from fsdata.errors import ConfigError, FsdataError, setting
 from fsdata.atomic import check_replaceable
@@ -100,13 +100,13 @@ def _balance_flags(p, command: str) -> None:
 
 
 def _command(help: str, epilog: str | None = None, **kw):  # noqa: A002
-    """A subcommand's parser: ``(parser, help)`` for :func:`fsdata.cliutil.add_subcommands`."""
+    """A subcommand's parser: ``(parser, help)`` for :func:`fsdata.common.cli.add_subcommands`."""
     return new_parser(description=help, epilog=epilog, **kw), help
 
 
 def build_parser():
     """The ``fsdata`` command line (``jsonargparse``); settings flags are generated from
-    :class:`ConvertSettings` and :class:`BalanceSettings` (:func:`fsdata.cliutil.add_settings_flags`)."""
+    :class:`ConvertSettings` and :class:`BalanceSettings` (:func:`fsdata.common.cli.add_settings_flags`)."""
     parser = new_parser(prog="fsdata", description="Profile, balance and pre-shard training samples so every rank's "
                         "cost per step is equal.")
     add_version_flag(parser)
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
 
     A user error is one ``fsdata: error:`` line with exit 2, Ctrl-C exit 130 (nothing written);
     piping into ``head`` exits 141 quietly; a full disk, read-only location or denied permission
-    is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.cliutil.cli_main`).
+    is one ``fsdata: error:`` line with exit 2 (:func:`fsdata.common.cli.cli_main`).
     """
     return cli_main("fsdata", lambda: parse_args(argv), _run, location=("output", "input"),
                     interrupted="interrupted; nothing was written")

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from fsdata.cliutil import (add_common_flags, add_json_flag, add_output_flag, add_settings_flags, add_subcommands,
+from fsdata.common.cli import (add_common_flags, add_json_flag, add_output_flag, add_settings_flags, add_subcommands,
                             add_version_flag, cli_main, configure_logging, new_parser, resolve_progress, subparsers)
 from fsdata.guards import check_output_apart
 from fstrain.components.outputs import check_output_file
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fstrain`` console script; returns the exit status.
 
     A user error is one ``fstrain COMMAND: error:`` line with exit 2; piping into ``head`` exits 141
-    quietly (:func:`fsdata.cliutil.cli_main`).
+    quietly (:func:`fsdata.common.cli.cli_main`).
 
     Under torchrun (docs/fstrain.md, "Errors under torchrun") a user error is printed once, by
     rank 0 (:mod:`fstrain.distributed.launch`), every worker exits 2, and the line goes to torch

@@ -6,7 +6,7 @@
 (:class:`fstrain.pipelines.PipelineConfig`), ``comm`` (:class:`fstrain.distributed.comm.CommConfig`),
 ``checkpoint``, ``eval`` and ``metrics``. Every field is declared once, here or in its part's
 dataclass, with its default and its docstring; :func:`add_config_flags` turns the fields into
-``fstrain train``'s flags (with :func:`fsdata.cliutil.add_settings_flags`, ``jsonargparse``: type,
+``fstrain train``'s flags (with :func:`fsdata.common.cli.add_settings_flags`, ``jsonargparse``: type,
 default, choices from the registries, help from the docstring), :func:`from_dict` builds the config
 back, :func:`load_yaml` reads ``--config FILE`` and :func:`to_yaml` prints ``--print-config``.
 
@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsdata.cliutil import add_settings_flags, settings_help
+from fsdata.common.cli import add_settings_flags, settings_help
 from fstrain.distributed.backends import BACKEND_CHOICES
 from fstrain.components.evaluator import DEFAULT_K
 from fstrain.distributed.comm import CommConfig
@@ -263,7 +263,7 @@ def _leaf_type(tp) -> tuple[type, bool]:
 
 def walk_fields(cls: type, prefix: str = ""):
     """Yield ``(path, dataclass field, annotation, docstring)`` of every leaf field, depth first
-    (the docstring as :func:`fsdata.cliutil.settings_help` reads it: the ``--help`` text)."""
+    (the docstring as :func:`fsdata.common.cli.settings_help` reads it: the ``--help`` text)."""
     hints = typing.get_type_hints(cls)
     docs = settings_help(cls)
     for f in dataclasses.fields(cls):
@@ -306,7 +306,7 @@ def get_path(obj, path: str):
 def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: str = "",
                      override: bool = False) -> list[str]:
     """Add one flag per leaf field of ``cls`` to a ``jsonargparse`` parser (names: module docstring;
-    type, default, choices and help: :func:`fsdata.cliutil.add_settings_flags`).
+    type, default, choices and help: :func:`fsdata.common.cli.add_settings_flags`).
 
     Args:
         parser: where the flags go (one argument group per section).

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdata.cliutil import add_common_flags, add_json_flag, add_output_flag, configure_logging, resolve_progress
+from fsdata.common.cli import add_common_flags, add_json_flag, add_output_flag, configure_logging, resolve_progress
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 from pipelines.nightly import NightlyConfig, run_nightly
@@ -62,7 +62,7 @@ def synthetic_input(out_dir: Path, num_samples: int = 300_000, seed: int = 0) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The demo's flags (the CLI convention of fsdata.cliutil)."""
+    """The demo's flags (the CLI convention of fsdata.common.cli)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__.split("\n\n")[0])
     add_output_flag(p, default=str(REPO_ROOT / "demo-output"), metavar="DIR",
                     help="folder for everything the demo writes (default: demo-output/ in the repository)")

@@ -80,8 +80,8 @@ for name in ("exchange", "remove_remote"):
 from fsdata.cli import main as fsdata_main
 from pipelines.nightly import main as nightly_main
 try:  # imported once here rather than in every forked run (the nightly job's report plots)
-    import fsdata.report
-    fsdata.report.pyplot()
+    import fsdata.common.page
+    fsdata.common.page.pyplot()
 except ImportError:
     pass
 entries = {"fsdata": fsdata_main, "nightly": nightly_main}

@@ -13,10 +13,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 #: Layers bottom to top; a module may import its own layer or a lower one.
 LAYERS = {
-    "base": 0, "samples": 1, "balancer": 2, "shards": 3, "engines": 4, "cli": 5,
+    "base": 0, "common": 0, "samples": 1, "balancer": 2, "shards": 3, "engines": 4, "cli": 5,
 }
 BASE = {"fsdata._version", "fsdata.errors", "fsdata.atomic", "fsdata.guards", "fsdata.fsio"}
-CLI = {"fsdata.cli", "fsdata.cliutil", "fsdata.report", "fsdata.__main__"}
+CLI = {"fsdata.cli", "fsdata.report", "fsdata.__main__"}
 #: Module paths removed in 0.3.0 (CHANGELOG.md names their new homes); none may come back.
 REMOVED = {"fsdata." + m for m in (
     "schema io diagnose convert holdout synth cost bubble compose partition partition_fast kk cpsat "

@@ -1,4 +1,4 @@
-"""One CLI convention for every entry point (README.md, "CLI conventions"; flags in fsdata/cliutil.py).
+"""One CLI convention for every entry point (README.md, "CLI conventions"; flags in fsdata/common/cli.py).
 
 Every parser of ``fsdata``, ``fstrain``, ``python -m pipelines.nightly`` and ``python -m
 pipelines.demo`` (every subcommand) has ``--version``, ``-v/--verbose`` and ``-q/--quiet``;
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdata.cliutil import OUR_LOGGERS, package_version
+from fsdata.common.cli import OUR_LOGGERS, package_version
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPRECATED = ("--out", "--work-dir", "--threads", "--num-workers")

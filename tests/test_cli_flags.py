@@ -14,7 +14,7 @@ import typing
 
 import pytest
 
-from fsdata.cliutil import action_choices, settings_help, subparsers
+from fsdata.common.cli import action_choices, settings_help, subparsers
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 

@@ -18,12 +18,14 @@ FSDATA_SURFACE = {
     "fsdata.fsio": {"exists", "filesystem_and_path"},
     "fsdata.balancer.bubble": {"run_bubble", "step_bubbles", "reduction"},
     "fsdata.errors": {"FsdataError", "cli_terms", "command", "in_cli", "setting"},
-    "fsdata.cliutil": {"add_common_flags", "add_json_flag", "add_output_flag", "add_settings_flags", "add_subcommands",
-                       "add_version_flag", "cli_main", "configure_logging", "new_parser", "resolve_progress",
+    "fsdata.common.cli": {"add_common_flags", "add_json_flag", "add_output_flag", "add_settings_flags",
+                          "add_subcommands", "add_version_flag", "cli_main", "configure_logging", "new_parser", "resolve_progress",
                        "settings_help", "subparsers"},
     "fsdata.guards": {"check_output_apart", "process_alive"},
     "fsdata.atomic": {"check_replaceable", "register_output_kind"},
-    "fsdata.report": {"Figure", "pyplot", "figure_png", "load_output", "output_figures", "output_rows", "write_page"},
+    "fsdata.common.page": {"Figure", "pyplot", "figure_png", "write_page"},
+    "fsdata.common.registry": {"Registry"},
+    "fsdata.report": {"load_output", "output_figures", "output_rows"},
 }
 
 #: fstrain's packages and top-level modules, bottom to top: a module imports its own layer or lower ones.

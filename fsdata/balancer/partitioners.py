@@ -34,6 +34,7 @@ from fsdata.balancer import partition_fast as pf
 from fsdata.balancer.partition import (DEFAULT_METHOD, DEFAULT_SAMPLES_PER_CHUNK, lpt_reference, partition_shuffle,
                                        per_rank_loads)
 from fsdata.errors import ConfigError
+from fsdata.common.registry import Registry
 
 #: ``auto`` refines a step with CP-SAT only when lpt-swap's straggler is above the step's proven
 #: lower bound (:func:`fsdata.balancer.bubble.step_proven_bound`) by more than this fraction of the
@@ -111,7 +112,8 @@ class Partitioner(ABC):
             yield self.partition(chunk, num_ranks, batch_size_per_rank)
 
 
-_REGISTRY: dict[str, type[Partitioner]] = {}
+#: The partitioners by name (``--partitioner NAME``): the one list of partitioner names.
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", "partition method")
 
 
 def register(name: str):
@@ -124,20 +126,12 @@ def register(name: str):
     Raises:
         ValueError: ``name`` is registered already.
     """
-
-    def deco(cls: type[Partitioner]) -> type[Partitioner]:
-        if name in _REGISTRY:
-            raise ValueError(f"partitioner '{name}' is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return PARTITIONERS.register(name)
 
 
 def names() -> tuple[str, ...]:
     """The registered partitioner names, in registration order."""
-    return tuple(_REGISTRY)
+    return PARTITIONERS.names()
 
 
 def get_partitioner(name: str, config: PartitionerConfig | None = None) -> Partitioner:
@@ -146,9 +140,7 @@ def get_partitioner(name: str, config: PartitionerConfig | None = None) -> Parti
     Raises:
         ConfigError: no partitioner of that name.
     """
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown partition method '{name}'; use one of {', '.join(_REGISTRY)}")
-    return _REGISTRY[name](config)
+    return PARTITIONERS.get(name)(config)
 
 
 def from_config(config: PartitionerConfig | None = None) -> Partitioner:

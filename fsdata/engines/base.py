@@ -31,6 +31,7 @@ from fsdata.balancer.cost import CostModel, cost_model_file, load_cost_model
 from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
+from fsdata.common.registry import Registry
 from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.finalize import finalize
 from fsdata.shards.as_input import OutputInput, is_output, output_as_input, record_lineage, reshard_settings
@@ -236,25 +237,22 @@ def check_input_unchanged(src: SampleSource, before: tuple, input: str) -> None:
                          "footer differs from the start); nothing was published: rerun once the input is complete")
 
 
-_REGISTRY: dict[str, type[Engine]] = {}
+#: The engines by name (``--engine NAME``): the one list of engine choices.
+ENGINES: Registry[Engine] = Registry("engine", lambda: setting("engine"))
 
 
 def register(name: str):
-    """Class decorator: register an :class:`Engine` under ``name`` (``--engine NAME``)."""
+    """Class decorator: register an :class:`Engine` under ``name`` (``--engine NAME``).
 
-    def deco(cls: type[Engine]) -> type[Engine]:
-        if name in _REGISTRY:
-            raise ValueError(f"engine '{name}' is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    Raises:
+        ValueError: ``name`` is registered already.
+    """
+    return ENGINES.register(name)
 
 
 def names() -> tuple[str, ...]:
     """The registered engine names, in registration order."""
-    return tuple(_REGISTRY)
+    return ENGINES.names()
 
 
 def get_engine(settings: BalanceSettings) -> Engine:
@@ -263,10 +261,7 @@ def get_engine(settings: BalanceSettings) -> Engine:
     Raises:
         ConfigError: an unknown name (``ray`` without Ray installed fails when it first runs).
     """
-    cls = _REGISTRY.get(settings.engine)
-    if cls is None:
-        raise ConfigError(f"unknown {setting('engine')} '{settings.engine}'; use one of {', '.join(_REGISTRY)}")
-    return cls(settings)
+    return ENGINES.get(settings.engine)(settings)
 
 
 def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: str | os.PathLike, *,

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from fsdata.balancer import bubble
-from fsdata.report import Figure, pyplot, figure_png, load_output, output_figures, output_rows, write_page
+from fsdata.common.page import Figure, figure_png, pyplot, write_page
+from fsdata.report import load_output, output_figures, output_rows
 from fstrain.errors import ConfigError
 from fstrain.components.metrics import NULL_TIMES, read_step_times, step_losses, timing_matrix
 from fstrain.components.outputs import check_output_file

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonargparse
 import yaml
 
-from fsdata.cliutil import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser, resolve_progress,
+from fsdata.common.cli import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser, resolve_progress,
                             settings_values)
 from fsdata.guards import check_output_apart
 from pipelines import nightly
@@ -123,6 +123,6 @@ def _main(a: jsonargparse.Namespace, parser: jsonargparse.ArgumentParser) -> int
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; errors are one ``nightly: error:`` line and exit 2, piping into ``head`` exits 141
-    (:func:`fsdata.cliutil.cli_main`)."""
+    (:func:`fsdata.common.cli.cli_main`)."""
     parser = build_parser()
     return cli_main("nightly", lambda: parser.parse_args(argv), lambda a: _main(a, parser), location=("job.output",))

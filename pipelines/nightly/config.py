@@ -4,7 +4,7 @@
 Each setting is declared once, as a dataclass field with its docstring: ``convert`` is
 :class:`fsdata.samples.settings.ConvertSettings`, ``balance`` is ``fsdata balance``'s
 :class:`~fsdata.balancer.settings.BalanceSettings`, ``job`` is :class:`JobSettings`. The command line
-(:mod:`pipelines.nightly.cli`) is generated from the fields (:func:`fsdata.cliutil.add_settings_flags`),
+(:mod:`pipelines.nightly.cli`) is generated from the fields (:func:`fsdata.common.cli.add_settings_flags`),
 a YAML file given with ``--config`` holds the same three sections, and ``--print-config`` prints
 the resolved settings in that form. :func:`key_settings` names the settings that enter the run key:
 those that change the output.

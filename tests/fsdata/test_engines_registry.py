@@ -47,7 +47,7 @@ def spy():
             return super().write_ranks(*a, **k)
 
     yield calls
-    del base._REGISTRY["spy"]
+    base.ENGINES.unregister("spy")
 
 
 def _settings(**kw) -> BalanceSettings:

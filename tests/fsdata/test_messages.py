@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fsdata import cliutil
+from fsdata.common import cli as cliutil
 from fsdata.cli import main
 from tests.conftest import REPO_ROOT
 from tests.fsdata.helpers import write_samples

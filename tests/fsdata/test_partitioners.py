@@ -52,13 +52,12 @@ def test_make_plan_uses_the_injected_partitioner():
 @pytest.fixture
 def registered_reversed(monkeypatch):
     """``reversed`` registered by name for one test (the registry is restored afterwards)."""
-    monkeypatch.setattr(partitioners, "_REGISTRY", dict(partitioners._REGISTRY))
-
     @register("reversed")
     class Reversed(_Reversed):
         pass
 
-    return Reversed
+    yield Reversed
+    partitioners.PARTITIONERS.unregister("reversed")
 
 
 def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_reversed, tmp_path, capsys):

@@ -15,7 +15,7 @@ from tests.fstrain.shards import write_shards
 
 def test_one_backend_table_everywhere():
     from fstrain.distributed import backends, env as fdist
-    from fsdata.cliutil import action_choices
+    from fsdata.common.cli import action_choices
     from fstrain.cli import build_parser
     from fstrain.distributed.comm import BACKEND_NAMES, CommConfig
 

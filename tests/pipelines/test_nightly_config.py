@@ -11,7 +11,7 @@ import typing
 
 import pytest
 
-from fsdata.cliutil import action_choices
+from fsdata.common.cli import action_choices
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 from pipelines import nightly
