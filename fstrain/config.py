@@ -37,7 +37,7 @@ from fstrain.distributed.comm import CommConfig
 from fstrain.distributed.optim import SPARSE_OPTIMIZERS, OptimConfig
 from fstrain.errors import ConfigError
 from fstrain.models.config import ATTENTIONS, MODELS, NEGATIVE_MODES, OBJECTIVES, Config
-from fstrain.pipelines.base import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
+from fstrain.pipelines import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
 
 
 @dataclass(kw_only=True, slots=True)

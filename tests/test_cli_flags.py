@@ -60,7 +60,7 @@ def _registries() -> dict[str, tuple]:
     from fstrain.distributed.comm import CommConfig
     from fstrain.distributed.optim import SPARSE_OPTIMIZERS, OptimConfig
     from fstrain.models.config import ATTENTIONS, MODELS, NEGATIVE_MODES, OBJECTIVES, Config
-    from fstrain.pipelines.base import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
+    from fstrain.pipelines import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
 
     return {(Config, "model"): MODELS, (Config, "objective"): OBJECTIVES, (Config, "negatives"): NEGATIVE_MODES,
             (Config, "attention"): ATTENTIONS, (OptimConfig, "sparse_optimizer"): SPARSE_OPTIMIZERS,

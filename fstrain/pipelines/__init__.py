@@ -37,8 +37,9 @@ import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.pipelines.base import (
+    AUTO,
     NO_PIPELINE,
-    PIPELINE_NAMES,
+    PIPELINES,
     STEP_MODES,
     PipelineConfig,
     PipelineError,
@@ -46,12 +47,18 @@ from fstrain.pipelines.base import (
     StepOutput,
     StepStats,
     TrainPipeline,
+    pipeline_names,
     pipeline_steps,
     run_steps,
 )
+
+# imported in the order of the --pipeline choices: each registers itself in PIPELINES
 from fstrain.pipelines.plain import PlainPipeline
-from fstrain.pipelines.prioritized import PrioritizedPipeline
 from fstrain.pipelines.torchrec_wrappers import PECPipeline, SparseDistPipeline, pec_unavailable_reason
+from fstrain.pipelines.prioritized import PrioritizedPipeline
+
+#: The ``--pipeline`` choices (``none`` aside): the registered pipelines, then ``auto``.
+PIPELINE_NAMES = pipeline_names()
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +90,7 @@ def resolve_pipeline_name(name: str, device: torch.device, *, pec_fallback: bool
     """
     if name not in PIPELINE_NAMES:
         raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)}")
-    if name == "auto":
+    if name == AUTO:
         return "pec" if pec_runs_on(device) else "prioritized"
     if name == "pec" and not pec_runs_on(device):
         reason = (f"--pipeline pec runs torchrec's TrainPipelinePEC, which needs a CUDA device (this rank has "
@@ -134,26 +141,20 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     name = config.name
     if name == NO_PIPELINE:
         raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
-    kw = {"measure_straggler_wait": config.measure_straggler_wait}
-    if name in ("pec", "auto"):
+    if name in ("pec", AUTO):
         reason = pec_unavailable_reason(dmp, device)
         if reason is None:
-            return PECPipeline(dmp, optimizer, device, **kw)
+            return PECPipeline.from_config(config, dmp, optimizer, device)
         if name == "pec" and not config.pec_fallback:
             raise PipelineUnavailableError(reason)
         logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
         name = "prioritized"
     if not config.overlap and name != "prioritized":
         logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
-    if name == "plain":
-        return PlainPipeline(dmp, optimizer, device, **kw)
-    if name == "sparse-dist":
-        return SparseDistPipeline(dmp, optimizer, device, **kw)
-    return PrioritizedPipeline(dmp, optimizer, device, overlap=config.overlap,
-                               ordered_collectives=config.ordered_collectives, **kw)
+    return PIPELINES.get(name).from_config(config, dmp, optimizer, device)
 
 
-__all__ = ["NO_PIPELINE", "PIPELINE_NAMES", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
+__all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
            "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
            "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
            "pipeline_steps", "resolve_pipeline_name", "run_steps"]

@@ -20,17 +20,27 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from fstrain.data.batch import Batch
+from fsdata.common.registry import Registry
 from fstrain.errors import ConfigError
 from fstrain.components.metrics import StepTiming
 from fstrain.pipelines.timing import ComputeTimer, TimedOptimizer
 
 logger = logging.getLogger(__name__)
 
-PIPELINE_NAMES = ("plain", "sparse-dist", "pec", "prioritized", "auto")
+#: The pipelines by name (``--pipeline NAME``): the one list of pipeline choices; each implementation
+#: registers itself (:mod:`fstrain.pipelines` imports them in this order: plain, sparse-dist, pec, prioritized).
+PIPELINES: Registry[TrainPipeline] = Registry("pipeline", "pipeline")
+#: ``PipelineConfig.name`` resolved where the model runs: ``pec`` where it runs, else ``prioritized``.
+AUTO = "auto"
 #: ``PipelineConfig.name`` of no pipeline: ``fstrain train`` drives the steps with its own loop (``step_mode``).
 NO_PIPELINE = "none"
 #: ``PipelineConfig.step_mode``: the loop used without a pipeline.
 STEP_MODES = ("measured", "plain")
+
+
+def pipeline_names() -> tuple[str, ...]:
+    """The ``--pipeline`` choices: every registered pipeline, then ``auto`` (``none`` aside)."""
+    return (*PIPELINES.names(), AUTO)
 
 
 class PipelineError(ConfigError):
@@ -68,8 +78,8 @@ class PipelineConfig:
     ``fs_cuda_ce``, off for gloo / ``fs_shm``. Same results either way."""
 
     def __post_init__(self) -> None:
-        if self.name not in (*PIPELINE_NAMES, NO_PIPELINE):
-            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(PIPELINE_NAMES)} or "
+        if self.name not in (*pipeline_names(), NO_PIPELINE):
+            raise PipelineError(f"unknown pipeline {self.name!r}; use one of {', '.join(pipeline_names())} or "
                                 f"{NO_PIPELINE}")
         if self.step_mode not in STEP_MODES:
             raise PipelineError(f"step_mode must be one of {', '.join(STEP_MODES)}, got {self.step_mode!r}")
@@ -167,6 +177,12 @@ class TrainPipeline(abc.ABC):
         self._phases: dict[str, float] = {}
         self._trained: tuple[int, int, int] = (-1, 0, 0)  # (Batch.step, num_tokens, num_samples) being trained
         self._batch_hook = dmp.module.register_forward_pre_hook(self._see_batch)
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, dmp: DistributedModelParallel, optimizer,
+                    device: torch.device) -> TrainPipeline:
+        """Build this pipeline with the :class:`PipelineConfig` fields it takes (collective)."""
+        return cls(dmp, optimizer, device, measure_straggler_wait=config.measure_straggler_wait)
 
     def _see_batch(self, _module, args) -> None:
         """Model forward pre-hook: remember which batch the (possibly torchrec-driven) step trains."""
@@ -308,5 +324,5 @@ def _elapsed(start, end) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-__all__ = ["PIPELINE_NAMES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepOutput",
+__all__ = ["AUTO", "PIPELINES", "pipeline_names", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepOutput",
            "StepStats", "TrainPipeline", "pipeline_steps", "run_steps"]

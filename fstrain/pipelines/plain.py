@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from torch.autograd.profiler import record_function
 
-from fstrain.pipelines.base import TrainPipeline
+from fstrain.pipelines.base import PIPELINES, TrainPipeline
 
 
+@PIPELINES.register("plain")
 class PlainPipeline(TrainPipeline):
     """The reference: every stage in order on the main thread (the default CUDA stream on GPU).
 

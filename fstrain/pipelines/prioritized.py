@@ -41,7 +41,7 @@ from fstrain.data.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.distributed.sharding import dense_parameters
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.recommender import objective_inputs
-from fstrain.pipelines.base import PipelineError, TrainPipeline
+from fstrain.pipelines.base import PIPELINES, PipelineConfig, PipelineError, TrainPipeline
 from fstrain.pipelines.ordering import CollectiveOrderGate, needs_ordered_collectives
 
 
@@ -78,6 +78,7 @@ def _segment_counts(flags: torch.Tensor, counts: list[int]) -> list[int]:
     return [int(s.sum()) for s in torch.split(flags, counts)] if flags.numel() else [0] * len(counts)
 
 
+@PIPELINES.register("prioritized")
 class PrioritizedPipeline(TrainPipeline):
     """Prioritized embedding communication with exact synchronous semantics.
 
@@ -122,6 +123,12 @@ class PrioritizedPipeline(TrainPipeline):
     """
 
     name = "prioritized"
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, dmp, optimizer, device) -> PrioritizedPipeline:
+        """Build it with ``overlap`` and ``ordered_collectives`` from ``config`` too (collective)."""
+        return cls(dmp, optimizer, device, overlap=config.overlap, ordered_collectives=config.ordered_collectives,
+                   measure_straggler_wait=config.measure_straggler_wait)
 
     def __init__(self, dmp, optimizer, device, *, overlap: bool = True, ordered_collectives: bool | None = None,
                  **kwargs) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.pipelines.base import PipelineUnavailableError, TrainPipeline
+from fstrain.pipelines.base import PIPELINES, PipelineUnavailableError, TrainPipeline
 
 
+@PIPELINES.register("sparse-dist")
 class SparseDistPipeline(TrainPipeline):
     """torchrec ``TrainPipelineSparseDist``: batch N+1's input dist overlaps batch N.
 
@@ -56,6 +57,7 @@ def pec_unavailable_reason(dmp: DistributedModelParallel, device: torch.device) 
     return None
 
 
+@PIPELINES.register("pec")
 class PECPipeline(TrainPipeline):
     """torchrec ``TrainPipelinePEC`` (CUDA only, PEC-wrapped table; :func:`pec_unavailable_reason`).
 
