@@ -24,6 +24,27 @@ BACKEND_DEVICES: dict[str, str] = {"gloo": "cpu", "nccl": "cuda", "shm": "cpu", 
 BACKEND_NAMES: tuple[str, ...] = tuple(BACKEND_DEVICES)
 
 #: what ``fstrain train --backend`` accepts: ``auto`` (nccl with CUDA, else gloo) and every name.
-BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKEND_NAMES)
+BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKEND_NAMES)  # AUTO first
 
-__all__ = ["BACKEND_CHOICES", "BACKEND_DEVICES", "BACKEND_NAMES"]
+#: The choice decided where the job runs (:func:`resolve_backend`).
+AUTO = "auto"
+
+
+def resolve_backend(name: str, *, cuda: bool | None = None) -> str:
+    """The transport ``name`` runs: ``auto`` decided (``nccl`` when CUDA is available, else
+    ``gloo``), any other name as it is. The one place ``auto`` is resolved.
+
+    Args:
+        name: a name of :data:`BACKEND_CHOICES` (checked by the caller's settings).
+        cuda: whether CUDA is available (None: asks torch, imported only then).
+    """
+    if name != AUTO:
+        return name
+    if cuda is None:
+        import torch  # noqa: PLC0415 (this module is imported at parse time)
+
+        cuda = torch.cuda.is_available()
+    return "nccl" if cuda else "gloo"
+
+
+__all__ = ["AUTO", "BACKEND_CHOICES", "BACKEND_DEVICES", "BACKEND_NAMES", "resolve_backend"]

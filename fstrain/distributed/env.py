@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fstrain.distributed.backends import BACKEND_CHOICES, BACKEND_DEVICES
+from fstrain.distributed.backends import BACKEND_CHOICES, BACKEND_DEVICES, resolve_backend
 from fstrain.errors import ConfigError
 
 
@@ -25,11 +25,13 @@ def planned_device(backend: str) -> torch.device:
     Raises:
         ConfigError: unknown backend.
     """
+    _check_backend(backend)
+    return torch.device(BACKEND_DEVICES[resolve_backend(backend)])
+
+
+def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
-    if backend == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(BACKEND_DEVICES[backend])
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +80,12 @@ def init_distributed(backend: str = "auto", timeout_seconds: float = 600, comm=N
 
     if comm is not None:
         backend = comm.backend
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    _check_backend(backend)
     comm = comm if comm is not None else CommConfig(backend=backend)
     cuda = torch.cuda.is_available()
     if backend in ("nccl", "cuda-ce") and not cuda:
         raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
-    backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    backend = resolve_backend(backend, cuda=cuda)
     pg_backend = backend
     if backend == "shm":  # "fs_shm"; the transport times out with the process group
         pg_backend = register_torch_backends(replace(comm, backend="shm",

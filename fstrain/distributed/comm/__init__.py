@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from fstrain.distributed.backends import BACKEND_CHOICES as _BACKEND_CHOICES
+from fstrain.distributed.backends import resolve_backend
 from fstrain.distributed.backends import BACKEND_NAMES as _BACKEND_NAMES
 from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
                                            PeerExitedError, PeerTimeoutError, SplitMismatchError)
@@ -86,11 +87,7 @@ class CommConfig:
     @property
     def transport(self) -> str:
         """``backend`` with ``"auto"`` decided: ``"nccl"`` when CUDA is available, else ``"gloo"``."""
-        if self.backend != "auto":
-            return self.backend
-        import torch
-
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        return resolve_backend(self.backend)
 
 
 def register_torch_backends(config: CommConfig) -> str:
