@@ -275,6 +275,7 @@ def bench_reshard(n: int, a: argparse.Namespace, work: Path) -> dict:
         r = {}
         for name, src, extra in (("balance", inp, []), ("reshard", old, ["--from-step", "0"])):
             out = work / f"reshard-{name}-{n}"
+            r[f"{name}_load_average_before"] = os.getloadavg()  # a shared machine: how loaded each run started
             r[name] = run_measured([py, "-m", "fsdata", "balance", str(src), str(out), "--ranks", str(new_ranks),
                                     *flags, *extra], env)
             shutil.rmtree(out, ignore_errors=True)

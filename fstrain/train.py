@@ -30,7 +30,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from fstrain.data.batch import HISTORY_KEY, Batch
 from fstrain.data.manifest import (check_counts, check_eval_ids, infer_num_codes, infer_num_items, load_manifest,
                                    max_history_length, plan_digest, resharded_from, resolve_action_column,
-                                   resolve_num_items, steps_per_epoch)
+                                   resolve_num_items)
 from fstrain.data.merge import merge_factor, open_rank_reader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
@@ -46,6 +46,7 @@ from fstrain.models.recommender import objective_inputs
 from fstrain.config import TrainConfig
 from fstrain.distributed.watchdog import PeerGuard
 from fstrain.pipelines import NO_PIPELINE, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
+from fstrain.components.schedule import StepSchedule
 from fstrain.components.steplog import StepLog
 
 logger = logging.getLogger(__name__)
@@ -263,7 +264,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         if found:
             start, offset = found[2], found[1] - found[2]
             if env.rank == 0:
-                logger.info("resumed from %s at step %d (global step %d)", found[0], start, found[1])
+                logger.info("resumed from %s: global step %d, step %d of these shards%s", found[0], found[1], start,
+                            f" (resharded at global step {offset}; log lines name both)" if offset else "")
     if init_from:
         loaded = init_from_checkpoint(dmp, init_from, mcfg.num_items)
         ckpt_extra["init_from"] = os.path.abspath(loaded)
@@ -286,13 +288,16 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     if cfg.eval.data:
         from fstrain.components.evaluator import Evaluator
 
-        spe = steps_per_epoch(manifest)
-        every = cfg.eval.every_epochs * spe if cfg.eval.every_epochs else cfg.eval.every_steps
-        evaluator = Evaluator(cfg.eval.data, every_steps=every, num_items=mcfg.num_items,
+        schedule = StepSchedule.epochs(manifest.epoch_first_steps(), cfg.eval.every_epochs, offset)
+        if not cfg.eval.every_epochs:  # a period on the global step (docs/fstrain.md, "Changing the world size")
+            schedule = replace(schedule, every_steps=cfg.eval.every_steps)
+        evaluator = Evaluator(cfg.eval.data, schedule=schedule, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
-                              max_users=cfg.eval.max_users, steps_per_epoch=spe, action_column=action)
+                              max_users=cfg.eval.max_users, action_column=action)
     timings: list[StepTiming] = []
-    steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir)  # per-step loss; TensorBoard
+    steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir, step_offset=offset)  # TensorBoard: global
+    logs = StepSchedule(every_steps=cfg.metrics.log_every_steps, step_offset=offset)
+    ckpts = StepSchedule(every_steps=cfg.checkpoint.every_steps, step_offset=offset)  # names: the global step
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
     total_samples, total_tokens, t_start = 0, 0, time.perf_counter()
@@ -360,25 +365,25 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         t_pause = time.perf_counter()
         if nullctl is not None:
             nullctl.after(index, batch_step)
-        if cfg.metrics.log_every_steps and step % cfg.metrics.log_every_steps == 0:
+        if logs.due(step):
             stats = torch.stack([window_loss] + [torch.tensor(float(v), dtype=torch.float64, device=env.device)
                                                  for v in (window_n, window_samples, window_tokens)])
             dist.all_reduce(stats)
             dt = max(1e-9, t_pause - t_window)
             if env.rank == 0:
-                logger.info("step %d loss %.4f samples/s %.1f tokens/s %.0f", step,
+                logger.info("%s loss %.4f samples/s %.1f tokens/s %.0f", logs.label(step),
                             stats[0].item() / max(1.0, stats[1].item()), stats[2].item() / dt, stats[3].item() / dt)
             steplog.window(step, samples_per_second=stats[2].item() / dt, tokens_per_second=stats[3].item() / dt)
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_samples, window_tokens = 0, 0, 0
             t_window = t_pause  # the window ended at this step's end; pauses after it are moved below
-        if cfg.checkpoint.dir and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+        if cfg.checkpoint.dir and ckpts.due(step):
             if pipe:
                 pipe.flush()  # prioritized: the last step's deferred sparse update
             save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
                             {**ckpt_extra, "shards_step": step})
             guard.step(step)  # a long save is progress, not a hang
-        if evaluator and evaluator.every_steps and step % evaluator.every_steps == 0:
+        if evaluator and evaluator.due(step):
             if pipe:
                 pipe.flush()  # evaluate the parameters after this step's (deferred) update
             metrics = evaluator.maybe_run(dmp.module, step)
@@ -396,7 +401,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
             steplog.log_eval(step, metrics)
-    if cfg.checkpoint.dir and (not cfg.checkpoint.every_steps or step % cfg.checkpoint.every_steps):
+    if cfg.checkpoint.dir and not ckpts.due(step):
         if step > start:
             save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
                             {**ckpt_extra, "shards_step": step})
@@ -434,5 +439,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             evaluator.write(os.path.join(cfg.metrics.dir, "eval.parquet"))
         if cfg.metrics.dir:
             write_json(summary, os.path.join(cfg.metrics.dir, "summary.json"))
-        logger.info("done: steps %d..%d; %s", start, step - 1, describe_bubble(summary))
+        logger.info("done: steps %d..%d%s; %s", start, step - 1,
+                    f" of these shards (global steps {start + offset}..{step - 1 + offset})" if offset else "",
+                    describe_bubble(summary))
     return TrainResult(summary, dmp, opt)

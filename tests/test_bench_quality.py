@@ -59,3 +59,16 @@ def test_reuse_needs_same_recipe_seed_epochs_and_batches(tmp_path):
 def test_a_missing_reuse_file_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"--reuse .*absent\.json: cannot read it"):
         load_reusable([str(tmp_path / "absent.json")])
+
+
+def test_reshard_summary_compares_against_the_uninterrupted_seed_spread():
+    from benchmarks.bench_quality_reshard import summarize
+
+    runs = [{"uninterrupted": {"ndcg@10": u, "hr@10": u}, "resharded": {"ndcg@10": r, "hr@10": r + 0.01}}
+            for u, r in ((0.030, 0.031), (0.034, 0.033), (0.032, 0.032))]
+    s = summarize(runs)
+    nd, hr = s["comparison"]["ndcg@10"], s["comparison"]["hr@10"]
+    assert s["arms"]["uninterrupted"]["ndcg@10"]["min"] == 0.030 and s["arms"]["resharded"]["ndcg@10"]["max"] == 0.033
+    assert nd["within_min_max"] and nd["within_one_std"] and abs(nd["mean_diff"]) < 1e-12
+    assert [round(d, 4) for d in nd["per_seed_diff"]] == [0.001, -0.001, 0.0]
+    assert not hr["within_min_max"] and not hr["within_one_std"]  # 0.01 above every uninterrupted run

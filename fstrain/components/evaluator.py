@@ -46,6 +46,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fsdata.samples import schema
 from fstrain.data.batch import HISTORY_KEY, TARGET_KEY
+from fstrain.components.schedule import StepSchedule
 from fstrain.errors import ConfigError
 from fstrain.models.config import NEGATIVE_KEY
 
@@ -377,30 +378,28 @@ class Evaluator:
 
     Args:
         path: the evaluation file.
-        every_steps: evaluate when ``step % every_steps == 0`` (``step`` = steps done); 0: only at
-            the end.
+        schedule: when to evaluate besides the end (:class:`fstrain.components.schedule.StepSchedule`:
+            a period on the global step, epoch ends; records carry ``step`` of the shards,
+            ``global_step`` and ``epoch`` of the shards from it); default: only at the end.
         num_items: model's table rows.
         rank, world_size, device: the job's.
         k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
         max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
-        steps_per_epoch: steps of one epoch of the shards (records then carry ``epoch`` = steps
-            done / steps per epoch); None: not recorded.
         action_column: the model's action input column, read from the evaluation file too.
     """
 
-    def __init__(self, path: str, *, every_steps: int, num_items: int, rank: int, world_size: int,
+    def __init__(self, path: str, *, schedule: StepSchedule = StepSchedule(), num_items: int, rank: int,
+                 world_size: int,
                  device: torch.device, k: int = DEFAULT_K, batch_size: int = 256, mask_history: bool = True,
-                 padding_id: int = 0, max_users: int | None = None, steps_per_epoch: int | None = None,
-                 action_column: str | None = None) -> None:
-        if every_steps < 0:
-            raise ConfigError(f"--eval-every-steps must be >= 0, got {every_steps}")
+                 padding_id: int = 0, max_users: int | None = None, action_column: str | None = None) -> None:
+        if schedule.every_steps < 0:
+            raise ConfigError(f"--eval-every-steps must be >= 0, got {schedule.every_steps}")
         self.data = load_eval_data(path, action_column).subsample(max_users)
         if self.data.max_item_id() >= num_items:
             raise ConfigError(f"evaluation file {path} has item id {self.data.max_item_id()} but the model has "
                               f"num_items {num_items}; pass --num-items {self.data.max_item_id() + 1}")
         _split(self.data.num_users, world_size, rank, batch_size)  # too few users for the ranks: fail now
-        self.every_steps = every_steps
-        self.steps_per_epoch = steps_per_epoch
+        self.schedule = schedule
         self.kw = dict(num_items=num_items, k=k, batch_size=batch_size, mask_history=mask_history,
                        padding_id=padding_id, device=device, rank=rank, world_size=world_size)
         self.records: list[dict] = []
@@ -408,23 +407,26 @@ class Evaluator:
 
     def run(self, model, step: int) -> dict:
         """Evaluate now (every rank together) and record the result for ``step`` steps done."""
-        epoch = step / self.steps_per_epoch if self.steps_per_epoch else None
-        res = {"step": step, "epoch": epoch, **evaluate_model(model, self.data, **self.kw)}
+        epoch = self.schedule.epoch(step)
+        res = {"step": step, "global_step": self.schedule.global_step(step), "epoch": epoch,
+               **evaluate_model(model, self.data, **self.kw)}
         self.records.append(res)
         self.last_step = step
         k = self.kw["k"]
         if self.kw["rank"] == 0:
-            logger.info("eval step %d%s HR@%d %.4f NDCG@%d %.4f HR@50 %.4f NDCG@50 %.4f MRR %.4f (%d users, %.1fs)",
-                        step, "" if epoch is None else f" (epoch {epoch:g})", k, res[f"hr@{k}"],
+            logger.info("eval %s%s HR@%d %.4f NDCG@%d %.4f HR@50 %.4f NDCG@50 %.4f MRR %.4f (%d users, %.1fs)",
+                        self.schedule.label(step), "" if epoch is None else f" (epoch {epoch:g})", k, res[f"hr@{k}"],
                         k, res[f"ndcg@{k}"], res["hr@50"], res["ndcg@50"], res["mrr"], res["num_users"],
                         res["eval_seconds"])
         return res
 
+    def due(self, step: int) -> bool:
+        """Whether the schedule evaluates after ``step`` steps of the shards (not twice at one step)."""
+        return step != self.last_step and self.schedule.due(step)
+
     def maybe_run(self, model, step: int) -> dict | None:
-        """Evaluate when ``step`` is a multiple of ``every_steps``."""
-        if self.every_steps and step % self.every_steps == 0 and step != self.last_step:
-            return self.run(model, step)
-        return None
+        """Evaluate when :meth:`due`."""
+        return self.run(model, step) if self.due(step) else None
 
     def best(self, metric: str | None = None) -> dict | None:
         """The record with the highest ``metric`` (default ``ndcg@K``; the first one on ties), or None."""

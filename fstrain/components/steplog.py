@@ -21,6 +21,9 @@ With a TensorBoard folder, the window's records of every rank are gathered on ra
 * ``eval/<name>``: evaluation metrics passed to :meth:`StepLog.log_eval`.
 * ``eval_best/<name>``: the best evaluation of the run (highest NDCG@10), at its step (:meth:`StepLog.log_best`).
 
+On a run resumed on a resharded output every ``x`` is the global step (``step_offset`` + the
+shards' step), so the curves continue the old run's; ``step_times.parquet`` keeps the shards' step.
+
 Exposed communication is ``sparse_forward_seconds + sync_seconds`` (see :mod:`fstrain.components.metrics`;
 the pipelines report it in ``sync_seconds``).
 """
@@ -62,13 +65,15 @@ class StepLog:
         rank: this rank.
         world_size: R.
         tensorboard_dir: folder for the event files (rank 0 writes; ``None``: no TensorBoard).
+        step_offset: added to every step written to TensorBoard: the global step of the shards'
+            step 0 on a run resumed on a resharded output (its curves continue the old run's), else 0.
 
     Raises:
         ConfigError: ``tensorboard_dir`` given but the ``tensorboard`` package is not installed.
     """
 
-    def __init__(self, rank: int, world_size: int, tensorboard_dir: str | None = None) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, tensorboard_dir: str | None = None, step_offset: int = 0) -> None:
+        self.rank, self.world_size, self.step_offset = rank, world_size, int(step_offset)
         self._tb = tensorboard_dir is not None
         self._pending: list[_Pending] = []
         self._rows: list[tuple] = []  # materialized, not yet written to TensorBoard
@@ -119,8 +124,9 @@ class StepLog:
         if not len(allrows):
             return
         w, R = self._writer, self.world_size
-        for step in np.unique(allrows[:, 0]).astype(int):
-            g = allrows[allrows[:, 0] == step]
+        for shards_step in np.unique(allrows[:, 0]).astype(int):
+            g = allrows[allrows[:, 0] == shards_step]
+            step = int(shards_step) + self.step_offset
             n = g[:, 3].sum()
             if n > 0:
                 w.add_scalar("train/loss", g[:, 2].sum() / n, step)
@@ -142,8 +148,8 @@ class StepLog:
         """End of a log window at ``step`` (steps done): losses to floats, TensorBoard write."""
         self._gather_and_write(self._take())
         if self._writer is not None:
-            self._writer.add_scalar("train/samples_per_second", samples_per_second, step)
-            self._writer.add_scalar("train/tokens_per_second", tokens_per_second, step)
+            self._writer.add_scalar("train/samples_per_second", samples_per_second, step + self.step_offset)
+            self._writer.add_scalar("train/tokens_per_second", tokens_per_second, step + self.step_offset)
             self._writer.flush()
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
@@ -156,8 +162,8 @@ class StepLog:
         if self._writer is None:
             return
         for name, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(f"eval/{name}", float(value), step)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and name not in ("step", "global_step"):
+                self._writer.add_scalar(f"eval/{name}", float(value), step + self.step_offset)
         self._writer.flush()
 
     def log_best(self, record: dict) -> None:
@@ -166,8 +172,8 @@ class StepLog:
         if self._writer is None or not record:
             return
         for name, value in record.items():
-            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(f"eval_best/{name}", float(value), int(record["step"]))
+            if name not in ("step", "global_step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"eval_best/{name}", float(value), int(record["step"]) + self.step_offset)
         self._writer.flush()
 
     def finish(self) -> None:

@@ -218,3 +218,63 @@ def test_resume_on_fewer_ranks_after_a_reshard(tmp_path):
     assert (first, end) == (0, 4)
     meta = _meta(os.path.join(ck, "step-00000004"))
     assert meta["world_size"] == 1 and meta["shards_step"] == 2 and meta["plan_digest"] == "sha256:n"
+
+
+def test_step_schedule_global_period_epoch_ends_and_labels():
+    """Periods run on the global step (shards step + S); epoch ends are the shards' exact boundaries."""
+    from fstrain.components.schedule import StepSchedule
+
+    s = StepSchedule(every_steps=2, step_offset=3)
+    assert [k for k in range(1, 6) if s.due(k)] == [1, 3, 5]  # global steps 4, 6, 8
+    assert s.label(1) == "step 1 (global step 4)" and StepSchedule(every_steps=2).label(1) == "step 1"
+    assert not StepSchedule().due(4)
+    e = StepSchedule.epochs([0, 3, 8, 13], 1, step_offset=7)  # a partial first epoch of 3 steps, then 5 and 5
+    assert sorted(e.at_steps) == [3, 8, 13] and e.epoch(3) == 1.0 and e.epoch(5) == pytest.approx(1.4)
+    assert e.epoch(13) == 3.0 and e.epoch(0) == 0.0 and e.global_step(3) == 10
+    assert sorted(StepSchedule.epochs([0, 3, 8, 13], 2).at_steps) == [8]
+    assert sorted(StepSchedule.epochs([0, 4, 8, 12], 1).at_steps) == [4, 8, 12]  # equal epochs: as N * spe
+
+
+def _schedule_worker(root, ev):
+    """OLD to step 3, checkpoint every 2; NEW (resharded at 3) resumed with checkpoint, eval and log every 2."""
+    import logging
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda r: lines.append(r.getMessage())
+    for name in ("fstrain.train", "fstrain.components.evaluator"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
+    ck = os.path.join(root, "ck")
+    _train(os.path.join(root, "old"), 3, model={"num_items": 50}, **{"checkpoint.dir": ck,
+                                                                     "checkpoint.every_steps": 2})
+    before = sorted(os.listdir(ck))
+    res = _train(os.path.join(root, "new"), model={"num_items": 50},
+                 **{"checkpoint.dir": ck, "checkpoint.every_steps": 2, "checkpoint.resume": True,
+                    "eval.data": ev, "eval.every_steps": 2, "metrics.log_every_steps": 2})
+    metas = {n: _meta(os.path.join(ck, n)) for n in sorted(os.listdir(ck)) if n not in before}
+    return before, {n: (m["step"], m["shards_step"]) for n, m in metas.items()}, res.summary, lines
+
+
+def test_resume_after_a_reshard_schedules_on_the_global_step_and_logs_both(tmp_path):
+    """After a reshard at S=3, NEW's shards step starts at 0 and the global step continues: checkpoints,
+    evaluations and log lines fall on the global steps an uninterrupted run would use (every 2), and the
+    log lines and evaluation records name both steps."""
+    from tests.fstrain.test_evaluate import _eval_file
+
+    root = str(tmp_path)
+    write_shards(os.path.join(root, "old"), num_ranks=1, num_steps=6, batch_size_per_rank=6, seed=1)
+    lineage = {"plan_digest": plan_digest(load_manifest(os.path.join(root, "old"))), "from_step": 3}
+    write_shards(os.path.join(root, "new"), num_ranks=1, num_steps=4, batch_size_per_rank=6, seed=3,
+                 plan_digest="sha256:n", manifest_extra={"plan_digest": "sha256:n", "resharded_from": lineage})
+    ev = _eval_file(tmp_path / "e.parquet")
+    [(before, saved, summary, lines)] = run_ranks(_schedule_worker, 1, root, ev)
+    assert before == ["step-00000002", "step-00000003"]
+    # shards steps 1 and 3 are global steps 4 and 6 (the period); the end, shards step 4, is global step 7
+    assert saved == {"step-00000004": (4, 1), "step-00000006": (6, 3), "step-00000007": (7, 4)}
+    assert (summary["first_step"], summary["end_step"], summary["global_end_step"]) == (0, 4, 7)
+    assert [(r["step"], r["global_step"]) for r in summary["eval"]] == [(1, 4), (3, 6), (4, 7)]
+    assert any("global step 3, step 0 of these shards (resharded at global step 3" in x for x in lines), lines
+    assert [x.split(" loss")[0] for x in lines if " loss " in x] == ["step 1 (global step 4)", "step 3 (global step 6)"]
+    assert any(x.startswith("eval step 3 (global step 6)") for x in lines), lines
+    assert any("steps 0..3 of these shards (global steps 3..6)" in x for x in lines), lines
