@@ -105,17 +105,17 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, rerea
         The extended :class:`~fsdata.samples.vocab.Vocabulary` (not written yet); without ``prior`` and a shared
         hash, a :class:`~fsdata.samples.vocab_build.PassVocabulary` (the same tables, kept as the pass's arrays).
     """
-    from fsdata.samples.vocab_build import HashCollision, PassVocabulary, first_seen_pass
+    from fsdata.samples import vocab_build as VB
 
     dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
                             kinds[c] == "string") for c in ID_COLUMNS}
     shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
     try:  # ``id``, ``count`` in order of first appearance
-        seen, ordered = first_seen_pass(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
-    except HashCollision:  # ``id``, ``first`` (row), ``count``
+        seen, ordered = VB.first_seen_pass(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
+    except VB.HashCollision:  # ``id``, ``first`` (row), ``count``
         seen, ordered = _grouped_first_seen(batches if reread is None else reread(), kinds, shells), False
     if ordered and prior is None:  # indices in order of first appearance: the pass's arrays as they are
-        return PassVocabulary(seen)
+        return VB.PassVocabulary(seen)
     tables = {}
     for c in ID_COLUMNS:  # one column at a time
         t = seen.pop(c)

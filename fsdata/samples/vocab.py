@@ -292,7 +292,7 @@ class IdMap:
         self.table = None if self._exact else table
 
     @classmethod
-    def from_sorted(cls, dtype: pl.DataType, keys: np.ndarray, index: np.ndarray) -> "IdMap":
+    def from_sorted(cls, dtype: pl.DataType, keys: np.ndarray, index: np.ndarray) -> IdMap:
         """A lookup from keys already sorted and distinct (the vocabulary pass's, without hashing the ids again).
 
         Args:

@@ -276,7 +276,7 @@ def _mmap_large_buffers() -> None:
     glibc raising the threshold to 32 MiB after a free): the pass's growing arrays are then ``mremap``-ed in place
     and given back to the system when freed, rather than copied and kept in the heap. No-op off glibc."""
     try:
-        import ctypes  # noqa: PLC0415
+        import ctypes
 
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
