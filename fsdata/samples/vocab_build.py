@@ -46,9 +46,10 @@ class HashCollision(Exception):
 
 
 def _reserve(a: np.ndarray, need: int) -> np.ndarray:
-    """``a`` (owning its data, no views of it alive) with room for ``need`` elements, grown by a quarter in place."""
+    """``a`` (owning its data, no views of it alive) with room for ``need`` elements, grown by an eighth in place
+    (the new room is zero-filled, so it counts in RSS: small steps, each a cheap ``mremap``)."""
     if need > len(a):
-        a.resize(max(need, len(a) + len(a) // 4), refcheck=False)
+        a.resize(max(need, len(a) + len(a) // 8), refcheck=False)
     return a
 
 
