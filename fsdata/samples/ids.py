@@ -87,7 +87,7 @@ def needs_map(kinds: dict[str, str], remap_ids: bool, prior: V.Vocabulary | None
 _MERGE_ROWS = 1 << 19
 
 
-def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, reread=None) -> V.Vocabulary:
+def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, reread=None):
     """The vocabulary of an input: one pass for each id column's first appearance and count.
 
     The pass keeps each column's distinct ids as sorted 64-bit keys in NumPy arrays
@@ -102,34 +102,34 @@ def build_maps(batches, kinds: dict[str, str], prior: V.Vocabulary | None, rerea
         reread: ``() -> batches`` again, for the fallback (None: ``batches`` is re-iterable).
 
     Returns:
-        The extended :class:`~fsdata.samples.vocab.Vocabulary` (not written yet).
+        The extended :class:`~fsdata.samples.vocab.Vocabulary` (not written yet); without ``prior`` and a shared
+        hash, a :class:`~fsdata.samples.vocab_build.PassVocabulary` (the same tables, kept as the pass's arrays).
     """
-    from fsdata.samples.vocab_build import HashCollision, first_seen_tables
+    from fsdata.samples import vocab_build as VB
 
     dtypes = {c: V.id_dtype(None if prior is None else (prior.items if c == "item_id" else prior.users),
                             kinds[c] == "string") for c in ID_COLUMNS}
     shells = {c: pl.DataFrame(schema={"id": dtypes[c]}) for c in ID_COLUMNS}
     try:  # ``id``, ``count`` in order of first appearance
-        seen, ordered = first_seen_tables(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
-    except HashCollision:  # ``id``, ``first`` (row), ``count``
+        seen, ordered = VB.first_seen_pass(batches, ID_COLUMNS, dtypes, lambda df: plain_ids(df, kinds, shells)), True
+    except VB.HashCollision:  # ``id``, ``first`` (row), ``count``
         seen, ordered = _grouped_first_seen(batches if reread is None else reread(), kinds, shells), False
+    if ordered and prior is None:  # indices in order of first appearance: the pass's arrays as they are
+        return VB.PassVocabulary(seen)
     tables = {}
     for c in ID_COLUMNS:  # one column at a time
         t = seen.pop(c)
-        if ordered and prior is None:  # indices in order of first appearance: no sort, no copy of the ids
-            tables[c] = t.select(pl.col("id").cast(dtypes[c]), pl.int_range(1, pl.len() + 1, dtype=pl.Int64)
-                                 .alias("index"), pl.col("count").cast(pl.Int64))
-            continue
         if ordered:
-            t = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("first"))
+            t = t.table().with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("first"))
         tables[c] = V.extend(t, None if prior is None else (prior.items if c == "item_id" else prior.users),
                              dtypes[c], c.removesuffix("_id"))
         del t
     return V.Vocabulary(items=tables["item_id"], users=tables["user_id"])
 
 
-def write_and_map(vocab: V.Vocabulary, folder: Path, src) -> tuple[str, int]:
-    """Write ``vocab`` into ``folder`` (created) and set ``src.maps`` (``user_id``/``item_id`` ->
+def write_and_map(vocab, folder: Path, src) -> tuple[str, int]:
+    """Write ``vocab`` (a :class:`~fsdata.samples.vocab.Vocabulary` or what :func:`build_maps` returns) into
+    ``folder`` (created) and set ``src.maps`` (``user_id``/``item_id`` ->
     :class:`~fsdata.samples.vocab.IdMap`), freeing each of ``vocab``'s tables once hashed: the conversion then
     holds 12 bytes an id (the maps' sorted keys and indices) instead of the tables' 32 or more.
 
@@ -139,6 +139,9 @@ def write_and_map(vocab: V.Vocabulary, folder: Path, src) -> tuple[str, int]:
     """
     folder.mkdir()
     digest, num_items = vocab.write(folder), vocab.num_items
+    if not isinstance(vocab, V.Vocabulary):  # a PassVocabulary: the lookups from the pass's sorted keys
+        src.maps = vocab.id_maps()
+        return digest, num_items
     src.maps = {}
     for c, attr in (("user_id", "users"), ("item_id", "items")):
         table = getattr(vocab, attr).select("id", "index")

@@ -291,10 +291,24 @@ class IdMap:
         # indices take 12 bytes an id, the table 32 or more
         self.table = None if self._exact else table
 
+    @classmethod
+    def from_sorted(cls, dtype: pl.DataType, keys: np.ndarray, index: np.ndarray) -> IdMap:
+        """A lookup from keys already sorted and distinct (the vocabulary pass's, without hashing the ids again).
+
+        Args:
+            dtype: the id dtype (``pl.String`` or ``pl.Int64``).
+            keys: uint64 ``[n]``, sorted, distinct (:meth:`_keys` of the ids).
+            index: int32 or int64 ``[n]``, each key's index.
+        """
+        m = cls.__new__(cls)
+        m.schema = pl.Schema({"id": dtype, "index": pl.Int64})
+        m._keys_sorted, m._index, m._exact, m.table = keys, index, True, None
+        return m
+
     def _keys(self, s: pl.Series) -> np.ndarray:
         if s.dtype == pl.String:
             return s.hash(seed=0).to_numpy()
-        return s.cast(pl.Int64).to_numpy().astype(np.int64, copy=False)
+        return s.cast(pl.Int64).to_numpy().view(np.uint64)
 
     def encode(self, s: pl.Series) -> pl.Series:
         """Indices (Int64) of the ids of ``s``; null for a null id or one the vocabulary lacks."""

@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from fsdata.samples import ids as I
+from fsdata.samples import vocab as V
 from fsdata.samples import vocab_build as VB
 
 
@@ -24,6 +25,8 @@ def _batches(n=5000, seed=3, strings=True, nulls=False):
 @pytest.mark.parametrize("strings", [True, False])
 def test_sorted_key_pass_equals_the_grouping(monkeypatch, strings):
     monkeypatch.setattr(VB, "BLOCK_ROWS", 1500)  # several merges into the sorted keys
+    monkeypatch.setattr(VB, "SMALL_KEYS", 300)  # the small level merged into the large one in place, in segments
+    monkeypatch.setattr(VB, "_SEGMENT", 128)
     kind = "string" if strings else "int"
     kinds = {"user_id": kind, "item_id": kind}
     fast = I.build_maps(_batches(strings=strings, nulls=strings), kinds, None)
@@ -48,3 +51,26 @@ def test_a_shared_hash_falls_back_to_the_grouping(monkeypatch):
     monkeypatch.undo()
     assert out.items.equals(I.build_maps(_batches(), kinds, None).items)
     assert out.users.equals(I.build_maps(_batches(), kinds, None).users)
+
+
+@pytest.mark.parametrize("strings", [True, False])
+def test_pass_vocabulary_writes_the_tables_bytes_and_maps_as_the_tables(tmp_path, strings):
+    # more rows than one row group, negative integer ids (sorted as unsigned keys), string ids of several lengths
+    n = VB.WRITE_ROWS + 1234
+    ids = np.random.default_rng(5).permutation(np.arange(-n // 2, n - n // 2))
+    s = pl.Series("id", ids).cast(pl.String) + "x" if strings else pl.Series("id", ids)
+    seen = VB.FirstSeen(s.dtype)
+    seen.add(pl.concat([s, s.head(10)]))
+    seen.finish()
+    built = VB.PassVocabulary({"user_id": seen, "item_id": VB.FirstSeen(s.dtype)})
+    want = V.Vocabulary(items=built.items, users=built.users)
+    assert want.users["id"].to_list() == s.to_list() and want.users["count"][:10].to_list() == [2] * 10
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert built.write(tmp_path / "a") == want.write(tmp_path / "b")
+    for name in V.FILES.values():
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    maps = built.id_maps()
+    probe = pl.concat([s.gather([0, 7, n - 1]), pl.Series("id", ["nope" if strings else n + 5, None], dtype=s.dtype)])
+    got = maps["user_id"].encode(probe).to_list()
+    assert got == V.IdMap(want.users).encode(probe).to_list() == [1, 8, n, None, None]
