@@ -126,7 +126,6 @@ def _peak_rss_mib() -> float:
 
 def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_threads: int) -> None:
     """Child process: ``num_samples`` synthetic costs through partition_steps_chunked; prints JSON."""
-    from fsdata.balancer.partitioners import partition_steps_chunked
     from fsdata.samples.synth import synth_lengths
 
     src = read_lengths(DATASETS / FILES[0], "event")

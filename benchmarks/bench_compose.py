@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = bench_setting(name, costs, R, B, windows, "lpt-swap")
                 if row is not None:
                     rows.append(row)
-    print(f"\n### Predicted bubble, per event, cost L^2+64L, lpt-swap per step (proven bound of the same steps)\n")
+    print("\n### Predicted bubble, per event, cost L^2+64L, lpt-swap per step (proven bound of the same steps)\n")
     print_table(rows, windows)
     if not a.quick:
         for name, R, B in sorted(TARGETS):

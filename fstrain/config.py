@@ -329,7 +329,9 @@ def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: 
         fields = [f.name for f in dataclasses.fields(sub) if f"{path}.{f.name}".lstrip(".") not in NOT_FLAGS
                   and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
         title = f"{path or 'run'} ({sub.__module__}.{sub.__qualname__})"
-        key = (lambda name, path=path: f"{path}.{name}".lstrip("."))
+        def key(name: str, path: str = path) -> str:
+            return f"{path}.{name}".lstrip(".")
+
         opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields,
                                   defaults=get_path(defaults, rel) if rel else defaults, override=override,
                                   title=title, flags={n: flag_names(key(n)) for n in fields},

@@ -20,7 +20,7 @@ import fsdata
 from fsdata.samples import schema as S
 from fsdata.shards.manifest import sha256_file
 from fsdata.cli import main
-from fsdata.errors import InputError, VerifyError
+from fsdata.errors import VerifyError
 from fsdata.shards.manifest import FORMAT_VERSION, Manifest, ManifestError
 from fsdata.shards.verify import verify
 from tests.fsdata.helpers import write_samples

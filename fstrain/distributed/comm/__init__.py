@@ -34,6 +34,8 @@ from fstrain.distributed.comm.shm import ShmBackend
 
 __all__ = [
     "BACKEND_NAMES",
+    "CUDA_CE_BACKEND_NAME",
+    "SHM_BACKEND_NAME",
     "BackendUnavailableError",
     "CommBackend",
     "CommConfig",
