@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                     exact.append(exact_row(name, costs, R, B))
                     e = exact[-1]
                     print(f"| {name} | {R} | {B} | {e['steps_tried']} | {e['steps_proven_optimal']} | "
-                          f"{e['steps_heuristic_optimal']} | {e['bound_pigeonhole']:.3%} | {e['bound_tightened']:.3%} | "
+                          f"{e['steps_heuristic_optimal']} | {e['bound_pigeonhole']:.3%} | "
+                          f"{e['bound_tightened']:.3%} | "
                           f"{e['predicted_bubble']:.3%} |", flush=True)
     timing = {}
     if "ml-1m_ensfm" in costs_by_name and not a.quick:

@@ -218,7 +218,8 @@ def _one_line(parser, message: str) -> tuple[object, str]:
         return f"argument {name}" if m.group(1) == "Parser key" else name
 
     text = re.sub(r'(Parser key|Key) "([^"]+)"', flag, text)
-    text = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", text).replace("Expected a typing.Literal", "expected one of ")
+    text = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", text)
+    text = text.replace("Expected a typing.Literal", "expected one of ")
     return parser, text
 
 

@@ -189,7 +189,8 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     else:
         if len(ids) and (ids.min() < 0 or ids.max() >= N):
             raise InputError(f"the sample_ids of {output} are not the input's row numbers, so the shuffle assignment "
-                             "('before') cannot be recovered from the output alone; pass --input INPUT (the balance INPUT)")
+                             "('before') cannot be recovered from the output alone; "
+                             "pass --input INPUT (the balance INPUT)")
         row_of = ids
         row_lengths = np.full(N, -1, dtype=np.int64)
         row_lengths[ids] = lengths
@@ -323,7 +324,8 @@ def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray, lower
     lb = lower * 100  # fsdata.balancer.bubble.written_bound_bubbles
     for ax in (top, zoom):
         if ax is top:
-            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
+            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1,
+                    label=f"before (run {bubble.run_bubble(before):.2%})")
         ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
         ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label=f"lower bound (run {lower_run:.4%})")
         ax.set_ylabel("bubble (%)")

@@ -27,7 +27,8 @@ FSDATA_SURFACE = {
 }
 
 #: fstrain's packages and top-level modules, bottom to top: a module imports its own layer or lower ones.
-LAYERS = {"fstrain.errors": 0, "fstrain.compat": 0, "fstrain.quiet": 0, "fstrain.data": 1, "fstrain.models": 2, "fstrain.distributed": 3,
+LAYERS = {"fstrain.errors": 0, "fstrain.compat": 0, "fstrain.quiet": 0, "fstrain.data": 1, "fstrain.models": 2,
+          "fstrain.distributed": 3,
           "fstrain.components": 4, "fstrain.pipelines": 5, "fstrain.measure": 6, "fstrain.config": 6,
           "fstrain.train": 7, "fstrain.cli": 8, "fstrain": 8}
 

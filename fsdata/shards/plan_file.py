@@ -287,7 +287,8 @@ def sample_kind(src: SampleSource) -> str | None:
 
 
 def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
-    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
+    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info,
+            "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
             "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
@@ -367,7 +368,8 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
         fs, where = fsio.filesystem_and_path(str(path))
         t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); write it with 'fsdata plan'") from None
+        raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); "
+                         "write it with 'fsdata plan'") from None
     raw = (t.schema.metadata or {}).get(PLAN_METADATA_KEY)
     need = {S.SAMPLE_ID: pa.int64(), S.STEP: pa.int32(), S.RANK: pa.int32(), POSITION: pa.int32(), "cost": pa.float64()}
     if raw is None or any(n not in t.schema.names or t.schema.field(n).type != ty for n, ty in need.items()):
@@ -379,7 +381,8 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
         raise InputError(f"plan {path}: its {PLAN_METADATA_KEY.decode()} metadata is not JSON; rewrite it with "
                          "'fsdata plan'") from None
     if not isinstance(meta, dict) or meta.get("plan_format_version") != PLAN_FORMAT_VERSION:
-        raise InputError(f"plan {path}: plan_format_version {meta.get('plan_format_version') if isinstance(meta, dict) else None!r}"
+        found = meta.get("plan_format_version") if isinstance(meta, dict) else None
+        raise InputError(f"plan {path}: plan_format_version {found!r}"
                          f" is not {PLAN_FORMAT_VERSION}; rewrite it with this fsdata's 'fsdata plan'")
     E, S_all = meta.get("epochs", 1), meta.get("num_steps")
     if isinstance(E, int) and not isinstance(E, bool) and E > max(t.num_rows, 1):  # before a list of E entries

@@ -153,7 +153,8 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
                                ordered_collectives=config.ordered_collectives, **kw)
 
 
-__all__ = ["NO_PIPELINE", "PIPELINE_NAMES", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
+__all__ = ["NO_PIPELINE", "PIPELINE_NAMES", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError",
+           "StepStats",
            "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
            "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
            "pipeline_steps", "resolve_pipeline_name", "run_steps"]
