@@ -392,8 +392,7 @@ def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, def
     overrides another source (a checkpoint's recorded config) and one not given leaves it
     (booleans keep the direction of ``default``), ``metavar``. Returns the option strings added.
     """
-    names = tuple(names)
-    text = (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
+    names, text = tuple(names), (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
     base, nullable = _optional(hint)
     kw: dict = {"dest": dest, "help": text}
     if required:

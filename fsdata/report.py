@@ -365,11 +365,10 @@ def output_figures(d: OutputData) -> list[Figure]:
 def output_rows(d: OutputData) -> list[tuple[str, str]]:
     """Settings and counts table rows ``(name, value)`` for one output."""
     m, lower = d.manifest, bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)[1]
-    cm = m["cost_model"]
-    settings = m.get("settings") or {}
+    cm, settings = m["cost_model"], m.get("settings") or {}
     L = d.lengths
     p50, p90, p99 = np.percentile(L, [50, 90, 99]) if len(L) else (0, 0, 0)
-    rows = [
+    return [
         ("format_version", str(m.get("format_version"))),
         ("ranks x steps", f"{m['num_ranks']} x {m['num_steps']}"),
         ("batch size per rank", f"{m['batch_size_per_rank']} ({m.get('batch_policy', 'fixed')} policy)"),
@@ -386,7 +385,6 @@ def output_rows(d: OutputData) -> list[tuple[str, str]]:
         ("slowest rank, sum over steps: after / before",
          f"{d.after_loads.max(axis=1).sum() / max(1e-300, d.before_loads.max(axis=1).sum()):.3f}"),
     ]
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------- html
