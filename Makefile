@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast lint check-install bench gpu-check gpu-check-data venv clean
+.PHONY: demo test test-fast lint lint-style lint-types check-install bench gpu-check gpu-check-data venv clean
 
 venv: $(STAMP)
 
@@ -34,8 +34,12 @@ test-fast: $(STAMP)
 
 # ruff (pyproject.toml [tool.ruff]) and mypy with no error beyond those recorded in mypy-baseline.txt; .ci/run runs it
 # before the tests, .pre-commit-config.yaml on commit.
-lint: $(STAMP)
+lint: lint-style lint-types
+
+lint-style: $(STAMP)
 	$(PY) -m ruff check .
+
+lint-types: $(STAMP)
 	@out=$$($(PY) -m mypy 2>&1); rc=$$?; \
 	if [ $$rc -gt 1 ]; then echo "$$out"; echo "mypy could not run (exit $$rc)"; exit $$rc; fi; \
 	echo "$$out" | $(VENV)/bin/mypy-baseline filter && echo "mypy: no error beyond mypy-baseline.txt"
