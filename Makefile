@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast check-install bench gpu-check gpu-check-data venv clean
+.PHONY: demo test test-fast lint lint-style lint-types check-install bench gpu-check gpu-check-data venv clean
 
 venv: $(STAMP)
 
@@ -23,11 +23,26 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 demo: $(STAMP)
 	$(PY) -m pipelines.demo
 
+# One pytest worker per core (pytest-xdist); tests/conftest.py says which tests share a worker (--dist loadgroup).
+PYTEST_PARALLEL ?= -n auto --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not multiproc"
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not multiproc"
+
+# ruff (pyproject.toml [tool.ruff]) and mypy with no error beyond those recorded in mypy-baseline.txt; .ci/run runs it
+# before the tests, .pre-commit-config.yaml on commit.
+lint: lint-style lint-types
+
+lint-style: $(STAMP)
+	$(PY) -m ruff check .
+
+lint-types: $(STAMP)
+	@out=$$($(PY) -m mypy 2>&1); rc=$$?; \
+	if [ $$rc -gt 1 ]; then echo "$$out"; echo "mypy could not run (exit $$rc)"; exit $$rc; fi; \
+	echo "$$out" | $(VENV)/bin/mypy-baseline filter && echo "mypy: no error beyond mypy-baseline.txt"
 
 # Fresh venvs built with docs/api.md's install lines (with and without torch preinstalled) plus a
 # resolution-only check of the torch/fbgemm pairing; part of `make test` too (marked slow).

@@ -126,7 +126,6 @@ def _peak_rss_mib() -> float:
 
 def big_child(num_samples: int, R: int, B: int, steps_per_chunk: int, num_threads: int) -> None:
     """Child process: ``num_samples`` synthetic costs through partition_steps_chunked; prints JSON."""
-    from fsdata.balancer.partitioners import partition_steps_chunked
     from fsdata.samples.synth import synth_lengths
 
     src = read_lengths(DATASETS / FILES[0], "event")
@@ -235,7 +234,8 @@ def main(argv=None) -> int:
 
         costs = cost.cost(synth_lengths(synth_n, read_lengths(ml, "event"), seed=1))
         for R, B in ([(256, 32), (64, 8), (8, 4)] if not a.quick else [(256, 32)]):
-            rows += bench_steps(costs, R, B, {**cfg, "max_samples": synth_n}, {"data": "synthetic-ml1m", "layout": "event"})
+            rows += bench_steps(costs, R, B, {**cfg, "max_samples": synth_n},
+                                {"data": "synthetic-ml1m", "layout": "event"})
     big = None
     if big_n and ml.exists():
         cmd = [sys.executable, "-m", "benchmarks.bench_balancer", "--_big-child", str(big_n), "256", "32", "128",

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = bench_setting(name, costs, R, B, windows, "lpt-swap")
                 if row is not None:
                     rows.append(row)
-    print(f"\n### Predicted bubble, per event, cost L^2+64L, lpt-swap per step (proven bound of the same steps)\n")
+    print("\n### Predicted bubble, per event, cost L^2+64L, lpt-swap per step (proven bound of the same steps)\n")
     print_table(rows, windows)
     if not a.quick:
         for name, R, B in sorted(TARGETS):
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                     exact.append(exact_row(name, costs, R, B))
                     e = exact[-1]
                     print(f"| {name} | {R} | {B} | {e['steps_tried']} | {e['steps_proven_optimal']} | "
-                          f"{e['steps_heuristic_optimal']} | {e['bound_pigeonhole']:.3%} | {e['bound_tightened']:.3%} | "
+                          f"{e['steps_heuristic_optimal']} | {e['bound_pigeonhole']:.3%} | "
+                          f"{e['bound_tightened']:.3%} | "
                           f"{e['predicted_bubble']:.3%} |", flush=True)
     timing = {}
     if "ml-1m_ensfm" in costs_by_name and not a.quick:

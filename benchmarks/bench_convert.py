@@ -5,7 +5,8 @@ events as the CSV) under ``--work`` (default: a new folder under /tmp), converts
 ``fsdata convert`` command line in a child process, reports the child's wall seconds and peak RSS
 (GNU time's ``%M``: ``/usr/bin/time`` forks the child from its own small process, so the figure is
 the converting process's own peak; ``ru_maxrss`` from ``os.wait4`` of a child of this large process
-would also count the pages the child inherited before ``exec``), deletes the inputs and outputs, prints a table and writes JSON.
+would also count the pages the child inherited before ``exec``), deletes the inputs and outputs, prints a table and
+writes JSON.
 
     PYTHONPATH=. python -m benchmarks.bench_convert [--size-gb 2] [--samples per-user] [--out bench_convert.json]
     PYTHONPATH=/work/main python -m benchmarks.bench_convert --python-path OLD_TREE   # the same inputs, other code

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         inp.unlink()
     ratio = rows[1]["wall_seconds"] / rows[0]["wall_seconds"]
     print()
-    print(f"input: {a.num_samples:,} samples, {input_bytes / 1e9:.2f} GB Parquet; R={a.ranks}, B={a.batch_size_per_rank}")
+    print(f"input: {a.num_samples:,} samples, {input_bytes / 1e9:.2f} GB Parquet; "
+          f"R={a.ranks}, B={a.batch_size_per_rank}")
     print(f"{'stage':<22}{'wall s':>10}{'peak RSS GiB':>14}")
     for row in rows:
         print(f"{row['stage']:<22}{row['wall_seconds']:>10.1f}{row['peak_rss_bytes'] / 2**30:>14.2f}")

@@ -168,7 +168,8 @@ def bench_vs_copy(n: int, a: argparse.Namespace, work: Path) -> dict:
         rounds.append({"round": i + 1, **before, "loaded": loaded, "load_average_1m_after": os.getloadavg()[0],
                        "copy": c, "balance": b, "ratio": b["wall_seconds"] / c["wall_seconds"],
                        "cpu_ratio": b["cpu_seconds"] / c["cpu_seconds"]})
-        print(f"  {n:,} round {i + 1}: load {before['load_average_1m']:.2f}{' (LOADED: not of record)' if loaded else ''}"
+        print(f"  {n:,} round {i + 1}: load {before['load_average_1m']:.2f}"
+              f"{' (LOADED: not of record)' if loaded else ''}"
               f"; copy {c['wall_seconds']:.1f} s, balance {b['wall_seconds']:.1f} s "
               f"({', '.join(f'{k} {v:.1f}' for k, v in b['stage_seconds'].items())}), "
               f"ratio {rounds[-1]['ratio']:.2f}; CPU s copy {c['cpu_seconds']:.1f}, balance {b['cpu_seconds']:.1f}",
@@ -215,12 +216,14 @@ def print_vs_copy(rows: list[dict], a: argparse.Namespace) -> None:
     for r in rows:
         for x in r["rounds"]:
             c, b, st = x["copy"], x["balance"], x["balance"]["stage_seconds"]
-            print(f"| {r['num_samples']:,} | {x['round']} | {x['load_average_1m']:.2f}{' LOADED' if x['loaded'] else ''}"
+            print(f"| {r['num_samples']:,} | {x['round']} | "
+                  f"{x['load_average_1m']:.2f}{' LOADED' if x['loaded'] else ''}"
                   f" | {c['wall_seconds']:.1f} | {b['wall_seconds']:.1f} | {x['ratio']:.2f} | "
                   f"{c['cpu_user_seconds']:.1f}+{c['cpu_system_seconds']:.1f} | "
                   f"{b['cpu_user_seconds']:.1f}+{b['cpu_system_seconds']:.1f} | {st.get('read_lengths', 0):.1f} | "
                   f"{st.get('plan', 0):.1f} | {st.get('write_ranks', 0):.1f} | {st.get('finalize', 0):.1f} |")
-    print("\n| samples | input GB | quiet rounds | **ratio of record** (median, quiet rounds) | ratio of medians (all) | "
+    print("\n| samples | input GB | quiet rounds | **ratio of record** (median, quiet rounds) | "
+          "ratio of medians (all) | "
           "copy s | balance s | CPU s copy | CPU s balance | CPU ratio | balance peak RSS GiB | copy peak RSS GiB | "
           "balance written GB | output GB | written / output |")
     print("|" + "---|" * 15)

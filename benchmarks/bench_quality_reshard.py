@@ -137,7 +137,7 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def print_table(a: argparse.Namespace, result: dict) -> None:
-    print(f"\n| run | seeds | NDCG@10 mean ± std | NDCG@10 min-max | HR@10 mean ± std | HR@10 min-max |")
+    print("\n| run | seeds | NDCG@10 mean ± std | NDCG@10 min-max | HR@10 mean ± std | HR@10 min-max |")
     print("|---|---:|---:|---:|---:|---:|")
     n = len(result["runs"])
     labels = {"uninterrupted": f"uninterrupted R={a.ranks} x B={a.batch_size_per_rank}",

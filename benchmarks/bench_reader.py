@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mode':<14}{'steps':>8}{'seconds':>10}{'steps/s':>10}{'samples/s':>12}{'Mtokens/s':>11}{'first ms':>10}")
     for k, r in rows.items():
         print(f"{k:<14}{r['steps']:>8}{r['seconds']:>10.2f}{r['steps_per_second']:>10.0f}"
-              f"{r['samples_per_second']:>12.0f}{r['tokens_per_second'] / 1e6:>11.2f}{r['first_batch_seconds'] * 1e3:>10.1f}")
+              f"{r['samples_per_second']:>12.0f}{r['tokens_per_second'] / 1e6:>11.2f}"
+              f"{r['first_batch_seconds'] * 1e3:>10.1f}")
     print(f"{'model fwd+bwd':<14}{n:>8}{t_model:>10.2f}{model_sps:>10.1f}   (embedding_dim 32, 1 layer, 1 thread)")
     ratio = rows["sync"]["steps_per_second"] / model_sps
     print(f"reader is {ratio:.0f}x faster than the model consumes; peak RSS {peak_rss_mb:.0f} MB")

@@ -314,8 +314,12 @@ def parity(a: argparse.Namespace, work: Path, log: Path) -> dict:
         row["diff_vs_shuffle"] = diff
         row["within_one_std"] = (abs(diff) <= max(base["ndcg@10_std"], 1e-12)
                                  if row["strategy"] != "shuffle" and base["seeds"] > 1 else None)  # 1 seed: no std
+        if row["within_one_std"] is None:
+            within = "-" if base["seeds"] < 2 and row["strategy"] != "shuffle" else ""
+        else:
+            within = "yes" if row["within_one_std"] else "NO"
         print(head + f"{row['ndcg@10_mean']:.4f} ± {row['ndcg@10_std']:.4f} | {seeds_cell} | {diff:+.4f} | "
-              f"{('-' if base['seeds'] < 2 and row['strategy'] != 'shuffle' else '') if row['within_one_std'] is None else ('yes' if row['within_one_std'] else 'NO')} |")
+              f"{within} |")
     return {"mode": "parity", "table": rows, "runs": runs}
 
 
@@ -370,13 +374,15 @@ def per_user_vs_per_event(a: argparse.Namespace, work: Path, log: Path) -> dict:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         print(f"| {r['recipe']} | {r['samples']} | {r['objective']} | {r['epochs']} | {r['ndcg@10']:.4f} | "
-              f"{r['hr@10']:.4f} | {r['tokens_trained']:,} | {r['train_seconds']:.0f} | {r['tokens_per_second']:,.0f} |")
+              f"{r['hr@10']:.4f} | {r['tokens_trained']:,} | {r['train_seconds']:.0f} | "
+              f"{r['tokens_per_second']:,.0f} |")
     return {"mode": "per-user-vs-per-event", "table": runs, "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_quality", description=__doc__.splitlines()[0],
-                                epilog=__doc__.split("Examples::")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("Examples::")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--reproduce", action="store_true", help="the published tables (quality_recipes.RECIPES)")
     mode.add_argument("--parity", action="store_true", help="shuffle vs default vs cost-budget at convergence")

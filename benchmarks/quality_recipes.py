@@ -28,7 +28,8 @@ _S3_DIFF = ("S3-Rec trains SASRec with BCE and one negative per position, dropou
             "epoch on a validation item; we train the all-positions sampled softmax (the sampled-softmax "
             "reproductions report Sports .0314 / Toys .0580) and report the last epoch; S3-Rec never trains on the "
             "second-to-last item (its validation item), we do (only the last item is held out)")
-_ML_DIFF = ("d 52 instead of 50 (fbgemm's table-batched embeddings need a multiple of 4); the item table trains with row-wise Adagrad (fbgemm has no "
+_ML_DIFF = ("d 52 instead of 50 (fbgemm's table-batched embeddings need a multiple of 4); "
+            "the item table trains with row-wise Adagrad (fbgemm has no "
             "CPU Adam, lr 0.2 measured best of 0.05 / 0.2) while GR uses Adam for every parameter; 128 negatives "
             "per sample instead of per position; no attention-probability dropout; our ml-1m copy "
             "orders a user's items as its source file does (timestamp order with ties in file order), GR's by "

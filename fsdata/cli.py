@@ -321,7 +321,8 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
                       f"e*{summary['steps_per_epoch']} .. (e+1)*{summary['steps_per_epoch']}-1)")
             else:
                 per = m["epoch_num_steps"]
-                print(f"  epochs             {summary['epochs']}, steps per epoch {per[:8]}{' ...' if len(per) > 8 else ''}"
+                print(f"  epochs             {summary['epochs']}, steps per epoch "
+                      f"{per[:8]}{' ...' if len(per) > 8 else ''}"
                       " (epoch_num_steps in the manifest)")
         print(f"  predicted bubble   {m['predicted_bubble']:.4%}  ({m['strategy']}, {m['batch_policy']})")
         print(f"  equal-count today  {m['baseline_predicted_bubble']:.4%}")
@@ -446,7 +447,8 @@ def _cmd_verify(a: argparse.Namespace) -> int:
         epochs = (f" ({r['epochs']} epochs of {min(r['epoch_num_steps'])}..{max(r['epoch_num_steps'])} steps, every "
                   "sample once per epoch)"
                   if r.get("epochs", 1) > 1 else "")
-        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, {r['num_samples_written']:,} samples "
+        print(f"OK {a.output}: {r['num_ranks']} ranks x {r['num_steps']} steps{epochs}, "
+              f"{r['num_samples_written']:,} samples "
               f"written, {r['num_samples_dropped']:,} dropped; predicted bubble {r['predicted_bubble']:.4%}"
               + ("; input fully accounted for" if r["checked_input"] else ""))
         for what in r.get("not_checked", []):

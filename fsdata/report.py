@@ -131,7 +131,8 @@ def load_output(output: str | os.PathLike, input_path: str | os.PathLike | None 
     else:
         if len(ids) and (ids.min() < 0 or ids.max() >= N):
             raise InputError(f"the sample_ids of {output} are not the input's row numbers, so the shuffle assignment "
-                             "('before') cannot be recovered from the output alone; pass --input INPUT (the balance INPUT)")
+                             "('before') cannot be recovered from the output alone; "
+                             "pass --input INPUT (the balance INPUT)")
         row_of = ids
         row_lengths = np.full(N, -1, dtype=np.int64)
         row_lengths[ids] = lengths
@@ -257,7 +258,8 @@ def _fig_bubbles(before: np.ndarray, after: np.ndarray, lower: np.ndarray, lower
     lb = lower * 100  # fsdata.balancer.bubble.written_bound_bubbles
     for ax in (top, zoom):
         if ax is top:
-            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1, label=f"before (run {bubble.run_bubble(before):.2%})")
+            ax.plot(np.arange(len(sb)), sb, color="#c44e52", lw=1,
+                    label=f"before (run {bubble.run_bubble(before):.2%})")
         ax.plot(np.arange(len(sa)), sa, color="#4c72b0", lw=1, label=f"after (run {bubble.run_bubble(after):.4%})")
         ax.plot(np.arange(len(lb)), lb, color="#555555", lw=1, ls="--", label=f"lower bound (run {lower_run:.4%})")
         ax.set_ylabel("bubble (%)")
@@ -297,11 +299,10 @@ def output_figures(d: OutputData) -> list[Figure]:
 def output_rows(d: OutputData) -> list[tuple[str, str]]:
     """Settings and counts table rows ``(name, value)`` for one output."""
     m, lower = d.manifest, bubble.written_bound_bubbles(d.after_loads, d.step_lower_bound)[1]
-    cm = m["cost_model"]
-    settings = m.get("settings") or {}
+    cm, settings = m["cost_model"], m.get("settings") or {}
     L = d.lengths
     p50, p90, p99 = np.percentile(L, [50, 90, 99]) if len(L) else (0, 0, 0)
-    rows = [
+    return [
         ("format_version", str(m.get("format_version"))),
         ("ranks x steps", f"{m['num_ranks']} x {m['num_steps']}"),
         ("batch size per rank", f"{m['batch_size_per_rank']} ({m.get('batch_policy', 'fixed')} policy)"),
@@ -318,7 +319,6 @@ def output_rows(d: OutputData) -> list[tuple[str, str]]:
         ("slowest rank, sum over steps: after / before",
          f"{d.after_loads.max(axis=1).sum() / max(1e-300, d.before_loads.max(axis=1).sum()):.3f}"),
     ]
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------- the page

@@ -100,7 +100,8 @@ def build_parser():
     e, _ = cmds["evaluate"] = _command("HR@10/NDCG@10 of a checkpoint on a held-out file", _EVAL_EPILOG)
     e.add_argument("checkpoint", help="a ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
     e.add_argument("eval_data", help="evaluation file from fsdata convert --holdout last --holdout-output")
-    add_settings_flags(e, EvaluateConfig, section=f"{KEY_ROOT}.evaluate", choices={"backend": CHOICES["evaluate.backend"]},
+    add_settings_flags(e, EvaluateConfig, section=f"{KEY_ROOT}.evaluate",
+                       choices={"backend": CHOICES["evaluate.backend"]},
                        title="evaluate (fstrain.config.EvaluateConfig)")
     add_output_flag(e, help="also write the result JSON here")
     add_json_flag(e, "print the result as JSON")
@@ -129,7 +130,8 @@ def build_parser():
     c, _ = cmds["calibrate"] = _command("fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                                         _CALIBRATE_EPILOG)
     add_output_flag(c, required=True, help="JSON file for fsdata balance --cost-model")
-    add_settings_flags(c, CalibrateConfig, section=f"{KEY_ROOT}.calibrate", title="calibrate (fstrain.config.CalibrateConfig)")
+    add_settings_flags(c, CalibrateConfig, section=f"{KEY_ROOT}.calibrate",
+                       title="calibrate (fstrain.config.CalibrateConfig)")
     add_json_flag(c, "print the fit as JSON")
     add_common_flags(c, name="fstrain")
     _add_timing_flags(c)
@@ -263,7 +265,8 @@ def _progress_bar(a: argparse.Namespace, total: int):
 
 
 def _replay_row(label: str, r: dict) -> str:
-    null = f"{r['null_bubble']:>12.2%}{r['measured_bubble_minus_null']:>12.2%}" if "null_bubble" in r else f"{'-':>12}{'-':>12}"
+    null = (f"{r['null_bubble']:>12.2%}{r['measured_bubble_minus_null']:>12.2%}" if "null_bubble" in r
+            else f"{'-':>12}{'-':>12}")
     return (f"{label:<28}{r['measured_bubble']:>10.2%}{null}{r['predicted_bubble']:>11.2%}"
             f"{r['slowest_rank_seconds_per_step'] * 1e3:>17.1f}")
 
@@ -324,7 +327,8 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             line = (f"measured reduction {res['measured_reduction']:.1%} (predicted {res['predicted_reduction']:.1%}"
                     + (f", above the null control {res['measured_reduction_minus_null']:.1%}" if "null_bubble" in res
                        else "") + "); slowest rank "
-                    f"{base['slowest_rank_seconds_per_step'] * 1e3:.1f} -> {res['slowest_rank_seconds_per_step'] * 1e3:.1f}"
+                    f"{base['slowest_rank_seconds_per_step'] * 1e3:.1f} -> "
+                    f"{res['slowest_rank_seconds_per_step'] * 1e3:.1f}"
                     f" ms/step ({-res['slowest_rank_reduction']:+.1%}): the figure that decides training time")
             print(line)
     return 0

@@ -189,7 +189,8 @@ class TimingConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ReplayConfig:
-    """``fstrain replay``: the bubble R ranks would see, measured on one device (:func:`fstrain.measure.replay.replay`)."""
+    """``fstrain replay``: the bubble R ranks would see, measured on one device
+    (:func:`fstrain.measure.replay.replay`)."""
 
     baseline: str | None = None
     """Another OUTPUT (e.g. ``--strategy shuffle``): report the reduction."""
@@ -204,7 +205,8 @@ class ReplayConfig:
 
 @dataclass(kw_only=True, slots=True)
 class CalibrateConfig:
-    """``fstrain calibrate``: the grid timed to fit the per-sample cost model (:func:`fstrain.measure.calibrate.calibrate`)."""
+    """``fstrain calibrate``: the grid timed to fit the per-sample cost model
+    (:func:`fstrain.measure.calibrate.calibrate`)."""
 
     lengths: str = "4,16,48,96,160,256,384,512"
     """Comma-separated grid lengths."""
@@ -329,7 +331,9 @@ def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: 
         fields = [f.name for f in dataclasses.fields(sub) if f"{path}.{f.name}".lstrip(".") not in NOT_FLAGS
                   and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)]
         title = f"{path or 'run'} ({sub.__module__}.{sub.__qualname__})"
-        key = (lambda name, path=path: f"{path}.{name}".lstrip("."))
+        def key(name: str, path: str = path) -> str:
+            return f"{path}.{name}".lstrip(".")
+
         opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields,
                                   defaults=get_path(defaults, rel) if rel else defaults, override=override,
                                   title=title, flags={n: flag_names(key(n)) for n in fields},
@@ -436,4 +440,5 @@ def load_yaml(path: str) -> dict:
 
 
 __all__ = ["CalibrateConfig", "CheckpointConfig", "EvalConfig", "EvaluateConfig", "MetricsConfig", "ReplayConfig",
-           "TimingConfig", "TrainConfig", "add_config_flags", "flag_names", "from_dict", "get_path", "load_yaml", "sections", "to_dict", "to_yaml", "walk_fields"]
+           "TimingConfig", "TrainConfig", "add_config_flags", "flag_names", "from_dict", "get_path", "load_yaml",
+           "sections", "to_dict", "to_yaml", "walk_fields"]

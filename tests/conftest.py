@@ -34,11 +34,48 @@ def has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a torch that fails to load has no CUDA for the tests
         return False
 
 
+#: Under pytest-xdist (``make test`` runs ``pytest -n auto --dist loadgroup``) the tests of one group run one after
+#: another on one worker. A module is a group (its module fixtures are built once); the modules that start Ray form
+#: one group (never two Ray instances side by side), and so do the multi-process modules whose tests wait on timeouts
+#: (a second multi-process test beside them would stretch those waits).
+RAY_MODULES = {"tests/fsdata/test_engine_ray.py", "tests/fsdata/test_engine_ray_one_cpu.py",
+               "tests/fsdata/test_reshard_ray.py", "tests/fsdata/test_object_store.py"}
+MULTIPROC_MODULES = {"tests/fstrain/test_peer_failure.py", "tests/fstrain/test_torchrun_errors.py",
+                     "tests/fstrain/test_comm_shm.py", "tests/fstrain/test_comm_shm_threads.py",
+                     "tests/fstrain/test_comm_hierarchical.py", "tests/fstrain/test_comm_torchrec.py"}
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group of a test id (see above): ``ray``, ``multiproc`` or the test's module path."""
+    path = nodeid.split("::", 1)[0]
+    return "ray" if path in RAY_MODULES else "multiproc" if path in MULTIPROC_MODULES else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by the groups above: pytest-xdist's own reading of ``xdist_group`` marks renames test ids,
+    which pytest 9 no longer allows, so the groups are taken from the test ids here."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    config.option.loadscopereorder = False  # groups go out in collection order: the slow ones first (below)
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
+        # groups holding a slow test first, so no worker is left alone with a long one at the end
+        heavy = {xdist_group(item.nodeid) for item in items if "slow" in item.keywords}
+        items.sort(key=lambda item: xdist_group(item.nodeid) not in heavy)
     if has_cuda():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -124,7 +124,7 @@ class Harness:
         if no_exchange:
             env["KILL_NO_EXCHANGE"] = "1"
         self.root = root
-        self._log = open(root.parent / "harness.log", "w+")  # noqa: SIM115 (closed in close())
+        self._log = open(root.parent / "harness.log", "w+")  # closed in close()
         self.proc = subprocess.Popen([sys.executable, "-c", _HARNESS], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
 

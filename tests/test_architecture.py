@@ -34,7 +34,8 @@ def _imports(path: pathlib.Path, modules: set[str], packages: tuple[str, ...] = 
     when that is one of ``modules``)."""
     deps = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] in packages:
+        if (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                and node.module.split(".")[0] in packages):
             subs = {f"{node.module}.{a.name}" for a in node.names} & modules
             deps |= subs or {node.module}
         elif isinstance(node, ast.Import):

@@ -37,10 +37,12 @@ def _fstrain_sections(command: str) -> dict:
 
     train = TrainConfig(shards="s")
     if command == "train":
-        return {f"{KEY_ROOT}.{p}".rstrip("."): (cls, get_path(train, p) if p else train) for p, cls in sections(TrainConfig)}
+        return {f"{KEY_ROOT}.{p}".rstrip("."): (cls, get_path(train, p) if p else train)
+                for p, cls in sections(TrainConfig)}
     out = {KEY_ROOT: (TrainConfig, train)}
     if command == "evaluate":
-        out.update({f"{KEY_ROOT}.evaluate": (EvaluateConfig, EvaluateConfig()), f"{KEY_ROOT}.model": (Config, "override")})
+        out.update({f"{KEY_ROOT}.evaluate": (EvaluateConfig, EvaluateConfig()),
+                    f"{KEY_ROOT}.model": (Config, "override")})
     elif command == "replay":
         out.update({f"{KEY_ROOT}.replay": (ReplayConfig, ReplayConfig()),
                     f"{KEY_ROOT}.timing": (TimingConfig, TimingConfig(**REPLAY_TIMING_DEFAULTS)),
@@ -145,7 +147,8 @@ def test_every_settings_flag_is_its_field(label, parser, table):
         if isinstance(a, argparse._StoreTrueAction | argparse._StoreFalseAction):
             base = typing.get_args(hint) and hint == bool | None
             assert hint is bool or base, where
-            assert all(s.startswith("--no-") for s in a.option_strings) == (isinstance(a, argparse._StoreFalseAction)), where
+            negated = all(s.startswith("--no-") for s in a.option_strings)
+            assert negated == isinstance(a, argparse._StoreFalseAction), where
             if not base and instance != "override":
                 assert isinstance(a, argparse._StoreFalseAction) == (default is True), where
             assert a.default == (None if instance == "override" or base else default), where

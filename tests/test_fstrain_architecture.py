@@ -19,8 +19,8 @@ FSDATA_SURFACE = {
     "fsdata.balancer.bubble": {"run_bubble", "step_bubbles", "reduction"},
     "fsdata.errors": {"FsdataError", "cli_terms", "command", "in_cli", "setting"},
     "fsdata.common.cli": {"add_common_flags", "add_json_flag", "add_output_flag", "add_settings_flags",
-                          "add_subcommands", "add_version_flag", "cli_main", "configure_logging", "new_parser", "resolve_progress",
-                       "settings_help", "subparsers"},
+                          "add_subcommands", "add_version_flag", "cli_main", "configure_logging", "new_parser",
+                          "resolve_progress", "settings_help", "subparsers"},
     "fsdata.guards": {"check_output_apart", "process_alive"},
     "fsdata.atomic": {"check_replaceable", "register_output_kind"},
     "fsdata.common.page": {"Figure", "pyplot", "figure_png", "write_page"},
@@ -29,7 +29,8 @@ FSDATA_SURFACE = {
 }
 
 #: fstrain's packages and top-level modules, bottom to top: a module imports its own layer or lower ones.
-LAYERS = {"fstrain.errors": 0, "fstrain.compat": 0, "fstrain.quiet": 0, "fstrain.data": 1, "fstrain.models": 2, "fstrain.distributed": 3,
+LAYERS = {"fstrain.errors": 0, "fstrain.compat": 0, "fstrain.quiet": 0, "fstrain.data": 1, "fstrain.models": 2,
+          "fstrain.distributed": 3,
           "fstrain.components": 4, "fstrain.pipelines": 5, "fstrain.measure": 6, "fstrain.config": 6,
           "fstrain.train": 7, "fstrain.cli": 8, "fstrain": 8}
 

@@ -136,8 +136,8 @@ def _fresh_install(tmp: Path, cpu_index: bool, *, torch_first: bool) -> None:
     r = _run([py, "-m", "pip", "check"])
     lines = sorted(r.stdout.strip().splitlines())
     assert len(lines) == 2, r.stdout
-    assert re.fullmatch(r"torchrec 1\.9\.2 has requirement torchmetrics==1\.0\.3, but you have torchmetrics 1\.9\.\S+\.",
-                        lines[0]), lines
+    assert re.fullmatch(r"torchrec 1\.9\.2 has requirement torchmetrics==1\.0\.3, "
+                        r"but you have torchmetrics 1\.9\.\S+\.", lines[0]), lines
     assert lines[1] == "torchrec 1.9.2 requires fbgemm-gpu, which is not installed.", lines
     # the example of docs/api.md, as written, with the installed package
     work = tmp / "example"

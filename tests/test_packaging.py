@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -34,8 +34,8 @@ from fsdata.balancer.partition import per_rank_loads
 from fsdata.balancer.partitioners import Partitioner
 from fsdata.balancer.policies import (BATCH_POLICIES, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, REMAINDER_POLICIES,
                                       STRATEGIES, check_policies, check_settings)
-from fsdata.balancer.windows import (PlanLayout, WindowPlan, WindowTotals, combine_windows, plan_layout, plan_one_window,
-                                     scatter_window)
+from fsdata.balancer.windows import (PlanLayout, WindowPlan, WindowTotals, combine_windows, plan_layout,
+                                     plan_one_window, scatter_window)
 from fsdata.errors import ConfigError, setting
 
 __all__ = ["BATCH_POLICIES", "DEFAULT_PARTITIONER", "DEFAULT_PLAN_WINDOW", "HIGH_BUBBLE_WARNING_THRESHOLD",
@@ -227,7 +227,8 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
             windows.append(wp.summary())
         del order
         totals = combine_windows(windows, layout, compose_window)
-        baseline_loads, lower, lower_simple = totals.baseline_loads, totals.lower_bound_bubble, totals.lower_bound_bubble_simple
+        baseline_loads, lower = totals.baseline_loads, totals.lower_bound_bubble
+        lower_simple = totals.lower_bound_bubble_simple
         info, compose_info = totals.partition_info, totals.compose_info
         plan_window_used = layout.plan_window
     dropped = np.flatnonzero(step < 0)

@@ -130,7 +130,8 @@ def profile(lengths: np.ndarray, cost_model: CostModel, *, num_ranks: int, batch
     report["heavy_tail_warning"] = None
     if report["steps_beyond_fair_share"]:
         report["heavy_tail_warning"] = (
-            f"in {report['steps_beyond_fair_share']} of {report['num_steps']} steps the longest sample alone costs more "
+            f"in {report['steps_beyond_fair_share']} of {report['num_steps']} steps the longest sample alone costs "
+            "more "
             f"than a rank's fair share, so no per-step assignment of these global batches can go below "
             f"{report['lower_bound_bubble']:.1%} bubble; remedies: batch composition (--compose-window, options "
             "below), a larger --batch-size-per-rank, a length cap (fsdata convert --max-seq-len), "
@@ -140,7 +141,8 @@ def profile(lengths: np.ndarray, cost_model: CostModel, *, num_ranks: int, batch
         if cap >= L.max():
             continue
         row = _bubbles(cost_model.cost(np.minimum(L, cap)), R, B, seed)
-        what_if.append({"change": f"max_seq_len={cap}", "items_cut_fraction": float(np.maximum(L - cap, 0).sum() / L.sum()),
+        what_if.append({"change": f"max_seq_len={cap}",
+                        "items_cut_fraction": float(np.maximum(L - cap, 0).sum() / L.sum()),
                         "lower_bound_bubble": row["lower_bound_bubble"], "baseline_bubble": row["baseline_bubble"]})
     for k in batch_multipliers:
         if len(L) < R * B * k:

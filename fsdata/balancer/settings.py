@@ -119,7 +119,8 @@ def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None
     from fsdata.balancer.plan import make_plan
 
     return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
-                     seed=settings.seed if seed is None else seed, strategy=settings.strategy, batch_policy=settings.batch_policy,
+                     seed=settings.seed if seed is None else seed, strategy=settings.strategy,
+                     batch_policy=settings.batch_policy,
                      remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
                      compose_window=settings.compose_window, plan_window=settings.plan_window)
 

@@ -88,7 +88,8 @@ def plan_layout(num_samples: int, num_ranks: int, batch_size_per_rank: int, *, c
     S = num_samples // (num_ranks * batch_size_per_rank)
     W = int(min(compose_window, S)) if compose and compose_window > 1 and S > 1 else 1
     K = -(-int(plan_window) // W) * W
-    return PlanLayout(num_samples=int(num_samples), num_ranks=int(num_ranks), batch_size_per_rank=int(batch_size_per_rank),
+    return PlanLayout(num_samples=int(num_samples), num_ranks=int(num_ranks),
+                      batch_size_per_rank=int(batch_size_per_rank),
                       num_steps=int(S), compose_window=W, plan_window=int(K))
 
 
@@ -327,7 +328,8 @@ def combine_windows(windows: list[WindowPlan], layout: PlanLayout, compose_windo
                                                                  key=lambda kv: int(kv[0]))}
     else:
         info = {"algorithm": "none", "compose_window": 1}
-    return WindowTotals(loads=np.concatenate([w.loads for w in windows]), counts=np.concatenate([w.counts for w in windows]),
+    return WindowTotals(loads=np.concatenate([w.loads for w in windows]),
+                        counts=np.concatenate([w.counts for w in windows]),
                         baseline_loads=np.concatenate([w.baseline_loads for w in windows]),
                         lower_bound_bubble=bound_ratio(cat("step_bound"), mean),
                         lower_bound_bubble_simple=bound_ratio(cat("step_bound_simple"), mean),

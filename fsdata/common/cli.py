@@ -176,7 +176,7 @@ def run_main(prog: str, body: Callable[[], int], location: Callable[[], str | No
         except SystemExit:  # argparse's --help / usage errors: flush here, where a broken pipe is caught
             sys.stdout.flush()
             raise
-        except Exception as e:  # noqa: BLE001 - anything that is not an environment failure re-raises
+        except Exception as e:  # anything that is not an environment failure re-raises
             env = environment_error(e, location())
             if env is None:
                 raise
@@ -218,7 +218,8 @@ def _one_line(parser, message: str) -> tuple[object, str]:
         return f"argument {name}" if m.group(1) == "Parser key" else name
 
     text = re.sub(r'(Parser key|Key) "([^"]+)"', flag, text)
-    text = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", text).replace("Expected a typing.Literal", "expected one of ")
+    text = re.sub(r"Expected a <class '(\w+)'>", r"expected \1", text)
+    text = text.replace("Expected a typing.Literal", "expected one of ")
     return parser, text
 
 
@@ -391,8 +392,7 @@ def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, def
     overrides another source (a checkpoint's recorded config) and one not given leaves it
     (booleans keep the direction of ``default``), ``metavar``. Returns the option strings added.
     """
-    names = tuple(names)
-    text = (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
+    names, text = tuple(names), (help or dest.rsplit(".", 1)[-1]).replace("%", "%%")
     base, nullable = _optional(hint)
     kw: dict = {"dest": dest, "help": text}
     if required:
@@ -420,7 +420,7 @@ def add_field_flag(parser, names: Sequence[str], *, dest: str, hint: object, def
         if kw.get("default") is None and not required:
             kw["default"] = "none"
     elif values is not None:
-        kw["type"] = typing.Optional[typing.Literal[values]] if nullable else typing.Literal[values]  # noqa: UP007
+        kw["type"] = typing.Optional[typing.Literal[values]] if nullable else typing.Literal[values]
     elif typing.get_origin(base) is tuple:
         args = typing.get_args(base)
         kw["nargs"], kw["type"] = ("+" if args[-1] is Ellipsis else len(args)), args[0]

@@ -28,7 +28,7 @@ class Registry(Generic[T]):
         self._classes: dict[str, type[T]] = {}
         self._help: dict[str, str] = {}
 
-    def register(self, name: str, *, help: str | None = None) -> Callable[[type[T]], type[T]]:
+    def register(self, name: str, *, help: str | None = None) -> Callable[[type[T]], type[T]]:  # noqa: A002
         """Class decorator: register ``cls`` under ``name`` (sets ``cls.name``).
 
         Args:

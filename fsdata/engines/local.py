@@ -239,7 +239,8 @@ def _clean_stale_bucket_dirs() -> list[str]:
     return removed
 
 
-def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike, settings: BalanceSettings) -> list[FileEntry]:
+def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike,
+                settings: BalanceSettings) -> list[FileEntry]:
     """Stage 2 in this process: write every rank file of ``plan`` into the existing folder ``output`` (for a URI:
     under that prefix; spilled rank groups then go to a local temporary folder). One read of the
     input; memory about :data:`GATHER_BYTES` plus the plan (module docstring).

@@ -154,8 +154,9 @@ def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_mod
                                                                 key=lambda kv: int(kv[0])))
     joined = Plan(num_ranks=R, batch_size_per_rank=B, num_steps=offset, step=step, rank=rank,
                   order_key=np.empty(0, dtype=np.int64), dropped=np.empty(0, dtype=np.int64), loads=cat(loads),
-                  counts=cat(counts), baseline_loads=cat(baseline), lower_bound_bubble=_bound_ratio(cat(bound), cat(mean)),
-                  partition_info=_merge_info(pinfos), lower_bound_bubble_simple=_bound_ratio(cat(bound_simple), cat(mean)),
+                  counts=cat(counts), baseline_loads=cat(baseline),
+                  lower_bound_bubble=_bound_ratio(cat(bound), cat(mean)), partition_info=_merge_info(pinfos),
+                  lower_bound_bubble_simple=_bound_ratio(cat(bound_simple), cat(mean)),
                   compose_window=first.compose_window, compose_info=compose_info, budget_used=first.budget_used,
                   position=position, plan_window=first.plan_window)
     table = plan_table_from_plan(src, joined, np.tile(np.asarray(ids, dtype=np.int64), E),

@@ -15,8 +15,8 @@ Sample modes:
   before ``t``, target = item ``t`` (how industrial training data is built).
 
 The output also holds ``seq_len`` (int32, ``len(item_ids)``), so later passes (profile, balance)
-read lengths without decoding the lists. ``sample_id`` is the 0-based row number of the output, in user order then time order. Users with
-fewer than 2 items yield no sample; they are counted in the summary and in the file's metadata.
+read lengths without decoding the lists. ``sample_id`` is the 0-based row number of the output, in user order then time
+order. Users with fewer than 2 items yield no sample; they are counted in the summary and in the file's metadata.
 
 Memory is bounded, whatever the input size (the input is streamed, never held whole):
 

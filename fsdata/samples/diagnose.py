@@ -78,7 +78,8 @@ def check_column_map(rename: dict[str, str], file_columns: list[str], path: str 
     for name in sorted(set(renamed)):
         sources = [n for n, r in zip(file_columns, renamed) if r == name]
         if len(sources) > 1:
-            raise ConfigError(f"{setting('columns')} maps '{[s for s in sources if s != name][0]}' to {name}, but input "
+            raise ConfigError(f"{setting('columns')} maps '{[s for s in sources if s != name][0]}' to {name}, "
+                              "but input "
                               f"{path} already has a column '{name}'; map that one away too "
                               f"(e.g. {setting('columns', f'{name}=...')}) or drop one of them")
 

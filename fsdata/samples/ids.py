@@ -15,7 +15,6 @@ import polars as pl
 import pyarrow as pa
 
 from fsdata.errors import InputError
-from fsdata.guards import raise_if_environment
 from fsdata.samples import vocab as V
 
 ID_COLUMNS = ("user_id", "item_id")

@@ -333,7 +333,8 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
             continue
         t = types[c]
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not _is_int(t.value_type):
-            raise InputError(f"input {path}: column {c} has type {t}, expected list<int64>; store it as a list of integers")
+            raise InputError(f"input {path}: column {c} has type {t}, expected list<int64>; "
+                             "store it as a list of integers")
     if num_rows == 0:
         raise InputError(f"input {path} has no rows; it must hold at least one step of samples")
     check_id_range(files, first_schema, rename, [S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)

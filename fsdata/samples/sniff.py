@@ -47,7 +47,8 @@ def detect(path: Path) -> tuple[str, str | None]:
     comp = next((c for m, c in MAGIC.items() if head.startswith(m)), None)
     if head.startswith(PARQUET_MAGIC):
         return "parquet", None
-    start = _open(path, comp).read(8192) if comp else open(path, "rb").read(8192)
+    with _open(path, comp) if comp else open(path, "rb") as f:
+        start = f.read(8192)
     if start.startswith(PARQUET_MAGIC):
         return "parquet", comp
     if b"\x00" in start:

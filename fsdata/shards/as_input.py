@@ -284,7 +284,8 @@ def reshard_settings(settings, view: OutputInput):
     E = view.epochs_left
     if settings.epochs not in (1, E):
         raise ConfigError(f"--epochs {settings.epochs} with {setting('from_step', view.from_step)}: the new OUTPUT "
-                          f"holds the {E} epoch(s) left of {view.manifest.path} (the rest of its epoch {view.epoch}, then the "
+                          f"holds the {E} epoch(s) left of {view.manifest.path} "
+                          f"(the rest of its epoch {view.epoch}, then the "
                           f"whole ones after it); drop --epochs or pass --epochs {E}")
     if view.plan_digest is None:
         raise InputError(f"input {view.manifest.path}: its rank files record no plan digest (written by an older "

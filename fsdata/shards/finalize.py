@@ -62,7 +62,8 @@ def file_records(output: str | os.PathLike, num_ranks: int, expect_digest: str |
             md = pq.read_metadata(where, filesystem=fs)
             n = md.num_rows
         except (OSError, pa.ArrowException) as e:
-            raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+            raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); "
+                             "rerun 'fsdata write'") from None
         if expect_digest is not None:
             got = (md.metadata or {}).get(PLAN_DIGEST_KEY)
             if got is None or got.decode() != expect_digest:

@@ -361,7 +361,8 @@ class Manifest:
             r = _int(e, "rank", w)
             rel = _str(e, "path", w)
             if os.path.isabs(rel) or ".." in Path(rel).parts or not rel:
-                raise ManifestError(f"{w}: path {rel!r} must be relative to OUTPUT and inside it; rerun 'fsdata balance'")
+                raise ManifestError(f"{w}: path {rel!r} must be relative to OUTPUT and inside it; "
+                                    "rerun 'fsdata balance'")
             sha = e.get("sha256")
             nbytes = e.get("num_bytes")
             if sha is not None and not isinstance(sha, str):

@@ -278,7 +278,8 @@ def sample_kind(src: SampleSource) -> str | None:
 
 
 def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
-    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info, "budget": settings.budget,
+    return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info,
+            "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
             "batch_size_per_rank": settings.batch_size_per_rank, "seed": settings.seed,
             "strategy": settings.strategy, "batch_policy": settings.batch_policy, "remainder": settings.remainder,
@@ -357,7 +358,8 @@ def read_plan(path: str | os.PathLike) -> PlanTable:
         fs, where = fsio.filesystem_and_path(str(path))
         t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); write it with 'fsdata plan'") from None
+        raise InputError(f"plan {path} is not readable ({str(e).splitlines()[0]}); "
+                         "write it with 'fsdata plan'") from None
     raw = (t.schema.metadata or {}).get(PLAN_METADATA_KEY)
     need = {S.SAMPLE_ID: pa.int64(), S.STEP: pa.int32(), S.RANK: pa.int32(), POSITION: pa.int32(), "cost": pa.float64()}
     if raw is None or any(n not in t.schema.names or t.schema.field(n).type != ty for n, ty in need.items()):

@@ -215,7 +215,8 @@ def rank_step_tokens(path: str | os.PathLike, num_steps: int) -> np.ndarray:
             t = pf.read_row_group(g, columns=[S.STEP, S.ITEM_IDS])
             out += _step_tokens(t.column(S.STEP).to_numpy(), pc.list_value_length(t.column(S.ITEM_IDS)), num_steps)
     except (OSError, pa.ArrowException) as e:
-        raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); rerun 'fsdata write'") from None
+        raise InputError(f"{path}: cannot read the rank file ({str(e).splitlines()[0]}); "
+                         "rerun 'fsdata write'") from None
     return out
 
 

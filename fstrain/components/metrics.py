@@ -186,7 +186,13 @@ def read_step_times(path: str) -> list[StepTiming]:
 
 def write_json(obj: dict, path: str) -> None:
     """Write a JSON object atomically (indent 1, sorted keys)."""
-    _atomic_write(path, lambda p: open(p, "w").write(json.dumps(obj, indent=1, sort_keys=True) + "\n"))
+    text = json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+    def write(p: str) -> None:
+        with open(p, "w") as f:
+            f.write(text)
+
+    _atomic_write(path, write)
 
 
 def compare(ours: dict, baseline: dict) -> dict:

@@ -176,8 +176,8 @@ class ShardDataset(IterableDataset):
     Use with ``DataLoader(ds, batch_size=None, num_workers=0 or 1, pin_memory=True)`` (the dataset
     already yields whole per-rank batches; ``batch_size=None`` turns off the DataLoader's own
     batching, and a DataLoader left to batch, e.g. with its default ``batch_size=1``, raises
-    :class:`~fstrain.errors.ConfigError` at the first step). With ``num_workers=1`` the reading and conversion run in one worker process, with
-    ``num_prefetch_batches`` decoded ahead there. More than one worker is refused: each worker
+    :class:`~fstrain.errors.ConfigError` at the first step). With ``num_workers=1`` the reading and conversion run in
+    one worker process, with ``num_prefetch_batches`` decoded ahead there. More than one worker is refused: each worker
     would yield the whole shard, duplicating every step. Without an accelerator
     ``pin_memory=True`` only makes torch warn and skip pinning.
 

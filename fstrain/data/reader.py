@@ -2,8 +2,8 @@
 
 :class:`ShardReader` opens the rank's file listed in the manifest (v2: ``rank-XXXXX/part-00000.parquet``),
 checks it against ``_manifest.json`` and ``_step_stats.parquet`` (v1: ``manifest.json``,
-``_step_stats.parquet``, read through :class:`fsdata.shards.manifest.Manifest`) *before* any collective can run, streams its row
-groups (a row group holds whole steps, so memory is bounded by one row group) and yields one
+``_step_stats.parquet``, read through :class:`fsdata.shards.manifest.Manifest`) *before* any collective can run, streams
+its row groups (a row group holds whole steps, so memory is bounded by one row group) and yields one
 :class:`Batch` per step: the item histories as a jagged :class:`KeyedJaggedTensor` (no padding),
 the targets, this rank's sample count and the step's global sample count (for loss
 normalisation under the ``cost-budget`` policy, where counts vary per rank).
@@ -97,7 +97,8 @@ class ShardReader:
             pf = pq.ParquetFile(path)
             md = pf.metadata
         except FileNotFoundError:
-            raise ShardError(f"rank {self.rank}: {path} not found; re-run fsdata balance or copy the whole OUTPUT") from None
+            raise ShardError(f"rank {self.rank}: {path} not found; "
+                             "re-run fsdata balance or copy the whole OUTPUT") from None
         except (OSError, pa.ArrowException) as e:
             raise ShardError(f"rank {self.rank}: {path} is truncated or corrupt ({e}); "
                              "check it with `python -m fsdata verify` and re-run fsdata balance") from None

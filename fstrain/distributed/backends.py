@@ -1,4 +1,5 @@
-"""The one table of process-group backend names (``fstrain train --backend``, :class:`fstrain.distributed.comm.CommConfig`).
+"""The one table of process-group backend names (``fstrain train --backend``,
+:class:`fstrain.distributed.comm.CommConfig`).
 
 Imported by the CLI at parse time, so it imports nothing heavy.
 

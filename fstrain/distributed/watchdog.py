@@ -17,9 +17,10 @@ rank stopped. :class:`CollectiveWatchdog` adds, on every backend:
 * :meth:`CollectiveWatchdog.diagnose` turns an exception raised by a collective (a peer's
   socket closed, shm ``PeerExitedError``, a backend timeout) into the same one line.
 
-Line format (one line, on stderr)::
+Line format (one line, on stderr; shown here on two)::
 
-    fstrain train: error: rank 1 stopped responding (no heartbeat for 6.0 s); rank 0 waited 10.0 s in all_reduce at step 12 (--collective-timeout-seconds 10)
+    fstrain train: error: rank 1 stopped responding (no heartbeat for 6.0 s);
+    rank 0 waited 10.0 s in all_reduce at step 12 (--collective-timeout-seconds 10)
 
 The store lives in rank 0's process (or torchrun's agent): when that process stops, the store
 does not answer and the line says so ("rank 0 (the store host) ...").
@@ -49,7 +50,8 @@ _HB_PREFIX = "fstrain/heartbeat/"
 
 # (file fragment, label): frames that name the collective a thread is blocked in, innermost first
 _COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/_functional_collectives.py",
-                     "torchrec/distributed/comm_ops.py", "torchrec/distributed/dist_data.py", "fstrain/distributed/comm/",
+                     "torchrec/distributed/comm_ops.py", "torchrec/distributed/dist_data.py",
+                     "fstrain/distributed/comm/",
                      "torch/distributed/c10d_logger.py")
 _SKIP_FUNCS = {"wrapper", "_wrapper", "__call__", "wait", "_check_single_tensor", "_check_tensor_list"}
 
@@ -290,7 +292,8 @@ class CollectiveWatchdog:
         with self._lock:
             ref = self._last_read
             stale = sorted(r for r in range(self.world_size)
-                           if r != self.rank and ref - self._last_change.get(r, self._t_start) > 2.5 * self.heartbeat_seconds)
+                           if r != self.rank
+                           and ref - self._last_change.get(r, self._t_start) > 2.5 * self.heartbeat_seconds)
         return stale, unreachable and not stale
 
     def _run(self) -> None:

@@ -2,8 +2,8 @@
 
 For each step ``s``, every rank's batch runs forward + backward (embedding lookup, dense tower,
 loss; no collective, no optimizer step) ``repeats`` times, the repeats interleaved over the ranks,
-after a warm-up; the median is ``C[s, r]``. The measured bubble is ``fsdata.balancer.bubble.run_bubble(C)``; the predicted
-bubble is the same formula on ``step_stats.parquet``'s ``predicted_cost`` of the replayed steps.
+after a warm-up; the median is ``C[s, r]``. The measured bubble is ``fsdata.balancer.bubble.run_bubble(C)``; the
+predicted bubble is the same formula on ``step_stats.parquet``'s ``predicted_cost`` of the replayed steps.
 This isolates the load-imbalance part of the bubble: a real run adds communication on top.
 
 Null control (the noise floor): in the same loop, rank 0's batch of each step is also timed once
@@ -198,7 +198,8 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     out = {"measured_bubble": run_bubble(C), "predicted_bubble": run_bubble(predicted),
             "manifest_predicted_bubble": m.predicted_bubble, "num_ranks": m.num_ranks, "num_steps": S,
             "strategy": m.strategy, "batch_size_per_rank": m.batch_size_per_rank,
-            "cost_model": m.cost_model, "shards": os.path.abspath(shards), "warmup": warmup, "repeats": repeats, "statistic": statistic,
+            "cost_model": m.cost_model, "shards": os.path.abspath(shards), "warmup": warmup, "repeats": repeats,
+            "statistic": statistic,
             "clock": "thread" if tick is time.thread_time else "wall",
             "mean_step_seconds": float(C.max(axis=1).mean()), "step_measured_bubble": step_bubbles(C).tolist(),
             "slowest_rank_seconds_per_step": float(C.max(axis=1).mean()),

@@ -37,7 +37,8 @@ def _fig_measured(steps: np.ndarray, compute: np.ndarray, wait: np.ndarray) -> b
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True, layout="constrained")
     extent = (steps[0] - 0.5, steps[-1] + 0.5, -0.5, compute.shape[1] - 0.5)
     norm = TwoSlopeNorm(vmin=min(rel.min(), 0.99), vcenter=1.0, vmax=max(rel.max(), 1.01))
-    im = a.imshow(rel.T, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest", extent=extent)
+    im = a.imshow(rel.T, aspect="auto", origin="lower", cmap="RdBu_r", norm=norm, interpolation="nearest",
+                  extent=extent)
     a.set_title("measured compute / step mean", fontsize=10)
     a.set_xlabel("step")
     a.set_ylabel("rank")

@@ -340,7 +340,8 @@ class DenseTower(nn.Module):
                 owner = None
                 if per_sample:  # input sample index of each sorted token
                     owner = torch.repeat_interleave(lay.perm, torch.tensor(lay.lengths_list, device=hist.device))
-                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids, owner, lay if per_sample else None)
+                per = self._softmax_loss(out, label_emb, label_ids, neg_emb, neg_ids, owner,
+                                         lay if per_sample else None)
                 norm = global_num_tokens if global_num_tokens >= 0 else T
             loss_sum = per.sum()
         return loss_sum / max(norm, 1), (loss_sum.detach(), torch.tensor(per.shape[0]))

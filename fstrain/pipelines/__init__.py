@@ -154,7 +154,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     return PIPELINES.get(name).from_config(config, dmp, optimizer, device)
 
 
-__all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepStats",
-           "StepOutput", "TrainPipeline", "PlainPipeline", "SparseDistPipeline", "PECPipeline",
-           "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on", "pec_unavailable_reason",
-           "pipeline_steps", "resolve_pipeline_name", "run_steps"]
+__all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig",
+           "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "PlainPipeline",
+           "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on",
+           "pec_unavailable_reason", "pipeline_steps", "resolve_pipeline_name", "run_steps"]

@@ -324,5 +324,5 @@ def _elapsed(start, end) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-__all__ = ["AUTO", "PIPELINES", "pipeline_names", "PipelineConfig", "PipelineError", "PipelineUnavailableError", "StepOutput",
-           "StepStats", "TrainPipeline", "pipeline_steps", "run_steps"]
+__all__ = ["AUTO", "PIPELINES", "pipeline_names", "PipelineConfig", "PipelineError", "PipelineUnavailableError",
+           "StepOutput", "StepStats", "TrainPipeline", "pipeline_steps", "run_steps"]

@@ -144,7 +144,8 @@ class PrioritizedPipeline(TrainPipeline):
         shardings = getattr(ec, "_sharding_type_to_sharding", {})
         if list(shardings) != ["row_wise"] or len(ec._lookups) != 1:
             raise PipelineError(f"the prioritized pipeline needs one row-wise sharded table group; this model has "
-                                f"sharding types {list(shardings)}; build it with fstrain.distributed.sharding.build_sharded_model")
+                                f"sharding types {list(shardings)}; "
+                                "build it with fstrain.distributed.sharding.build_sharded_model")
         self._lookup = ec._lookups[0]  # GroupedEmbeddingsLookup over this rank's rows (fused TBE)
         self._feature_names = list(shardings["row_wise"].feature_names())
         (table_name, weight), = [(k, v) for k, v in ec.state_dict().items() if k.endswith(".weight")]

@@ -24,10 +24,10 @@ transient copy of the input in the work folder). A run is built in a hidden fold
 killed run is removed (at once, or by the next run) and redone from the start; a killed run that
 was already complete is kept. A rebuilt run replaces the previous one with one atomic exchange, so
 ``latest`` names a complete run at every point; ``.latest.tmp-*`` and lock-holder temporaries left
-by a killed publish or rollback are removed by the next run or rollback (when it takes the lock). ``latest`` only moves forward, to a run created no earlier than the published one and
-after the last rollback; ``--rollback RUN`` publishes an older complete run on purpose. After a
-publish, ``--keep-runs N`` keeps the N newest runs (never the published run or the last rollback
-target). A failure never touches ``latest``: trainers keep reading the previous verified output.
+by a killed publish or rollback are removed by the next run or rollback (when it takes the lock). ``latest`` only moves
+forward, to a run created no earlier than the published one and after the last rollback; ``--rollback RUN`` publishes an
+older complete run on purpose. After a publish, ``--keep-runs N`` keeps the N newest runs (never the published run or
+the last rollback target). A failure never touches ``latest``: trainers keep reading the previous verified output.
 
 Usage::
 
@@ -47,6 +47,6 @@ from pipelines.nightly.store import (HISTORY_NAME, LOCK_NAME, RUN_INFO_NAME, SUC
                                      keep_newest_runs, publish, rollback, work_lock)
 from pipelines.nightly.cli import build_parser, main
 
-__all__ = ["HISTORY_NAME", "LOCK_NAME", "RUN_INFO_NAME", "SNAPSHOT_NAME", "SUCCESS_NAME", "JobSettings", "LockHeldError", "NightlyConfig",
-           "build_parser", "check_run", "keep_newest_runs", "main", "publish", "rollback", "run_key", "run_nightly",
-           "snapshot_input", "store", "work_lock"]
+__all__ = ["HISTORY_NAME", "LOCK_NAME", "RUN_INFO_NAME", "SNAPSHOT_NAME", "SUCCESS_NAME", "JobSettings",
+           "LockHeldError", "NightlyConfig", "build_parser", "check_run", "keep_newest_runs", "main", "publish",
+           "rollback", "run_key", "run_nightly", "snapshot_input", "store", "work_lock"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import jsonargparse
 import yaml
 
-from fsdata.common.cli import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser, resolve_progress,
-                            settings_values)
+from fsdata.common.cli import (add_common_flags, add_settings_flags, cli_main, configure_logging, new_parser,
+                            resolve_progress, settings_values)
 from fsdata.guards import check_output_apart
 from pipelines import nightly
 from pipelines.nightly.config import FLAGS, NO_FLAG, SECTIONS, NightlyConfig

@@ -244,7 +244,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
             if problem != "absent":
                 rebuilt = True
                 log.warning("run %s was complete but %s; building it again", key, problem)
-            known = [h["created_unix_ns"] for h in store.history(work) if h["run_key"] == key and "created_unix_ns" in h]
+            known = [h["created_unix_ns"] for h in store.history(work)
+                     if h["run_key"] == key and "created_unix_ns" in h]
             created = store.created_ns(run_dir) or (min(known) if known else store.now_ns())
             runs.mkdir(parents=True, exist_ok=True)
             stage = runs / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -274,8 +275,8 @@ def run_nightly(cfg: NightlyConfig) -> dict:
             store.publish(work, run_dir)
             history = store.history(work)
             if not history or history[-1]["run_key"] != key:  # also a publish whose record a kill cut off
-                store.append_history(work, {"run_key": key, "created_unix_ns": created, "published_unix_ns": store.now_ns(),
-                                       "rollback": False})
+                store.append_history(work, {"run_key": key, "created_unix_ns": created,
+                                             "published_unix_ns": store.now_ns(), "rollback": False})
             is_published = True
             removed += store.keep_newest_runs(work, cfg.job.keep_runs)
         else:

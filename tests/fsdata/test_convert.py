@@ -1,6 +1,5 @@
 import json
 
-import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest

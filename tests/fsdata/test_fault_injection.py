@@ -11,7 +11,6 @@ Named-point kill tests with the reasons for each survivor live in ``test_safety_
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 

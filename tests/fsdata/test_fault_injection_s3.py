@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed: pip install 'freescale[test]'")
 
-from fsdata import fsio  # noqa: E402
-from fsdata.cli import main  # noqa: E402
-from tests.faults import Harness  # noqa: E402
-from tests.fsdata.test_object_store import (  # noqa: E402,F401 (fixtures)
+from fsdata import fsio
+from fsdata.cli import main
+from tests.faults import Harness
+from tests.fsdata.test_object_store import (  # noqa: F401 (fixtures)
     _local_digests,
     s3,
     s3_input,
@@ -31,7 +31,7 @@ _BALANCE = ["--ranks", "2", "--batch-size-per-rank", "16", "--seed", "3", "--no-
 
 
 @pytest.fixture(scope="module")
-def local_out(samples, tmp_path_factory):  # noqa: F811
+def local_out(samples, tmp_path_factory):
     """The reference: the same balance on local paths."""
     out = tmp_path_factory.mktemp("ref2") / "out"
     assert main(["balance", str(samples), str(out), *_BALANCE]) == 0
@@ -39,7 +39,7 @@ def local_out(samples, tmp_path_factory):  # noqa: F811
 
 
 def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the_new_one(
-        s3, s3_input, local_out, tmp_path, monkeypatch):  # noqa: F811
+        s3, s3_input, local_out, tmp_path, monkeypatch):
     root = tmp_path / "w"
     (root / "tmp").mkdir(parents=True)
     monkeypatch.setattr("tempfile.tempdir", str(root / "tmp"))
@@ -83,7 +83,7 @@ def test_s3_balance_killed_at_every_write_point_keeps_the_previous_output_or_the
 
 
 def test_s3_finalize_rerun_killed_at_every_write_point_leaves_a_complete_output(
-        s3, s3_input, local_out, tmp_path, monkeypatch):  # noqa: F811
+        s3, s3_input, local_out, tmp_path, monkeypatch):
     """The stages on S3 (plan, write, finalize), then ``finalize`` re-run and killed at each point: the
     finalized output readers see stays the complete one, verifies, and the next finalize succeeds."""
     root = tmp_path / "w"

@@ -20,7 +20,7 @@ import fsdata
 from fsdata.samples import schema as S
 from fsdata.shards.manifest import sha256_file
 from fsdata.cli import main
-from fsdata.errors import InputError, VerifyError
+from fsdata.errors import VerifyError
 from fsdata.shards.manifest import FORMAT_VERSION, Manifest, ManifestError
 from fsdata.shards.verify import verify
 from tests.fsdata.helpers import write_samples
@@ -373,8 +373,8 @@ _MANIFEST_KEYS = ["format_version", "num_ranks", "num_steps", "batch_size_per_ra
                   "lower_bound_bubble", "columns", "step_stats_file", "step_stats_sha256", "dropped_sha256",
                   "input_digest", "files", "settings"]
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=8), st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.text(max_size=3),
-                                                                                                  st.integers(), max_size=2))
+                    st.text(max_size=8), st.lists(st.integers(0, 3), max_size=3),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 _DATA_FILES = ["_step_stats.parquet", "_dropped.parquet", "rank-00000/part-00000.parquet",
                "rank-00001/part-00000.parquet"]
 

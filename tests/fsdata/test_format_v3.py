@@ -14,7 +14,7 @@ import pytest
 
 from fsdata.cli import main
 from fsdata.errors import VerifyError
-from fsdata.shards.manifest import FORMAT_VERSION, Manifest, sha256_file
+from fsdata.shards.manifest import FORMAT_VERSION, Manifest
 from fsdata.shards.verify import verify
 from fsdata.samples.io import open_samples
 from fsdata.shards import writer

@@ -4,7 +4,6 @@ import json
 
 import polars as pl
 import pyarrow.parquet as pq
-import pytest
 
 from fsdata.samples import schema as S
 from fsdata.cli import main

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from fsdata.cli import main

@@ -1,10 +1,12 @@
 """The report as a person sees it: rendered by headless Chromium, the screenshot checked.
 
-Needs Debian's ``chromium`` (``apt-get install -y chromium``); skipped with that reason otherwise.
+Needs Debian's ``chromium`` (``apt-get install -y chromium``; .ci/run installs it): skipped with that reason
+otherwise, except in CI (``CI`` set), where a missing browser fails the test.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -29,8 +31,10 @@ def screenshot(html_path, png_path, profile_dir, width: int = 1300, height: int 
     return mpimg.imread(str(png_path))[..., :3]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                    reason="chromium is not installed (Debian: apt-get install -y chromium)")
 def test_report_renders_in_chromium_with_its_figures(tmp_path):
+    assert CHROMIUM, "chromium is not installed: .ci/run installs it (apt-get install -y chromium)"
     samples = write_samples(tmp_path / "s.parquet", n=700, id_offset=0)
     out = tmp_path / "out"
     assert main(["balance", str(samples), str(out), "--ranks", "4", "--batch-size-per-rank", "8", "--no-progress"]) == 0

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed: pip install 'freescale[test]'")
 
-from fsdata import fsio  # noqa: E402
-from fsdata.cli import main  # noqa: E402
-from fsdata.guards import overlap  # noqa: E402
-from tests.fsdata.test_object_store import (  # noqa: E402,F401 (fixtures)
+from fsdata import fsio
+from fsdata.cli import main
+from fsdata.guards import overlap
+from tests.fsdata.test_object_store import (  # noqa: F401 (fixtures)
     _BALANCE,
     _local_digests,
     local_out,

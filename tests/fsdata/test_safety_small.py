@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -1,6 +1,7 @@
 """The local engine's write stage (rows gathered to rank groups in one read, spilled beyond
-``GATHER_BYTES``, gathered into rank order by blocks of ranks) writes the same bytes as :func:`fsdata.shards.writer.write_rank` of each rank's
-rows (the Ray engine's unit), whatever the grouping, spill codec or epochs."""
+``GATHER_BYTES``, gathered into rank order by blocks of ranks) writes the same bytes as
+:func:`fsdata.shards.writer.write_rank` of each rank's rows (the Ray engine's unit), whatever the grouping, spill codec
+or epochs."""
 
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ def _train_worker(shards, backend):
     from fstrain.config import from_dict
     from fstrain.train import train
 
-    res = train(from_dict({"shards": shards, "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
+    res = train(from_dict({"shards": shards,
+                           "model": dict(embedding_dim=16, num_negatives=8, num_layers=1, num_heads=2),
                            "max_steps": 4, "pipeline.name": "prioritized", "comm.backend": backend,
                            "metrics.log_every_steps": 0}))
     return local_state(res.model)

@@ -45,7 +45,7 @@ def _worker(rank, world_size, init_file, fn, args, results):
     try:
         out = fn(rank, world_size, init_file, *args)
         results.put((rank, "ok", out))
-    except BaseException as e:  # report everything, the parent decides
+    except BaseException as e:  # noqa: BLE001 - report everything, the parent decides
         results.put((rank, "error", (type(e).__name__, str(e), traceback.format_exc())))
     finally:
         faulthandler.cancel_dump_traceback_later()
@@ -237,7 +237,7 @@ def _try(fn):
     t0 = time.monotonic()
     try:
         fn()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the caller checks which error it was
         return (type(e).__name__, getattr(e, "peer_rank", None), str(e), time.monotonic() - t0)
     return None
 

@@ -26,7 +26,8 @@ def test_extras_pin_a_pair_of_the_table():
         want = compat.FBGEMM_FOR_TORCH[torch_ok[0]]
         assert Version(f"{want}.0") in reqs[dist] and Version(f"{want}.99") in reqs[dist]
         major, minor = map(int, want.split("."))
-        assert Version(f"{major}.{minor + 1}.0") not in reqs[dist], f"[{extra}] {dist} must stop before {major}.{minor + 1}"
+        assert Version(f"{major}.{minor + 1}.0") not in reqs[dist], \
+            f"[{extra}] {dist} must stop before {major}.{minor + 1}"
 
 
 def test_installed_pair_matches():

@@ -133,7 +133,8 @@ def _train_eval_worker(shards, eval_path, ckpt, metrics, simulate):
     from fstrain.train import train
 
     res = train(from_dict({"shards": shards, "model": MODEL, "max_steps": 3, "pipeline.name": "none",
-                           "metrics": {"log_every_steps": 0, "dir": metrics}, "eval": {"data": eval_path, "every_steps": 2},
+                           "metrics": {"log_every_steps": 0, "dir": metrics},
+                           "eval": {"data": eval_path, "every_steps": 2},
                            "checkpoint.dir": ckpt, "simulate_ranks": simulate}))
     again = evaluate_checkpoint(os.path.join(ckpt, "step-00000003"), eval_path) if ckpt else None
     return res.summary, again
@@ -225,7 +226,8 @@ def test_300_ml1m_users_few_epochs_beat_popularity(tmp_path):
                          "--epochs", "10", "--no-progress"], check=True, cwd=REPO, capture_output=True)
     r = subprocess.run(py + ["fstrain.cli", "train", str(shards), "--eval-data", str(ev), "--eval-every-epochs", "5",
                              "--max-seq-len", "200", "--embedding-dim", "32", "--num-layers", "2", "--num-heads", "1",
-                             "--sparse-lr", "0.2", "--negatives", "sample", "--pipeline", "none", "--log-every-steps", "0",
+                             "--sparse-lr", "0.2", "--negatives", "sample", "--pipeline", "none",
+                             "--log-every-steps", "0",
                              "--json", "--no-progress"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])

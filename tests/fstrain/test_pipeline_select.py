@@ -6,7 +6,6 @@ The GPU path (``--pipeline pec`` training through torchrec's ``TrainPipelinePEC`
 from __future__ import annotations
 
 import ast
-import os
 import pathlib
 
 import pytest

@@ -56,7 +56,8 @@ def test_filtered_line_is_real_library_noise_and_our_warnings_stay(tmp_path):
 
 
 def test_known_noise_is_dropped_and_everything_else_passes():
-    """The entry points' filter drops exactly the known library lines; ours and other library lines pass; -v undoes it."""
+    """The entry points' filter drops exactly the known library lines; ours and other library lines pass; -v undoes
+    it."""
     import logging
     import warnings
 

@@ -15,10 +15,10 @@ OLD_FLAGS = ['--attention', '--attention-dim', '--backend', '--bucket-ratio', '-
              '--checkpoint-every-steps', '--collective-timeout-seconds', '--dense-lr', '--dropout', '--embedding-dim',
              '--eval-data', '--eval-every-epochs', '--eval-every-steps', '--eval-max-users', '--help', '--json',
              '--linear-dim', '--log-every', '--log-every-steps', '--max-seq-len', '--max-steps', '--metrics-dir',
-             '--model', '--negatives', '--no-l2-normalize', '--no-progress', '--num-heads', '--num-items', '--num-layers',
-             '--num-negatives', '--objective', '--pipeline', '--progress', '--quiet', '--resume', '--seed',
-             '--simulate-ranks', '--sparse-lr', '--sparse-optimizer', '--step-mode', '--temperature', '--tensorboard-dir',
-             '--verbose', '--version', '--weight-decay', '-h', '-q', '-v']
+             '--model', '--negatives', '--no-l2-normalize', '--no-progress', '--num-heads', '--num-items',
+             '--num-layers', '--num-negatives', '--objective', '--pipeline', '--progress', '--quiet', '--resume',
+             '--seed', '--simulate-ranks', '--sparse-lr', '--sparse-optimizer', '--step-mode', '--temperature',
+             '--tensorboard-dir', '--verbose', '--version', '--weight-decay', '-h', '-q', '-v']
 
 #: What the hand-written parser of earlier releases gave for ``fstrain train shards/`` (its dests).
 OLD_DEFAULTS = {'shards': 'shards/', 'max_steps': None, 'log_every_steps': 10, 'checkpoint_dir': None,
@@ -71,7 +71,8 @@ CASES = [
 
 #: The old flat names of the fields that moved into a section.
 MOVED = {'log_every_steps': 'metrics.log_every_steps', 'checkpoint_dir': 'checkpoint.dir',
-         'checkpoint_every_steps': 'checkpoint.every_steps', 'resume': 'checkpoint.resume', 'metrics_dir': 'metrics.dir',
+         'checkpoint_every_steps': 'checkpoint.every_steps', 'resume': 'checkpoint.resume',
+         'metrics_dir': 'metrics.dir',
          'tensorboard_dir': 'metrics.tensorboard_dir', 'pipeline': 'pipeline.name', 'step_mode': 'pipeline.step_mode',
          'backend': 'comm.backend', 'dense_lr': 'optim.dense_lr', 'weight_decay': 'optim.weight_decay',
          'sparse_lr': 'optim.sparse_lr', 'sparse_optimizer': 'optim.sparse_optimizer', 'eval_data': 'eval.data',

@@ -122,7 +122,8 @@ def test_print_config_round_trips_through_config(tmp_path, capsys):
     assert cfg.convert == ConvertSettings(input="log.txt", has_header=False)
     assert cfg.job == JobSettings(output=str(tmp_path / "w"), lock_timeout_seconds=2.5)
     # "none" on the command line is None in the settings
-    a = nightly.build_parser().parse_args(["--ranks", "2", "--batch-size-per-rank", "2", "--bucket-compression", "none"])
+    a = nightly.build_parser().parse_args(["--ranks", "2", "--batch-size-per-rank", "2",
+                                           "--bucket-compression", "none"])
     assert config_from_args(a).balance.bucket_compression is None
 
 

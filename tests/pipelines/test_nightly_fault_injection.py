@@ -124,7 +124,8 @@ def _kill_everywhere(h: Harness, root: Path, args: list[str], *, first: int = 1,
 
 def _success_point(points: list[str]) -> int:
     """The point (1-based) that renames the run's ``_SUCCESS`` into place."""
-    done = [i for i, p in enumerate(points, 1) if p.startswith("os.rename") and p.endswith(f".{nightly.SUCCESS_NAME}.tmp")]
+    done = [i for i, p in enumerate(points, 1)
+            if p.startswith("os.rename") and p.endswith(f".{nightly.SUCCESS_NAME}.tmp")]
     assert len(done) == 1, points
     return done[0]
 

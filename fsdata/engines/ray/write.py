@@ -259,7 +259,8 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     chunks = chunks if chunks is not None else make_chunks(src.files)
     if chunk_plans is None and sum(c.num_rows for c in chunks) != len(plan.sample_id):
         raise InputError(f"input {src.path} has {sum(c.num_rows for c in chunks)} rows but the plan has "
-                         f"{len(plan.sample_id)}; the plan was made from another input: rerun 'fsdata plan' on this input")
+                         f"{len(plan.sample_id)}; the plan was made from another input: "
+                         "rerun 'fsdata plan' on this input")
     counts, _ = plan.counts_and_loads()
     output = fsio.normalize(output)
     out = output if fsio.is_remote(output) else str(Path(output).resolve())

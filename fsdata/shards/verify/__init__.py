@@ -24,9 +24,9 @@ Checks, each failure one :class:`VerifyError` line (the CLI exits 2, never a tra
   ``epoch`` column); no sample twice in one epoch, none missing;
 * with ``--input``: written plus dropped equals the input set (in every epoch); every written row's content equals
   the input row of the same ``sample_id`` (a per-sample hash of all input columns); the written
-  steps hold the seeded global batches (``seed``; epoch e: :func:`fsdata.balancer.order.epoch_seed`), window by window under composition
-  (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under ``strategy = shuffle`` every per-rank
-  batch is the seeded contiguous slice;
+  steps hold the seeded global batches (``seed``; epoch e: :func:`fsdata.balancer.order.epoch_seed`), window by window
+  under composition (``settings.compose_window``); ``baseline_predicted_bubble`` recomputed from the input; under
+  ``strategy = shuffle`` every per-rank batch is the seeded contiguous slice;
 * every rank file carries the manifest's ``plan_digest`` (where recorded); counts read from the
   manifest are checked against the files before anything is allocated for them.
 
@@ -177,7 +177,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     off = np.argwhere(np.abs(recorded_costs - loads) > 1e-9 * np.maximum(np.abs(loads), 1.0))
     if len(off):
         s, r = map(int, off[0])
-        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {float(recorded_costs[s, r])!r}, recomputed "
+        raise VerifyError(f"step_stats predicted_cost of step {s} rank {r} is {float(recorded_costs[s, r])!r}, "
+                          "recomputed "
                           f"{float(loads[s, r])!r} under the manifest's cost model; rerun 'fsdata balance'")
     if "num_tokens" in stats.schema.names:
         recorded_tokens = stats.column("num_tokens").to_numpy().reshape(steps, R)
@@ -196,7 +197,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
             raise VerifyError(f"{duplicates} samples appear more than once across ranks")
     dropped = read_dropped(out, m, check_checksums)
     if len(dropped) != m.num_samples_dropped:
-        raise VerifyError(f"{len(dropped)} dropped ids recorded, manifest says num_samples_dropped={m.num_samples_dropped}")
+        raise VerifyError(f"{len(dropped)} dropped ids recorded, "
+                          f"manifest says num_samples_dropped={m.num_samples_dropped}")
     F = first_epoch_num_samples(m)
     if m.num_samples_written + m.num_samples_dropped != E * m.num_samples_input - (0 if F is None else
                                                                                    m.num_samples_input - F):
@@ -211,7 +213,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
         raise VerifyError("some samples are recorded as dropped twice, or both written and dropped")
     achieved = bubble.run_bubble(loads)
     if not is_close(achieved, m.predicted_bubble):
-        raise VerifyError(f"recomputed predicted bubble {achieved:.9%} differs from the manifest's {m.predicted_bubble:.9%}")
+        raise VerifyError(f"recomputed predicted bubble {achieved:.9%} differs from the manifest's "
+                          f"{m.predicted_bubble:.9%}")
     lower = m.lower_bound_bubble
     if m.batch_policy == "fixed" and lower is not None:
         # the bound depends only on each written step's cost multiset (composed or not)

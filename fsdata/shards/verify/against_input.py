@@ -59,7 +59,8 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
                               f"{len(lost)} input samples missing (e.g. {lost[:5].tolist()}), {len(extra)} not in "
                               f"the input (e.g. {extra[:5].tolist()})")
     if len(in_ids) != m.num_samples_input:
-        raise VerifyError(f"the input has {len(in_ids)} samples, the manifest says num_samples_input={m.num_samples_input}")
+        raise VerifyError(f"the input has {len(in_ids)} samples, "
+                          f"the manifest says num_samples_input={m.num_samples_input}")
     # content: hash every input row (cast to the rank files' column types) and compare by sample_id
     from fsdata.shards.writer import output_schema
 

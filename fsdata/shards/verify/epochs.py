@@ -25,8 +25,10 @@ def read_dropped_epochs(out: Path | str, m: Manifest, num_dropped: int) -> np.nd
         fs, where = fsio.filesystem_and_path(str(path))
         t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
-        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
-    if "epoch" not in t.schema.names or not pa.types.is_integer(t.schema.field("epoch").type) or t.column("epoch").null_count:
+        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); "
+                          "rerun 'fsdata balance'") from None
+    if ("epoch" not in t.schema.names or not pa.types.is_integer(t.schema.field("epoch").type)
+            or t.column("epoch").null_count):
         raise VerifyError(f"{path}: no integer epoch column without nulls, though the output holds {m.epochs} epochs; "
                           "rerun 'fsdata balance'")
     ep = t.column("epoch").to_numpy().astype(np.int64)

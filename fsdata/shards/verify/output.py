@@ -22,7 +22,8 @@ _HASH_SEED = 0x5EEDF5DA7A
 
 def _check_sha(path: Path | str, digest: str | None, check: bool) -> None:
     if check and digest is not None and fsio.is_file(path) and sha256_file(path) != digest:
-        raise VerifyError(f"checksum of {path} differs from the manifest (file changed or corrupt); rerun 'fsdata balance'")
+        raise VerifyError(f"checksum of {path} differs from the manifest (file changed or corrupt); "
+                          "rerun 'fsdata balance'")
 
 
 def read_step_stats(out: Path | str, m: Manifest, check_checksums: bool = True) -> pa.Table:
@@ -67,14 +68,16 @@ def read_dropped(out: Path | str, m: Manifest, check_checksums: bool = True) -> 
         fs, where = fsio.filesystem_and_path(str(path))
         t = pq.read_table(where, filesystem=fs)
     except (OSError, pa.ArrowException) as e:
-        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); rerun 'fsdata balance'") from None
+        raise VerifyError(f"{path} is missing or unreadable ({str(e).splitlines()[0]}); "
+                          "rerun 'fsdata balance'") from None
     if (S.SAMPLE_ID not in t.schema.names or not pa.types.is_integer(t.schema.field(S.SAMPLE_ID).type)
             or t.column(S.SAMPLE_ID).null_count):
         raise VerifyError(f"{path}: no integer sample_id column without nulls; rerun 'fsdata balance'")
     return t.column(S.SAMPLE_ID).to_numpy().astype(np.int64)
 
 def row_hashes(table: pa.Table) -> np.ndarray:
-    """Per-row uint64 hash of all columns of ``table`` (Polars ``hash_rows`` with a fixed seed; both sides hashed in one process)."""
+    """Per-row uint64 hash of all columns of ``table`` (Polars ``hash_rows`` with a fixed seed; both sides hashed in
+    one process)."""
     return pl.from_arrow(table).hash_rows(seed=_HASH_SEED).to_numpy()
 
 
@@ -117,7 +120,8 @@ def check_rank_file(out: Path | str, m: Manifest, f, check_checksums: bool, hash
         t = pf.read(columns=None if hash_content else need)
     except (pa.ArrowException, OSError) as e:
         raise VerifyError(f"rank {r}: {path} is unreadable ({str(e).splitlines()[0]})") from None
-    if t.schema.field(S.STEP).type != pa.int32() or (m.format_version >= 2 and t.schema.field(S.RANK).type != pa.int32()):
+    if (t.schema.field(S.STEP).type != pa.int32()
+            or (m.format_version >= 2 and t.schema.field(S.RANK).type != pa.int32())):
         raise VerifyError(f"rank {r}: {path}: step/rank are not int32")
     if t.num_rows != f.num_rows:
         raise VerifyError(f"rank {r}: {t.num_rows} rows, manifest says {f.num_rows}")

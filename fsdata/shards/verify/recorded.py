@@ -65,7 +65,8 @@ def _check_recorded_settings(m: Manifest, where: str) -> None:
                                                                                           (int, float)):
             raise VerifyError(f"{where}: batch_policy is 'cost-budget' but settings.budget_used is "
                               f"{s['budget_used']!r}; {fix}")
-    if method is not None and m.strategy == "balanced" and (method == "cost-budget") != (m.batch_policy == "cost-budget"):
+    if (method is not None and m.strategy == "balanced"
+            and (method == "cost-budget") != (m.batch_policy == "cost-budget")):
         raise VerifyError(f"{where}: batch_policy is {m.batch_policy!r} but settings.partition_info.method is "
                           f"{method!r}; {fix}")
     pw, cw = s.get("plan_window"), s.get("compose_window", 1)
@@ -148,13 +149,16 @@ def check_manifest_fields(m: Manifest, where: str) -> None:
     for key, top in (("num_ranks", m.num_ranks), ("batch_size_per_rank", m.batch_size_per_rank), ("seed", m.seed),
                      ("strategy", m.strategy), ("batch_policy", m.batch_policy), ("remainder", m.remainder_policy)):
         if key in s and s[key] != top:
-            raise VerifyError(f"{where}: settings.{key} is {s[key]!r} but {key if key != 'remainder' else 'remainder_policy'}"
+            raise VerifyError(f"{where}: settings.{key} is {s[key]!r} but "
+                              f"{key if key != 'remainder' else 'remainder_policy'}"
                               f" is {top!r}; the manifest was edited: rerun 'fsdata balance'")
     _check_recorded_settings(m, where)
     if m.remainder_policy == "error" and m.num_samples_dropped:
-        raise VerifyError(f"{where}: remainder_policy is 'error' but {m.num_samples_dropped} samples are recorded as dropped")
+        raise VerifyError(f"{where}: remainder_policy is 'error' but {m.num_samples_dropped} samples are recorded "
+                          "as dropped")
     if m.num_samples_dropped and not m.dropped_file:
-        raise VerifyError(f"{where}: {m.num_samples_dropped} samples dropped but no dropped_file; rerun 'fsdata balance'")
+        raise VerifyError(f"{where}: {m.num_samples_dropped} samples dropped but no dropped_file; "
+                          "rerun 'fsdata balance'")
 
 
 def out_path(out: Path | str, *parts: str) -> Path | str:
@@ -191,7 +195,8 @@ def bound_kind(m) -> str:
     """Which lower-bound formula the manifest's ``lower_bound_bubble`` used (older outputs: ``simple``)."""
     kind = (m.extra or {}).get("lower_bound_kind", "simple")
     if kind not in bubble.BOUND_KINDS:
-        raise VerifyError(f"manifest lower_bound_kind {kind!r} is not one of {bubble.BOUND_KINDS}; rerun 'fsdata balance'")
+        raise VerifyError(f"manifest lower_bound_kind {kind!r} is not one of {bubble.BOUND_KINDS}; "
+                          "rerun 'fsdata balance'")
     return kind
 
 

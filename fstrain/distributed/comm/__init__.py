@@ -35,6 +35,8 @@ from fstrain.distributed.comm.shm import ShmBackend
 
 __all__ = [
     "BACKEND_NAMES",
+    "CUDA_CE_BACKEND_NAME",
+    "SHM_BACKEND_NAME",
     "BackendUnavailableError",
     "CommBackend",
     "CommConfig",
@@ -69,10 +71,10 @@ class CommConfig:
     """Which transport carries the embedding all-to-all, and its settings."""
 
     backend: str = "gloo"
-    """``"auto"`` (``"nccl"`` when CUDA is available, else ``"gloo"``) or one of ``"gloo"`` (CPU reference), ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"``
-    (CPU shared memory inside a node; as a process group on several nodes, hierarchical with gloo
-    across), ``"cuda-ce"`` (GPU copy engines inside a node; NCCL across nodes, hierarchical, or
-    as the fallback)."""
+    """``"auto"`` (``"nccl"`` when CUDA is available, else ``"gloo"``) or one of ``"gloo"`` (CPU reference),
+    ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"`` (CPU shared memory inside a node; as a process group on
+    several nodes, hierarchical with gloo across), ``"cuda-ce"`` (GPU copy engines inside a node; NCCL across nodes,
+    hierarchical, or as the fallback)."""
     shm: ShmBackend.Config = field(default_factory=ShmBackend.Config)
     """Settings of the ``"shm"`` transport (chunk size, ring slots, timeout)."""
     cuda_ce: CopyEngineBackend.Config = field(default_factory=CopyEngineBackend.Config)

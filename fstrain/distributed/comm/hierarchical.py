@@ -21,7 +21,8 @@ boot id, or ``$FSTRAIN_NODE_ID`` when set, so tests can split one machine into s
 The process groups publish the keys in their store and every rank builds the same
 :class:`NodeLayout` from the same keys; an all-reduce then checks, before the first collective,
 that every rank holds the same layout and built its node-local transport (module users:
-:class:`fstrain.distributed.comm.process_group.ShmProcessGroup`, :class:`~fstrain.distributed.comm.process_group.CopyEngineProcessGroup`).
+:class:`fstrain.distributed.comm.process_group.ShmProcessGroup`,
+:class:`~fstrain.distributed.comm.process_group.CopyEngineProcessGroup`).
 
 Notation: ``W`` ranks in the group, ``L`` ranks on this node, splits in rows (dim 0).
 """

@@ -256,7 +256,8 @@ def register_shm_backend(config: ShmBackend.Config | None = None) -> str:
 
 
 class CopyEngineProcessGroup(dist.ProcessGroup):
-    """Process group: all-to-all on copy engines (:class:`fstrain.distributed.comm.CopyEngineBackend`), the rest on NCCL.
+    """Process group: all-to-all on copy engines (:class:`fstrain.distributed.comm.CopyEngineBackend`), the rest on
+    NCCL.
 
     NOT RUN ON A GPU YET (no GPU where it was written; ``tests/fstrain/test_comm_cuda_ce.py`` is
     CUDA-marked). Built at ``dist.init_process_group("fs_cuda_ce")`` after
