@@ -132,7 +132,7 @@ def test_cli_resume_works_and_truncated_checkpoint_is_one_line(trained, tmp_path
     out = _cli("train", shards, "--resume", "--max-steps", "3", "--checkpoint-dir", str(good), *MODEL_FLAGS,
                cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "at step 2" in out.stderr and (good / "step-00000003" / "fstrain.json").exists()
+    assert "global step 2, step 2 of these shards" in out.stderr and (good / "step-00000003" / "fstrain.json").exists()
     short = tmp_path / "short"
     shutil.copytree(ck, short)
     data = short / "step-00000002" / "__0_0.distcp"
