@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from fsdata.cli import main  # noqa: E402
 from fsdata.engines import ray as ray_engine  # noqa: E402
 from fsdata.shards.verify import verify  # noqa: E402
 from tests.fsdata.helpers import write_samples  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -268,11 +268,6 @@ def _stop_cluster(temp_dir: str) -> None:
     psutil.wait_procs(alive, timeout=15)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 @pytest.mark.multiproc
@@ -285,7 +280,7 @@ def test_two_node_cluster_via_ray_address(tmp_path):
     inp = write_samples(tmp_path / "in", n=1200, num_files=2, with_timestamps=True)
     ray_bin = Path(sys.executable).with_name("ray")
     temp_dir = tempfile.mkdtemp(prefix="fsrc-", dir="/tmp")
-    port = _free_port()
+    port = free_port()
     addr = f"127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token"}

@@ -13,7 +13,6 @@ import itertools
 import logging
 import os
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
@@ -27,17 +26,13 @@ from fsdata.cli import main  # noqa: E402
 from fsdata.guards import overlap  # noqa: E402
 from fsdata.shards import writer  # noqa: E402
 from tests.fsdata.helpers import write_samples  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 _ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_EC2_METADATA_DISABLED": "true"}
 _BALANCE = ["--ranks", "4", "--batch-size-per-rank", "16", "--seed", "3", "--no-progress"]
 _names = itertools.count()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3:
@@ -83,7 +78,7 @@ def _local_digests(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def s3():
     """A real S3 endpoint (moto server thread) and the AWS environment variables pointing at it."""
-    port = _free_port()
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server.start()

@@ -6,18 +6,13 @@ import faulthandler
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import traceback
 
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.ports import free_port
 
 
 def _entry(rank: int, world_size: int, port: int, out_dir: str, fn, args) -> None:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.fstrain.multiproc import free_port
+from tests.ports import free_port
 from tests.fstrain.shards import write_shards
 
 TIMEOUT_SECONDS = 8
