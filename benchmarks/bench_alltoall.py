@@ -11,6 +11,11 @@ time divided by the shm time, i.e. the share of memcpy's speed shm reaches on th
 rank (a copy-in/copy-out transport tops out near 50%). ``--fixed-cost`` also times shm with one
 rank (no peer: the call's own fixed cost). The load average is recorded before and after.
 
+``--calls-per-sample K`` times K calls back to back after each barrier and divides by K: ranks
+leave a barrier up to a scheduler wake-up apart, and with K = 1 that skew is inside every small
+message's figure (shm and gloo alike); with K > 1 it is spread over K calls, which is how a training
+step issues them (several all-to-alls between synchronisations).
+
 GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
 runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
 Without CUDA it prints that it was not measured.
@@ -52,8 +57,9 @@ def _iterations(size_bytes: int, quick: bool) -> int:
     return max(3, n // 4) if quick else n
 
 
-def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
-    """Median over iterations of the slowest rank's time per function, seconds.
+def _time(fns: dict, iters: int, warmup: int = 2, calls: int = 1) -> dict[str, float]:
+    """Median over iterations of the slowest rank's time per call, seconds (each iteration times
+    ``calls`` calls back to back after one barrier and divides by ``calls``).
 
     The functions alternate inside each iteration, so load from other processes on the node hits
     them alike.
@@ -63,8 +69,9 @@ def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
         for name, fn in fns.items():
             dist.barrier()
             t0 = time.perf_counter()
-            fn()
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            for _ in range(calls):
+                fn()
+            dt = torch.tensor([(time.perf_counter() - t0) / calls], dtype=torch.float64)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX)
             if i >= warmup:
                 times[name].append(dt.item())
@@ -72,7 +79,7 @@ def _time(fns: dict, iters: int, warmup: int = 2) -> dict[str, float]:
 
 
 def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool, shm_cfg: dict,
-                result_path: str) -> None:
+                calls: int, result_path: str) -> None:
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
@@ -91,11 +98,11 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
                for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
         if world_size > 1:
             fns["memcpy"] = (lambda: out.copy_(x)) if rank == 0 else (lambda: None)
-        medians = _time(fns, iters)
+        medians = _time(fns, iters, calls=calls)
         for name, seconds in medians.items():
             cross_bytes = per_peer * (world_size - 1) * _ROW_FLOATS * 4 if name != "memcpy" else x.numel() * 4
             rows.append({"backend": name if world_size > 1 else "shm-1rank", "world_size": world_size,
-                         "bytes_per_rank": x.numel() * 4, "iterations": iters,
+                         "bytes_per_rank": x.numel() * 4, "iterations": iters, "calls_per_sample": calls,
                          "latency_us": seconds * 1e6,
                          "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
     shm.close()
@@ -173,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shm-chunk-bytes", type=int, default=None, help="ShmBackend.Config.chunk_bytes")
     parser.add_argument("--shm-spin-us", type=int, default=None, help="ShmBackend.Config.spin_us")
     parser.add_argument("--shm-num-slots", type=int, default=None, help="ShmBackend.Config.num_slots")
+    parser.add_argument("--calls-per-sample", type=int, default=1, metavar="K",
+                        help="calls timed back to back after each barrier (time per call = total / K; default 1)")
     args = parser.parse_args(argv)
+    if args.calls_per_sample < 1:
+        parser.error(f"--calls-per-sample must be >= 1, got {args.calls_per_sample}")
     if any(r < 2 for r in args.ranks):
         parser.error(f"--ranks needs world sizes >= 2, got {args.ranks}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -184,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     cpu_rows: list[dict] = []
     for w in ([1] if args.fixed_cost else []) + args.ranks:
         logger.info("CPU: %d ranks ...", w)
-        cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick, shm_cfg)
+        cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick, shm_cfg, args.calls_per_sample)
     load_after = os.getloadavg()
     print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits (median of slowest-rank "
-          f"times; torch threads = 1 per rank; 1-minute load average {load_before[0]:.1f} before, "
+          f"times per call, {args.calls_per_sample} call(s) per barrier; torch threads = 1 per rank; "
+          f"1-minute load average {load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after, on {os.cpu_count()} cores; shm settings {shm_cfg or 'default'})")
     print(f"{'ranks':>5} {'bytes/rank':>10} | {'memcpy us':>10} {'shm us':>10} {'gloo us':>10} | "
           f"{'memcpy GB/s':>11} {'shm GB/s':>9} {'gloo GB/s':>9} | {'shm/memcpy':>10} {'shm/gloo':>8}"
@@ -217,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"command": " ".join(command),
                    "cpu_count": os.cpu_count(), "load_average_1min": load_after[0],
                    "load_average_1min_before": load_before[0], "shm_config": shm_cfg,
+                   "calls_per_sample": args.calls_per_sample,
                    "torch": torch.__version__,
                    "cpu": cpu_rows, "gpu": gpu_rows}
         with open(path + ".tmp", "w") as f:

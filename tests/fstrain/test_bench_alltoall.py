@@ -9,8 +9,21 @@ import pytest
 def test_rows_carry_memcpy_next_to_shm_and_gloo():
     from benchmarks.bench_alltoall import _cpu_worker, _spawn
 
-    rows = _spawn(_cpu_worker, 2, [4 << 10], True, {"spin_us": 10})
+    rows = _spawn(_cpu_worker, 2, [4 << 10], True, {"spin_us": 10}, 1)
     assert sorted(r["backend"] for r in rows) == ["gloo", "memcpy", "shm"]
     assert all(r["bytes_per_rank"] == 4 << 10 and r["latency_us"] > 0 for r in rows)
-    one = _spawn(_cpu_worker, 1, [4 << 10], True, {})
+    assert all(r["calls_per_sample"] == 1 for r in rows)
+    one = _spawn(_cpu_worker, 1, [4 << 10], True, {}, 1)
     assert [r["backend"] for r in one] == ["shm-1rank"]
+
+
+@pytest.mark.multiproc
+def test_calls_per_sample_times_back_to_back_calls():
+    """``--calls-per-sample K``: each timed sample runs the function K times after one barrier and
+    reports the time per call."""
+    from benchmarks import bench_alltoall
+
+    rows = bench_alltoall._spawn(bench_alltoall._cpu_worker, 2, [1 << 10], True, {}, 4)
+    assert {r["calls_per_sample"] for r in rows} == {4}
+    with pytest.raises(SystemExit):
+        bench_alltoall.main(["--calls-per-sample", "0"])
