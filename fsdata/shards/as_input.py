@@ -332,13 +332,13 @@ def open_output(path: str | os.PathLike, from_step: int | None = None) -> Iterat
     """
     m = read_output_manifest(path)
     check_from_step(m, from_step)
-    info = OutputInput(manifest=m, plan_digest=_plan_digest(m), from_step=from_step)
     starts = suffix_row_starts(m, from_step) if READ_IN_PLACE else None
     if starts is None:
         with output_as_input(path, from_step) as copied:
             copied.source = _identify(open_samples(copied.path), m, from_step)
             yield copied
         return
+    info = OutputInput(manifest=m, plan_digest=_plan_digest(m), from_step=from_step)
     if from_step is not None:
         info.epoch = int(m.epoch_of_step(from_step))
     files = [m.rank_file(r) for r in range(m.num_ranks)]
