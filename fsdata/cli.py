@@ -244,12 +244,12 @@ def _cmd_convert(a: argparse.Namespace) -> int:
 def _load_lengths(a: argparse.Namespace):
     from fsdata.balancer.cost import load_cost_model
     from fsdata.samples.io import open_samples
-    from fsdata.shards.as_input import is_output, output_as_input
+    from fsdata.shards.as_input import is_output, open_output
 
     cost_model = load_cost_model(a.cost_model)
     if is_output(a.input):  # an OUTPUT's samples (docs/fsdata.md, "Changing the world size")
-        with output_as_input(a.input, a.from_step) as view:
-            src = open_samples(view.path)
+        with open_output(a.input, a.from_step) as view:
+            src = view.source
             lengths, ids = src.lengths_and_ids()
         return src, cost_model, lengths, ids
     if a.from_step is not None:

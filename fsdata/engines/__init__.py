@@ -40,7 +40,8 @@ def balance(input: str | os.PathLike, output: str | os.PathLike, settings: Balan
         settings: every setting (:class:`fsdata.balancer.settings.BalanceSettings`).
         timings: if given, filled with seconds per stage (``read_lengths``, ``plan``, ``write_ranks``,
             ``finalize``; the Ray engine adds ``ray_connect`` and ``verify``; an OUTPUT as ``input``
-            adds ``read_output``, :mod:`fsdata.shards.as_input`).
+            adds ``read_output``, choosing the rows read and copying them where they are copied,
+            :mod:`fsdata.shards.as_input`).
 
     Returns:
         The written :class:`~fsdata.shards.manifest.Manifest` (``path`` = ``output``).

@@ -34,7 +34,7 @@ from fsdata.guards import check_output_apart
 from fsdata.common.registry import Registry
 from fsdata.samples.io import SampleSource, open_samples
 from fsdata.shards.finalize import finalize
-from fsdata.shards.as_input import OutputInput, is_output, output_as_input, record_lineage, reshard_settings
+from fsdata.shards.as_input import OutputInput, is_output, open_output, record_lineage, reshard_settings
 from fsdata.shards.manifest import FileEntry, Manifest
 from fsdata.shards.plan_file import PlanTable, input_digest, read_plan
 from fsdata.shards.writer import output_schema
@@ -140,7 +140,7 @@ class Engine(ABC):
             output: the OUTPUT folder (local path or URI); must not exist (an empty local folder is
                 accepted) unless ``settings.overwrite``.
             timings: if given, filled with seconds per stage (:attr:`stages`; plus ``read_output``, the
-                copy of the samples read, when ``input`` is an OUTPUT).
+                choice of the rows read, and their copy where one is made, when ``input`` is an OUTPUT).
 
         An ``fsdata balance`` OUTPUT as ``input`` is read through :mod:`fsdata.shards.as_input`
         (``settings.from_step``: only its samples not yet trained); the new manifest records its
@@ -166,13 +166,13 @@ class Engine(ABC):
                 raise ConfigError(f"{setting('columns')} does not apply to INPUT {input}, an 'fsdata balance' "
                                   "OUTPUT (its rank files use the sample schema's names): leave it out")
             t0 = time.perf_counter()
-            with output_as_input(input, s.from_step) as view:
+            with open_output(input, s.from_step) as view:
                 copied = time.perf_counter() - t0
                 self.settings = reshard_settings(s, view)
                 self.first_epoch_mask = view.first_epoch_mask
                 self.check(what=f"INPUT {input} from step {s.from_step}" if s.from_step is not None else None)
                 try:
-                    m = self._run(view.path, output, timings, view)
+                    m = self._run(input, output, timings, view)
                 finally:
                     self.settings = s
             if timings is not None:
@@ -184,9 +184,9 @@ class Engine(ABC):
         return self._run(input, output, timings, None)
 
     def _run(self, input: str, output: str, timings: dict[str, float] | None, view: OutputInput | None) -> Manifest:
-        """:meth:`run` after the pre-flight of the paths; ``view``: the OUTPUT ``input`` was read from."""
+        """:meth:`run` after the pre-flight of the paths; ``view``: the OUTPUT ``input`` names, read as INPUT."""
         s = self.settings
-        src = self.open_input(input, None if view is not None else s.columns)
+        src = self.open_input(input, s.columns) if view is None else view.source
         before = input_state(src)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}

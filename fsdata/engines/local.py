@@ -39,9 +39,9 @@ from fsdata.balancer.cost import CostModel
 from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.base import Engine, register
 from fsdata.engines.planning import plan_table
-from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
-                                    narrow_types, open_parquet, rank_blocks, rank_starts, rank_step_starts,
-                                    route_by_destination, row_group_chunks)
+from fsdata.engines.routing import (Chunk, chunk_batches, destinations, footers, group_writer, held_row_bytes,
+                                    held_schema, input_columns, narrow_types, rank_blocks, rank_starts,
+                                    rank_step_starts, route_by_destination, source_chunks)
 from fsdata.errors import InputError
 from fsdata.guards import raise_if_environment
 from fsdata.samples.io import SampleSource
@@ -93,12 +93,12 @@ def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> lis
     return groups
 
 
-def _read_units(src: SampleSource) -> tuple[list[tuple[str, list[int], int]], int]:
-    """The input cut into units a gather thread reads alone: ``(file, row groups, first row)``,
-    runs of whole row groups of one file of about :data:`GATHER_UNIT_ROWS` rows
-    (:func:`fsdata.engines.routing.row_group_chunks`, the Ray engine's chunks); and the input's rows."""
-    chunks = row_group_chunks(src.files, GATHER_UNIT_ROWS)
-    return [(c.path, list(c.row_groups), c.offset) for c in chunks], sum(c.num_rows for c in chunks)
+def _read_units(src: SampleSource) -> tuple[list[Chunk], int]:
+    """The input cut into units a gather thread reads alone: runs of whole row groups of one file of
+    about :data:`GATHER_UNIT_ROWS` rows (:func:`fsdata.engines.routing.source_chunks`, the Ray
+    engine's chunks); and the input's rows."""
+    chunks = source_chunks(src, GATHER_UNIT_ROWS)
+    return chunks, sum(c.num_rows for c in chunks)
 
 
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: pa.Schema, dest: np.ndarray,
@@ -132,12 +132,12 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
     input_types = [held_schema.field(i).type for i in range(len(held_schema) - 1)]
 
     def read(t: int) -> None:
-        for path, row_groups, offset in units[t::T]:
+        for unit in units[t::T]:
             if stop.is_set():
                 return
+            path, offset = unit.path, unit.offset
             try:
-                for batch in open_parquet(path).iter_batches(batch_size=65536, row_groups=row_groups,
-                                                              use_threads=False):
+                for batch in chunk_batches(unit, 65536):
                     n = batch.num_rows
                     idx = np.arange(offset, min(offset + n, N))
                     offset += n

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from fsdata import fsio
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
-from fsdata.samples.io import SampleSource
+from fsdata.samples.io import SampleSource, row_groups_from
 from fsdata.shards import writer
 from fsdata.shards.manifest import FileEntry
 from fsdata.shards.writer import check_seq_len
@@ -107,17 +107,19 @@ def destinations(starts: np.ndarray, num_steps: int, step: np.ndarray, rank: np.
 def footers(src: SampleSource) -> list[tuple[str, pq.ColumnChunkMetaData]]:
     """Every row group's column chunks of the input, from the Parquet footers only (one read of
     each footer, shared by :func:`narrow_types` and :func:`held_row_bytes`):
-    ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk."""
+    ``(top-level column name after --columns, ColumnChunkMetaData)`` per chunk; only the row groups
+    that hold rows read (``src.row_starts``) and the columns read (not ``src.drop_columns``)."""
     out = []
-    for path in src.files:
+    for i, path in enumerate(src.files):
         fs, where = fsio.filesystem_and_path(path)
         md = pq.ParquetFile(where, filesystem=fs).metadata
-        for g in range(md.num_row_groups):
+        for g in row_groups_from(md, 0 if src.row_starts is None else src.row_starts[i]):
             rg = md.row_group(g)
             for j in range(rg.num_columns):
                 c = rg.column(j)
                 top = c.path_in_schema.split(".")[0]
-                out.append((src.rename.get(top, top), c))
+                if top not in src.drop_columns:
+                    out.append((src.rename.get(top, top), c))
     return out
 
 
@@ -308,25 +310,51 @@ class Chunk:
         path: the input file (local path or URI).
         row_groups: row-group indices, consecutive.
         offset: global input-row index of the chunk's first row (input order = file order, then row order).
-        num_rows: rows in the chunk.
+        num_rows: rows in the chunk (without the ``skip`` ones).
+        skip: rows of the first row group not read (a file read from a row on, ``SampleSource.row_starts``).
+        columns: the file columns read (None: every one; ``SampleSource.file_columns``).
     """
 
     path: str
     row_groups: tuple[int, ...]
     offset: int
     num_rows: int
+    skip: int = 0
+    columns: tuple[str, ...] | None = None
 
 
-def row_group_chunks(files: list[str], chunk_rows: int) -> list[Chunk]:
+def chunk_batches(chunk: Chunk, batch_size: int):
+    """Record batches of a chunk's rows (``chunk.columns``, without its ``skip`` rows), in order.
+
+    Raises:
+        pyarrow.ArrowException, OSError: the file fails to read.
+    """
+    skip = chunk.skip
+    columns = None if chunk.columns is None else list(chunk.columns)
+    for batch in open_parquet(chunk.path).iter_batches(batch_size=batch_size, row_groups=list(chunk.row_groups),
+                                                       columns=columns, use_threads=False):
+        if skip:
+            if batch.num_rows <= skip:
+                skip -= batch.num_rows
+                continue
+            batch, skip = batch.slice(skip), 0
+        yield batch
+
+
+def row_group_chunks(files: list[str], chunk_rows: int, *, row_starts: list[int] | None = None,
+                     columns: list[str] | None = None) -> list[Chunk]:
     """Cut the input into chunks of whole row groups of one file, about ``chunk_rows`` rows each
-    (footers only; empty row groups are skipped).
+    (footers only; empty row groups are skipped). With ``row_starts`` (per file, the first row
+    read) the rows before it are left out: row groups wholly before it, and the first ``skip``
+    rows of the one it falls in. ``columns``: the file columns the chunks read (None: all).
 
     Raises:
         InputError: a file's footer cannot be read.
     """
     chunks: list[Chunk] = []
     offset = 0
-    for path in files:
+    cols = None if columns is None else tuple(columns)
+    for i, path in enumerate(files):
         fs, inner = fsio.resolve_fs(path)
         try:
             with fs.open_input_file(inner) as f:
@@ -335,15 +363,29 @@ def row_group_chunks(files: list[str], chunk_rows: int) -> list[Chunk]:
             raise InputError(f"input file {path} is not readable Parquet ({str(e).splitlines()[0]}); "
                              "it is corrupt or truncated: regenerate it") from None
         groups: list[int] = []
-        rows = 0
+        rows = skip = 0
+        left = 0 if row_starts is None else row_starts[i]  # rows still to leave out of this file
         for rg in range(meta.num_row_groups):
+            n = meta.row_group(rg).num_rows
+            if left and left >= n:  # a row group wholly before the first row read
+                left -= n
+                continue
+            if not groups:
+                skip = left
             groups.append(rg)
-            rows += meta.row_group(rg).num_rows
+            rows += n - left
+            left = 0
             if rows >= chunk_rows or rg == meta.num_row_groups - 1:
                 if rows:
-                    chunks.append(Chunk(path=path, row_groups=tuple(groups), offset=offset, num_rows=rows))
+                    chunks.append(Chunk(path=path, row_groups=tuple(groups), offset=offset, num_rows=rows, skip=skip,
+                                        columns=cols))
                 offset += rows
-                groups, rows = [], 0
+                groups, rows, skip = [], 0, 0
     return chunks
+
+
+def source_chunks(src: SampleSource, chunk_rows: int) -> list[Chunk]:
+    """:func:`row_group_chunks` of a source's rows read (``src.row_starts``, ``src.file_columns``)."""
+    return row_group_chunks(src.files, chunk_rows, row_starts=src.row_starts, columns=src.file_columns)
 
 

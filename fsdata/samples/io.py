@@ -148,6 +148,17 @@ def unknown_null_columns(meta: pq.FileMetaData, row_groups, rename: dict[str, st
     return unknown
 
 
+def row_groups_from(meta: pq.FileMetaData, start: int) -> list[int]:
+    """The row groups of a file (footer ``meta``) that hold rows ``start ..`` of it."""
+    out, first = [], 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if first + n > start:
+            out.append(g)
+        first += n
+    return out
+
+
 @dataclass(kw_only=True, slots=True)
 class SampleSource:
     """A validated sample input.
@@ -161,6 +172,13 @@ class SampleSource:
         has_timestamps: whether the optional ``timestamps`` column is present.
         has_seq_len: whether the optional ``seq_len`` column is present (then lengths are read
             from it without decoding ``item_ids``; balance and verify check it against the lists).
+        row_starts: per file, the first row read (rows ``start .. end of file``; an OUTPUT's rank
+            files read in place from a step, :mod:`fsdata.shards.as_input`); None: every row.
+            ``num_rows`` counts the rows read; every reader of the source honours it.
+        drop_columns: file columns not read (an OUTPUT's ``step`` and ``rank``); not in ``columns``.
+        digest_files: the files whose footers identify the input in its digest
+            (:func:`fsdata.shards.plan_file.input_digest`); None: ``files``.
+        selection: which rows of the files are read, hashed into the input digest ("": all).
     """
 
     path: str
@@ -170,20 +188,62 @@ class SampleSource:
     num_rows: int = 0
     has_timestamps: bool = False
     has_seq_len: bool = False
+    row_starts: list[int] | None = None
+    drop_columns: tuple[str, ...] = ()
+    digest_files: list[str] | None = None
+    selection: str = ""
+
+    @property
+    def file_columns(self) -> list[str] | None:
+        """The file columns read (their names, in file order); None: every column."""
+        if not self.drop_columns:
+            return None
+        theirs = {v: k for k, v in self.rename.items()}
+        return [theirs.get(c, c) for c in self.columns]
 
     def scan(self) -> pl.LazyFrame:
-        """Lazy frame of all files with contract column names (Polars streaming friendly)."""
-        lf = fsio.scan_parquet(self.files)
+        """Lazy frame of the rows read (``row_starts``) with contract column names, without
+        ``drop_columns`` (Polars streaming friendly)."""
+        if self.row_starts is None or not any(self.row_starts):
+            lf = fsio.scan_parquet(self.files)
+        else:
+            lf = pl.concat([fsio.scan_parquet([f]).slice(start) for f, start in zip(self.files, self.row_starts,
+                                                                                   strict=True)], how="vertical")
+        if self.drop_columns:
+            lf = lf.drop(self.drop_columns)
         return lf.rename(self.rename) if self.rename else lf
+
+    def iter_batches(self, batch_size: int):
+        """Record batches of the rows read (``row_starts``; the file columns without
+        ``drop_columns``, their names), in input order.
+
+        Raises:
+            pyarrow.ArrowException, OSError: a file fails to read.
+        """
+        for i, path in enumerate(self.files):
+            fs, inner = fsio.filesystem_and_path(path)
+            pf = pq.ParquetFile(inner, filesystem=fs, pre_buffer=False)
+            skip = 0 if self.row_starts is None else self.row_starts[i]
+            groups = row_groups_from(pf.metadata, skip)
+            skip -= sum(pf.metadata.row_group(g).num_rows for g in range(groups[0] if groups else 0))
+            for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=self.file_columns):
+                if skip:
+                    if batch.num_rows <= skip:
+                        skip -= batch.num_rows
+                        continue
+                    batch, skip = batch.slice(skip), 0
+                yield batch
 
     def _null_counts(self) -> dict[str, int]:
         """Null counts per contract column from Parquet statistics (footers only); a full scan for
         columns whose statistics are missing or non-zero (an empty list may count as a leaf null)."""
         counts: dict[str, int] = {c: 0 for c in self.columns}
         unknown: set[str] = set()
-        for f in self.files:
+        for i, f in enumerate(self.files):
             meta = fsio.read_parquet_metadata(f)
-            unknown |= unknown_null_columns(meta, range(meta.num_row_groups), self.rename)
+            start = 0 if self.row_starts is None else self.row_starts[i]
+            unknown |= unknown_null_columns(meta, row_groups_from(meta, start), self.rename)
+        unknown &= set(self.columns)
         if unknown:
             lf = self.scan()
             exprs = []
@@ -298,9 +358,20 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     """
     path = fsio.normalize(path)
     rename = parse_column_map(column_map) if not isinstance(column_map, dict) else column_map
-    files = list_parquet_files(path)
+    return open_sample_files(path, list_parquet_files(path), rename)
+
+
+def open_sample_files(path: str | os.PathLike, files: list[str], rename: dict[str, str], *,
+                      row_starts: list[int] | None = None, drop_columns: tuple[str, ...] = ()) -> SampleSource:
+    """:func:`open_samples` of listed files: ``path`` names the input in messages; ``row_starts``
+    and ``drop_columns`` as in :class:`SampleSource` (an OUTPUT's rank files read in place).
+
+    Raises:
+        InputError: as :func:`open_samples`; a row start past the end of its file.
+    """
     first_schema = None
     num_rows = 0
+    files_seen: list[str] = []
     for f in files:
         try:
             fs, where = fsio.filesystem_and_path(f)
@@ -317,7 +388,13 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
             first_schema = sch
         elif not sch.equals(first_schema):
             raise InputError(f"input file {f} has a different schema from {files[0]}; all files must match")
-        num_rows += meta.num_rows
+        start = 0 if row_starts is None else row_starts[len(files_seen)]
+        if not 0 <= start <= meta.num_rows:
+            raise InputError(f"input file {f}: row {start} is past its {meta.num_rows} rows; the file changed: rerun")
+        files_seen.append(f)
+        num_rows += meta.num_rows - start
+    if drop_columns:
+        first_schema = pa.schema([fl for fl in first_schema if fl.name not in drop_columns])
     check_column_map(rename, first_schema.names, path)
     names = [rename.get(n, n) for n in first_schema.names]
     types = dict(zip(names, first_schema.types))
@@ -340,4 +417,5 @@ def open_samples(path: str | os.PathLike, column_map: str | dict | None = None) 
     check_id_range(files, first_schema, rename, [S.SAMPLE_ID, S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)
     check_ids_non_negative(files, first_schema, rename, [S.USER_ID, S.TARGET_ITEM_ID, S.ITEM_IDS], path)
     return SampleSource(path=str(path), files=files, rename=rename, columns=names, num_rows=num_rows,
-                        has_timestamps=S.TIMESTAMPS in types, has_seq_len=S.SEQ_LEN in types)
+                        has_timestamps=S.TIMESTAMPS in types, has_seq_len=S.SEQ_LEN in types,
+                        row_starts=None if row_starts is None else list(row_starts), drop_columns=tuple(drop_columns))

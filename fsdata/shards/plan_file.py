@@ -51,11 +51,15 @@ def input_digest(src: SampleSource) -> str:
     Rewriting any file changes its footer in practice; moving the input elsewhere does not change
     the digest (paths are not part of it). Returns ``"sha256-footers:<hex>"``.
 
+    A source read from other files (an OUTPUT read as INPUT, :mod:`fsdata.shards.as_input`) is
+    identified by those (``src.digest_files``, its rank files) and the rows chosen from them
+    (``src.selection``, hashed after the footers), whether they are read in place or copied.
+
     Raises:
         InputError: a file cannot be read.
     """
     h = hashlib.sha256()
-    for path in src.files:
+    for path in src.files if src.digest_files is None else src.digest_files:
         try:
             with fsio.open_input(path) as f:
                 f.seek(0, os.SEEK_END)
@@ -75,6 +79,8 @@ def input_digest(src: SampleSource) -> str:
         h.update(size.to_bytes(8, "little"))
         h.update(len(footer).to_bytes(8, "little"))
         h.update(footer)
+    if src.selection:
+        h.update(src.selection.encode())
     return "sha256-footers:" + h.hexdigest()
 
 

@@ -78,8 +78,8 @@ def check_reserved_columns(src: SampleSource) -> None:
 
 
 def output_schema(src: SampleSource) -> pa.Schema:
-    """Schema of every rank file: contract types for contract columns, others as in the input,
-    then ``step`` int32 and ``rank`` int32.
+    """Schema of every rank file: contract types for contract columns, others as in the input
+    (without ``src.drop_columns``), then ``step`` int32 and ``rank`` int32.
 
     Raises:
         InputError: an input column is named ``step`` or ``rank``.
@@ -90,6 +90,8 @@ def output_schema(src: SampleSource) -> pa.Schema:
     fields = []
     contract = {**S.REQUIRED_COLUMNS, **S.OPTIONAL_COLUMNS}
     for f in first:
+        if f.name in src.drop_columns:  # an OUTPUT's step and rank, read back as INPUT
+            continue
         name = src.rename.get(f.name, f.name)
         fields.append(pa.field(name, contract.get(name, f.type)))
     fields.append(pa.field(S.STEP, pa.int32()))

@@ -60,3 +60,28 @@ def test_partial_epoch_reshard_is_local_only(local_ray, tmp_path):
         fsdata.balance(old, tmp_path / "ray", fsdata.BalanceSettings(num_ranks=3, batch_size_per_rank=8,
                                                                      from_step=3, engine="ray", progress=False))
     assert not (tmp_path / "ray").exists()
+
+
+@pytest.mark.parametrize("from_step", [None, 6, 7])
+def test_in_place_ray_equals_the_local_copy(local_ray, tmp_path, monkeypatch, from_step):
+    """Rank files read in place by Ray tasks, one row group per chunk (the first chunk of a file
+    starting inside a row group at step 7): the bytes of the local engine reading the scratch copy."""
+    import fsdata.engines.ray as ray_engine
+    from fsdata.shards import as_input, writer
+    from tests.fsdata.test_reshard_direct import GROUP_ROWS, digests
+
+    inp = write_samples(tmp_path / "in.parquet", n=1500, with_timestamps=True)
+    monkeypatch.setattr(writer, "ROW_GROUP_ROWS", GROUP_ROWS)
+    fsdata.balance(inp, tmp_path / "old", fsdata.BalanceSettings(num_ranks=4, batch_size_per_rank=16,
+                                                                 compose_window=1, progress=False))
+    monkeypatch.undo()
+    settings = fsdata.BalanceSettings(num_ranks=3, batch_size_per_rank=8, compose_window=1, progress=False,
+                                      from_step=from_step)
+    monkeypatch.setattr(as_input, "READ_IN_PLACE", False)
+    fsdata.balance(tmp_path / "old", tmp_path / "copy", settings)
+    monkeypatch.setattr(as_input, "READ_IN_PLACE", True)
+    monkeypatch.setattr(as_input, "write_rows", lambda *a, **k: pytest.fail("the OUTPUT was copied"))
+    monkeypatch.setattr(ray_engine.chunks, "CHUNK_ROWS", 1)
+    fsdata.balance(tmp_path / "old", tmp_path / "ray", dataclasses.replace(settings, engine="ray"))
+    a, b = digests(tmp_path / "copy"), digests(tmp_path / "ray")
+    assert "_manifest.json" in a and a == b

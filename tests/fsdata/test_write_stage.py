@@ -169,7 +169,7 @@ def test_gather_threads_over_row_group_units_write_the_same_bytes(samples, tmp_p
     monkeypatch.setattr(L, "GATHER_UNIT_ROWS", 200)
     units_small, rows = L._read_units(open_samples(one.parent))
     assert len(units[0]) == 1 and len(units_small) == 8 and rows == 1500
-    assert [u[2] for u in units_small] == list(range(0, 1500, 200))
+    assert [u.offset for u in units_small] == list(range(0, 1500, 200))
     for threads, budget in [(2, None), (3, 20_000)]:
         if budget is not None:
             monkeypatch.setattr(L, "GATHER_BYTES", budget)

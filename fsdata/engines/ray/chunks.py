@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from fsdata import fsio
 from fsdata.engines.ray.session import node_id
-from fsdata.engines.routing import Chunk, row_group_chunks
+from fsdata.engines.routing import Chunk, row_group_chunks, source_chunks
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
 from fsdata.samples.io import SampleSource, check_lengths_and_ids, unknown_null_columns
@@ -25,14 +25,17 @@ from fsdata.samples.io import SampleSource, check_lengths_and_ids, unknown_null_
 CHUNK_ROWS = 262_144
 
 
-def make_chunks(files: list[str], chunk_rows: int | None = None) -> list[Chunk]:
-    """Cut the input into chunks of whole row groups, about ``chunk_rows`` rows each (default
-    :data:`CHUNK_ROWS`; :func:`fsdata.engines.routing.row_group_chunks`).
+def make_chunks(src: SampleSource | list[str], chunk_rows: int | None = None) -> list[Chunk]:
+    """Cut the input (a source: its rows read, :func:`fsdata.engines.routing.source_chunks`; or a
+    list of files: all their rows) into chunks of whole row groups, about ``chunk_rows`` rows each
+    (default :data:`CHUNK_ROWS`; :func:`fsdata.engines.routing.row_group_chunks`).
 
     Raises:
         InputError: a file's footer cannot be read.
     """
-    return row_group_chunks(files, chunk_rows or CHUNK_ROWS)
+    if isinstance(src, SampleSource):
+        return source_chunks(src, chunk_rows or CHUNK_ROWS)
+    return row_group_chunks(src, chunk_rows or CHUNK_ROWS)
 
 
 def open_chunk(chunk: Chunk) -> pq.ParquetFile:
@@ -51,10 +54,12 @@ def lengths_task(chunk: Chunk, rename: dict[str, str], has_seq_len: bool, has_ti
     try:
         pf = open_chunk(chunk)
         unknown = unknown_null_columns(pf.metadata, chunk.row_groups, rename)
+        if chunk.columns is not None:  # not the columns left unread (an OUTPUT's step and rank)
+            unknown &= {rename.get(c, c) for c in chunk.columns}
         want = {S.SAMPLE_ID, S.SEQ_LEN if has_seq_len else S.ITEM_IDS} | unknown
         if has_timestamps:
             want |= {S.TIMESTAMPS, S.ITEM_IDS} if not has_seq_len else {S.TIMESTAMPS}
-        t = pf.read_row_groups(list(chunk.row_groups), columns=[name(c) for c in sorted(want)])
+        t = pf.read_row_groups(list(chunk.row_groups), columns=[name(c) for c in sorted(want)]).slice(chunk.skip)
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"input {chunk.path}: cannot read ({str(e).splitlines()[0]}); "
                          "the file is corrupt or not Parquet: regenerate it") from None

@@ -51,7 +51,7 @@ class RayEngine(Engine):
             log.info("ray engine: tasks ran on %d Ray nodes; stage seconds %s", len(self._nodes), timings)
 
     def plan(self, src: SampleSource, cost_model: CostModel, *, timings: dict[str, float]) -> PlanTable:
-        self._chunks = make_chunks(src.files)
+        self._chunks = make_chunks(src)
         table, self._chunk_plans, self._nodes = ray_plan.plan(self._ray, src, self.settings, self._chunks, cost_model,
                                                               timings)
         return table

@@ -87,7 +87,7 @@ def _id_buckets_task(chunk: Chunk, rename: dict[str, str], num_id_buckets: int) 
     theirs = {v: k for k, v in rename.items()}
     try:
         ids = (open_chunk(chunk).read_row_groups(list(chunk.row_groups), columns=[theirs.get(S.SAMPLE_ID, S.SAMPLE_ID)])
-               .column(0).cast(pa.int64()).fill_null(0).to_numpy())
+               .slice(chunk.skip).column(0).cast(pa.int64()).fill_null(0).to_numpy())
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"input {chunk.path}: cannot read ({str(e).splitlines()[0]}); "
                          "the file is corrupt or not Parquet: regenerate it") from None

@@ -30,8 +30,8 @@ from fsdata import fsio
 from fsdata.engines.ray.chunks import Chunk, make_chunks
 from fsdata.engines.ray.session import get, node_id, ray_session
 from fsdata.engines.local import GATHER_BLOCK_ROWS
-from fsdata.engines.routing import (destinations, footers, group_writer, held_row_bytes, held_schema, input_columns,
-                                    narrow_types, open_parquet, rank_blocks, rank_starts, rank_step_starts,
+from fsdata.engines.routing import (chunk_batches, destinations, footers, group_writer, held_row_bytes, held_schema,
+                                    input_columns, narrow_types, rank_blocks, rank_starts, rank_step_starts,
                                     route_by_destination, rows_differ)
 from fsdata.errors import InputError, VerifyError
 from fsdata.samples import schema as S
@@ -118,8 +118,7 @@ def _partition_task(chunk: Chunk, schema: pa.Schema, held_schema: pa.Schema, has
     pieces: list[list[pa.Table]] = [[] for _ in range(G)]
     start = 0
     try:
-        pf = open_parquet(chunk.path)
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=list(chunk.row_groups), use_threads=False):
+        for batch in chunk_batches(chunk, BATCH_ROWS):
             n = batch.num_rows
             sl = slice(start, start + n)
             start += n
@@ -256,7 +255,7 @@ def write_ranks(src, plan, output: str | os.PathLike, settings, *, chunks: list[
     """
     t0 = time.perf_counter()
     schema = output_schema(src)
-    chunks = chunks if chunks is not None else make_chunks(src.files)
+    chunks = chunks if chunks is not None else make_chunks(src)
     if chunk_plans is None and sum(c.num_rows for c in chunks) != len(plan.sample_id):
         raise InputError(f"input {src.path} has {sum(c.num_rows for c in chunks)} rows but the plan has "
                          f"{len(plan.sample_id)}; the plan was made from another input: "

@@ -56,7 +56,7 @@ from fsdata import fsio
 from fsdata.balancer import bubble
 from fsdata.errors import FsdataError, InputError, VerifyError
 from fsdata.samples.io import sorted_unique
-from fsdata.shards.as_input import is_output, output_as_input
+from fsdata.shards.as_input import is_output, open_output
 from fsdata.shards.manifest import MANIFEST_NAMES, Manifest, ManifestError
 from fsdata.shards.verify.against_input import check_against_input
 from fsdata.shards.verify.epochs import check_epochs, first_epoch_num_samples, read_dropped_epochs
@@ -229,8 +229,8 @@ def _verify(out: Path | str, input_path, column_map, check_checksums: bool, prog
     if from_step is not None and input_path is None:
         raise VerifyError("--from-step needs --input OLD, the OUTPUT this one was resharded from")
     if input_path is not None and is_output(input_path):  # OLD of a resharded output (fsdata.shards.as_input)
-        with output_as_input(input_path, from_step) as view:
-            baseline = check_against_input(m, view.path, None, cost_model, ids, np.concatenate(step_of),
+        with open_output(input_path, from_step) as view:
+            baseline = check_against_input(m, input_path, None, cost_model, ids, np.concatenate(step_of),
                                            np.concatenate(all_hashes), dropped, out, dropped_epoch,
                                            np.concatenate(rank_of), skipped=not_checked, view=view)
         checked_input = True

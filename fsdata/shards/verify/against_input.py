@@ -31,13 +31,13 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     recomputed from the input and the recorded settings (:func:`_check_recomputed_plan`); when that
     is not possible, a sentence saying why is appended to ``skipped``.
 
-    ``view``: the :class:`fsdata.shards.as_input.OutputInput` ``input_path`` was read from, when the
-    input is an OUTPUT (its ``first_epoch_mask`` gives a partial first epoch's samples)."""
+    ``view``: the :class:`fsdata.shards.as_input.OutputInput` of ``input_path``, when the input is
+    an OUTPUT (its ``source`` is read; its ``first_epoch_mask`` gives a partial first epoch's samples)."""
     from fsdata.balancer.order import epoch_seed
 
     if column_map is None:
         column_map = m.settings.get("input_columns_renamed") or None
-    src = open_samples(input_path, column_map)
+    src = open_samples(input_path, column_map) if view is None else view.source
     lengths, in_ids = src.lengths_and_ids()
     E, first_steps = m.epochs, m.epoch_first_steps()
     epoch_written = m.epoch_of_step(steps_written) if E > 1 else np.zeros(len(ids), np.int64)
@@ -68,12 +68,10 @@ def check_against_input(m: Manifest, input_path, column_map, cost_model: CostMod
     in_schema = pa.schema([schema.field(i) for i in range(len(schema) - 2)])
     in_hash = np.empty(len(in_ids), dtype=np.uint64)
     pos = 0
-    for path in src.files:
-        fs, inner = fsio.filesystem_and_path(path)
-        for batch in pq.ParquetFile(inner, filesystem=fs, pre_buffer=False).iter_batches(batch_size=16384):
-            t = pa.Table.from_batches([batch]).rename_columns(in_schema.names).cast(in_schema)
-            in_hash[pos:pos + t.num_rows] = row_hashes(t)
-            pos += t.num_rows
+    for batch in src.iter_batches(16384):
+        t = pa.Table.from_batches([batch]).rename_columns(in_schema.names).cast(in_schema)
+        in_hash[pos:pos + t.num_rows] = row_hashes(t)
+        pos += t.num_rows
     where = np.searchsorted(np.sort(in_ids), ids)
     order = np.argsort(in_ids, kind="stable")
     differ = np.flatnonzero(in_hash[order][where] != hashes)
