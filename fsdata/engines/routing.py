@@ -331,8 +331,6 @@ def chunk_batches(chunk: Chunk, batch_size: int):
     """
     skip = chunk.skip
     columns = None if chunk.columns is None else list(chunk.columns)
-    held: list[pa.RecordBatch] = []  # batches end at row groups: small groups are joined up to batch_size rows
-    rows = 0
     for batch in open_parquet(chunk.path).iter_batches(batch_size=batch_size, row_groups=list(chunk.row_groups),
                                                        columns=columns, use_threads=False):
         if skip:
@@ -340,16 +338,7 @@ def chunk_batches(chunk: Chunk, batch_size: int):
                 skip -= batch.num_rows
                 continue
             batch, skip = batch.slice(skip), 0
-        if not held and batch.num_rows >= batch_size:
-            yield batch
-            continue
-        held.append(batch)
-        rows += batch.num_rows
-        if rows >= batch_size:
-            yield pa.concat_batches(held)
-            held, rows = [], 0
-    if held:
-        yield held[0] if len(held) == 1 else pa.concat_batches(held)
+        yield batch
 
 
 def row_group_chunks(files: list[str], chunk_rows: int, *, row_starts: list[int] | None = None,
