@@ -62,6 +62,7 @@ from fsdata.atomic import atomic_output, check_replaceable
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events, read_raw
+from fsdata.samples.settings import ConvertSettings
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
@@ -293,21 +294,21 @@ def _spool_dir(output_path: str | os.PathLike, what: str = "spool") -> Path:
     return spool
 
 
-def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
-            max_seq_len: int = 512, user_col: str | None = None, item_col: str | None = None,
-            time_col: str | None = None,
-            sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
-            users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
-            holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
-            max_items_per_piece: int | None = None, remap_ids: bool = False,
-            vocab: str | os.PathLike | None = None, bad_lines: str = "error",
-            feature_cols: str | list[str] | None = None) -> ConvertSummary:
+def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, settings: ConvertSettings | None = None, *,
+            fmt: str | None = None, samples: str = "per-event", max_seq_len: int = 512, user_col: str | None = None,
+            item_col: str | None = None, time_col: str | None = None, sep: str | None = None,
+            has_header: bool | None = None, overwrite: bool = False, users_per_chunk: int = 2000, progress: bool = True,
+            holdout: str = "none", holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
+            max_items_per_piece: int | None = None, remap_ids: bool = False, vocab: str | os.PathLike | None = None,
+            bad_lines: str = "error", feature_cols: str | list[str] | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
 
     Args:
         input_path: the log (see module docstring for formats).
         output_path: the Parquet file to write.
-        fmt: ``sequences`` or ``events``.
+        settings: :class:`~fsdata.samples.settings.ConvertSettings` (``fsdata convert``'s flags): when
+            given, the layout below (``fmt`` .. ``feature_cols``) is its fields'; its ``input`` is not read.
+        fmt: ``sequences`` or ``events`` (without ``settings``).
         samples: ``per-user`` or ``per-event``.
         max_seq_len: keep at most this many most recent history items (>= 1).
         user_col, item_col, time_col, sep, has_header: events input layout (see :func:`_open_events`:
@@ -319,8 +320,7 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             per chunk; fewer users once their events pass :data:`fsdata.samples.events.MAX_EVENTS_PER_CHUNK`).
         progress: show a progress bar.
         holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.samples.holdout`).
-        holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after
-            the samples).
+        holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after the samples).
         events_per_bucket: events input: events per temporary bucket (module docstring; default
             :data:`EVENTS_PER_BUCKET`); inputs estimated at no more (file bytes / 8 for text, rows
             for Parquet) are grouped in memory.
@@ -334,16 +334,16 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         feature_cols: numeric event columns (``"rating,action"`` or a list) written as list columns
             aligned with ``item_ids`` (int64 or float64 elements), also in the evaluation file.
 
-    Returns:
-        :class:`ConvertSummary`.
+    Returns: :class:`ConvertSummary`.
 
     Raises:
-        ConfigError: unknown format/mode, ``max_seq_len < 1``, or an output that is (or lies in)
-            the input.
-        InputError: unreadable or invalid input (the message names the line), or no user with at
-            least 2 items.
+        ConfigError: unknown format/mode, ``max_seq_len < 1``, or an output that is (or lies in) the input.
+        InputError: unreadable or invalid input (the message names the line), or no user with at least 2 items.
         EnvironmentFailure: disk full, read-only or permission denied (:mod:`fsdata.guards`).
     """
+    if settings is not None:  # the layout is the settings' (field names as the keywords, ``format`` as ``fmt``)
+        fmt, samples, max_seq_len, user_col, item_col, time_col, sep, has_header, feature_cols, bad_lines, remap_ids, \
+            vocab = (getattr(settings, k) for k in ConvertSettings.__dataclass_fields__ if k != "input")
     if bad_lines not in Sn.BAD_LINES:
         raise ConfigError(f"unknown --bad-lines '{bad_lines}'; use one of {', '.join(Sn.BAD_LINES)}")
     if fmt not in FORMATS:

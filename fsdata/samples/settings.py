@@ -8,7 +8,7 @@ A command line is generated from the fields and their docstrings (the nightly jo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 #: Input formats a log can have; ``samples`` (Parquet already in the sample schema) skips conversion.
@@ -37,7 +37,7 @@ class ConvertSettings:
     """events: timestamp column (optional; sorts each user's events)."""
     sep: str | None = None
     """events text separator: ',' ';' tab '::' or space (default: sniffed from the first lines)."""
-    has_header: bool | None = None
+    has_header: bool | None = field(default=None, metadata={"flag": "--header"})
     """events text has a header line (default: sniffed: a line naming standard columns, or no number where
     the data has one)."""
     feature_cols: str | None = None
