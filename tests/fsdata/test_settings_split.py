@@ -22,7 +22,7 @@ from tests.fsdata.helpers import write_samples
 RB = {"num_ranks": 2, "batch_size_per_rank": 4}
 
 #: (bad setting, the message's start from Python, from a command line): the messages of 0.3.
-BAD = [
+BAD: list[tuple[dict, str, str]] = [
     ({"num_ranks": 0}, "num_ranks must be >= 1, got 0", "--ranks must be >= 1, got 0"),
     ({"batch_size_per_rank": 0}, "batch_size_per_rank must be >= 1, got 0", "--batch-size-per-rank must be >= 1"),
     ({"seed": -1}, "--seed must be an integer in 0..", "--seed must be an integer in 0.."),
