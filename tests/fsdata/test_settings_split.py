@@ -106,3 +106,16 @@ def test_convert_takes_convert_settings(tmp_path):
     convert(log, a, fmt="sequences", samples="per-user", max_seq_len=5, progress=False)
     convert(log, b, ConvertSettings(format="sequences", samples="per-user", max_seq_len=5), progress=False)
     assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("bad,message", [({"samples": "per-day"}, "unknown --samples 'per-day'"),
+                                         ({"bad_lines": "drop"}, "unknown --bad-lines 'drop'"),
+                                         ({"max_seq_len": 0}, "--max-seq-len must be an integer in 1..")])
+def test_convert_settings_check_themselves(bad, message, tmp_path):
+    from fsdata.samples.convert import convert
+
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        ConvertSettings(**bad)
+    with pytest.raises(ConfigError, match=f"^{message}"):  # the same check, from loose keywords
+        convert(tmp_path / "log.txt", tmp_path / "out.parquet", fmt="sequences", **bad)
+    assert not (tmp_path / "out.parquet").exists()
