@@ -219,7 +219,7 @@ def _cmd_convert(a) -> int:
 
     from fsdata.samples.convert import convert
 
-    s = convert(a.input, a.output, _settings(ConvertSettings, a, "convert"), overwrite=a.overwrite,
+    s = convert(a.input, a.output, _settings(ConvertSettings, a, "convert", input=a.input), overwrite=a.overwrite,
                 progress=not a.no_progress, holdout=a.holdout, holdout_output=a.holdout_output)
     if a.json:
         print(json.dumps(asdict(s), indent=2))

@@ -273,9 +273,10 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
         plan: the plan file (:func:`fsdata.shards.plan_file.write_plan`).
         output: the OUTPUT folder; must not exist unless ``overwrite``.
         overwrite: replace an existing OUTPUT.
-        settings: the :class:`~fsdata.balancer.settings.BalanceSettings` fields that do not change
-            the output (``engine``, ``ray_address``, ``num_threads``, ``progress``,
-            ``bucket_compression``); R and B are the plan's.
+        settings: :class:`~fsdata.balancer.settings.RunSettings` fields, which do not change the
+            output (``engine``, ``ray_address``, ``num_threads``, ``progress``,
+            ``bucket_compression``); the planning settings are the plan's own
+            (:meth:`fsdata.shards.plan_meta.PlanMeta.balance_settings`).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.
