@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fsdata.errors import ConfigError
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 
@@ -34,6 +35,10 @@ class JobSettings:
     """Wait this long for a concurrent run holding the lock (0: fail at once)."""
     extra: dict | None = None
     """Anything else that should enter the run key (e.g. a dataset version tag)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_runs < 1:  # checked when made, as every settings class (fsdata.balancer.settings)
+            raise ConfigError(f"--keep-runs must be >= 1, got {self.keep_runs}")
 
 
 @dataclass(kw_only=True, slots=True)

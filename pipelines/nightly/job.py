@@ -131,8 +131,6 @@ def _validate(cfg: NightlyConfig) -> None:
         raise ConfigError("--input (convert.input) is required (unless --rollback RUN)")
     if cfg.convert.format not in ("sequences", "events", "samples"):
         raise ConfigError(f"unknown --format '{cfg.convert.format}'; use sequences, events or samples")
-    if cfg.job.keep_runs < 1:
-        raise ConfigError(f"--keep-runs must be >= 1, got {cfg.job.keep_runs}")
     if cfg.balance.columns and cfg.convert.format != "samples":
         raise ConfigError("--columns maps the columns of a sample Parquet input; it needs --format samples "
                           "(convert already writes the sample schema)")
