@@ -6,7 +6,6 @@ nothing is written in that case.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -29,12 +28,13 @@ else:
 
 from fsdata import fsio
 from fsdata.common.cli import (add_common_flags, add_json_flag, add_settings_flags, add_subcommands, add_version_flag,
-                            cli_main, configure_logging, new_parser, resolve_progress, settings_help)
+                               cli_main, configure_logging, new_parser, resolve_progress, settings_help,
+                               settings_values)
 from fsdata.errors import ConfigError, FsdataError, setting
 from fsdata.atomic import check_replaceable
 from fsdata.guards import check_output_apart
 from fsdata.samples.settings import LOG_FORMATS, ConvertSettings
-from fsdata.balancer.settings import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings, PlanSettings, RunSettings, check_seed
 
 log = logging.getLogger("fsdata")
 
@@ -69,13 +69,9 @@ _EPILOG_REPORT = """examples:
   fsdata report shards/ --input my_samples.parquet   # when sample_ids are not the input's row numbers
 """
 
-#: Option strings of settings fields that are not ``--field-name`` (public flags since 0.1).
-FLAGS = {"num_ranks": "--ranks", "has_header": "--header"}
-#: Metavars of settings flags, where the field's name says less.
-METAVARS = {"columns": "MAP", "compose_window": "W", "plan_window": "K", "epochs": "E", "num_threads": "N",
-            "ray_address": "HOST:PORT", "from_step": "S"}
 #: The BalanceSettings fields each command takes as flags (``fsdata balance`` takes them all but
-#: ``progress``, the common ``--progress/--no-progress``); every one is generated from its field.
+#: ``progress``, the common ``--progress/--no-progress``); every one is generated from its field, whose
+#: metadata holds a spelling other than ``--field-name`` (``num_ranks``: ``--ranks``) and its metavar.
 INPUT_FIELDS = ("columns", "cost_model", "num_ranks", "batch_size_per_rank", "seed", "compose_window")
 PLAN_FIELDS = ("strategy", "batch_policy", "budget", "plan_window", "partitioner", "remainder", "epochs")
 WRITE_FIELDS = ("overwrite", "num_threads", "bucket_compression", "engine", "ray_address")
@@ -93,8 +89,7 @@ def _balance_flags(p, command: str) -> None:
     from fsdata.balancer.partitioners import names as partitioner_names  # the registries: the one lists
     from fsdata.engines import names as engine_names
 
-    add_settings_flags(p, BalanceSettings, section="balance", flags=FLAGS, include=BALANCE_FIELDS[command],
-                       require=True, metavars=METAVARS,
+    add_settings_flags(p, BalanceSettings, section="balance", include=BALANCE_FIELDS[command], require=True,
                        choices={"partitioner": partitioner_names(), "engine": engine_names()},
                        title="settings (fsdata.BalanceSettings)")
 
@@ -117,7 +112,7 @@ def build_parser():
     p.add_argument("output", help="Parquet file to write")
     p.add_argument("--format", dest="convert.format", required=True, choices=list(LOG_FORMATS),
                    help=settings_help(ConvertSettings)["format"])
-    add_settings_flags(p, ConvertSettings, section="convert", flags=FLAGS, exclude=CONVERT_NOT_FLAGS,
+    add_settings_flags(p, ConvertSettings, section="convert", exclude=CONVERT_NOT_FLAGS,
                        title="settings (fsdata.samples.settings.ConvertSettings)")
     p.add_argument("--holdout", default="none", choices=["none", "last"],
                    help="last: hold out each user's last item (leave-one-out, as SASRec/BERT4Rec) for evaluation")
@@ -204,28 +199,28 @@ def build_parser():
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse a command line into the flat namespace the commands read: ``command``, the
-    subcommand's arguments, and each settings field under its flag's name (``ranks`` for
-    ``--ranks``, ``bucket_compression`` as spelled: ``none`` for None)."""
+def parse_args(argv: list[str] | None = None):
+    """Parse a command line: the subcommand's namespace (its arguments; the settings fields under
+    ``balance.`` / ``convert.``, as the dataclasses name them), with ``command`` set to its name."""
     a = build_parser().parse_args(argv)
-    flat = argparse.Namespace(command=a.command)
-    for key, value in a[a.command].items(branches=False):
-        name = key.rsplit(".", 1)[-1]
-        setattr(flat, {"num_ranks": "ranks"}.get(name, name), value)
-    return flat
+    sub = a[a.command]
+    sub.command = a.command
+    return sub
 
 
-def _cmd_convert(a: argparse.Namespace) -> int:
+def _settings(cls, a, section: str = "balance", **more):
+    """``cls`` (a settings dataclass) of the flags of ``section``, which check themselves:
+    ``cls(**settings_values(cls, a[section]))``; ``more``: fields set here (``progress``)."""
+    return cls(**settings_values(cls, a[section].as_dict()), **more)
+
+
+def _cmd_convert(a) -> int:
     from dataclasses import asdict
 
     from fsdata.samples.convert import convert
 
-    s = convert(a.input, a.output, fmt=a.format, samples=a.samples, max_seq_len=a.max_seq_len, user_col=a.user_col,
-                item_col=a.item_col, time_col=a.time_col, sep=a.sep, has_header=a.has_header,
-                overwrite=a.overwrite, progress=not a.no_progress, holdout=a.holdout,
-                holdout_output=a.holdout_output, remap_ids=a.remap_ids, vocab=a.vocab, bad_lines=a.bad_lines,
-                feature_cols=a.feature_cols)
+    s = convert(a.input, a.output, _settings(ConvertSettings, a, "convert", input=a.input), overwrite=a.overwrite,
+                progress=not a.no_progress, holdout=a.holdout, holdout_output=a.holdout_output)
     if a.json:
         print(json.dumps(asdict(s), indent=2))
     else:
@@ -241,58 +236,37 @@ def _cmd_convert(a: argparse.Namespace) -> int:
     return 0
 
 
-def _load_lengths(a: argparse.Namespace):
+def _load_lengths(a, s: PlanSettings):
     from fsdata.balancer.cost import load_cost_model
     from fsdata.samples.io import open_samples
     from fsdata.shards.as_input import is_output, open_output
 
-    cost_model = load_cost_model(a.cost_model)
+    cost_model = load_cost_model(s.cost_model)
     if is_output(a.input):  # an OUTPUT's samples (docs/fsdata.md, "Changing the world size")
-        with open_output(a.input, a.from_step) as view:
+        with open_output(a.input, s.from_step) as view:
             src = view.source
             lengths, ids = src.lengths_and_ids()
         return src, cost_model, lengths, ids
-    if a.from_step is not None:
+    if s.from_step is not None:
         raise ConfigError(f"{setting('from_step')} needs an 'fsdata balance' OUTPUT as INPUT; {a.input} is not "
                           "one (it has no _manifest.json)")
-    src = open_samples(a.input, a.columns)
+    src = open_samples(a.input, s.columns)
     lengths, ids = src.lengths_and_ids()
     return src, cost_model, lengths, ids
 
 
-def _cmd_profile(a: argparse.Namespace) -> int:
+def _cmd_profile(a) -> int:
     from fsdata.balancer.profile import format_report, profile
 
-    from fsdata.balancer.settings import check_seed
-
-    check_seed(a.seed)
-    _, cost_model, lengths, _ = _load_lengths(a)
-    report = profile(lengths, cost_model, num_ranks=a.ranks, batch_size_per_rank=a.batch_size_per_rank, seed=a.seed,
-                     compose_window=a.compose_window)
+    s = _settings(PlanSettings, a)
+    _, cost_model, lengths, _ = _load_lengths(a, s)
+    report = profile(lengths, cost_model, num_ranks=s.num_ranks, batch_size_per_rank=s.batch_size_per_rank,
+                     seed=s.seed, compose_window=s.compose_window)
     print(json.dumps(report, indent=2) if a.json else format_report(report))
     return 0
 
 
-#: BalanceSettings field -> argparse dest, where the flag's name differs from the field's.
-_BALANCE_DEST = {"num_ranks": "ranks"}
-
-
-def _settings_from_args(a: argparse.Namespace) -> BalanceSettings:
-    """The ``BalanceSettings`` of a command's flags; a field the command has no flag for keeps the
-    field's default (``fsdata plan`` has no write flags)."""
-    from fsdata.balancer.compose import check_window
-    from fsdata.balancer.settings import check_ranks_and_batch
-
-    check_ranks_and_batch(a.ranks, a.batch_size_per_rank)
-    check_window(a.compose_window)
-    given = {f.name: getattr(a, _BALANCE_DEST.get(f.name, f.name)) for f in dataclasses.fields(BalanceSettings)
-             if f.name not in ("progress", "num_workers") and hasattr(a, _BALANCE_DEST.get(f.name, f.name))}
-    if given.get("bucket_compression") == "none":
-        given["bucket_compression"] = None
-    return BalanceSettings(**given, progress=not a.no_progress)
-
-
-def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None) -> None:
+def _print_manifest_summary(a, m: dict, timings: dict | None) -> None:
     summary = {k: m[k] for k in ("num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
                                  "num_samples_input", "num_samples_written", "num_samples_dropped",
                                  "predicted_bubble", "baseline_predicted_bubble", "lower_bound_bubble")}
@@ -337,31 +311,31 @@ def _print_manifest_summary(a: argparse.Namespace, m: dict, timings: dict | None
             print("  stage seconds      " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
 
-def _cmd_balance(a: argparse.Namespace) -> int:
+def _cmd_balance(a) -> int:
     from fsdata.engines import balance
 
-    settings = _settings_from_args(a)
-    log.info("balancing %s for %d ranks x %d", a.input, a.ranks, a.batch_size_per_rank)
+    settings = _settings(BalanceSettings, a, progress=not a.no_progress)
+    log.info("balancing %s for %d ranks x %d", a.input, settings.num_ranks, settings.batch_size_per_rank)
     timings: dict[str, float] = {}
     m = balance(a.input, a.output, settings, timings=timings)
     _print_manifest_summary(a, m.to_json(), timings)
     return 0
 
 
-def _cmd_plan(a: argparse.Namespace) -> int:
+def _cmd_plan(a) -> int:
     from fsdata.balancer.cost import cost_model_file
     from fsdata.engines.planning import make_plan_table
     from fsdata.shards.plan_file import write_plan
     from fsdata.samples.io import open_samples
 
-    settings = _settings_from_args(a)
+    settings = _settings(PlanSettings, a)
     a.input, a.plan = fsio.normalize(a.input), fsio.normalize(a.plan)
     check_output_apart(a.plan, [a.input], output_name="PLAN", input_name="INPUT")
-    check_output_apart(a.plan, [cost_model_file(a.cost_model)], output_name="PLAN", input_name="--cost-model")
+    check_output_apart(a.plan, [cost_model_file(settings.cost_model)], output_name="PLAN", input_name="--cost-model")
     if fsio.exists(a.plan) and not a.overwrite:
         raise FsdataError(f"plan {a.plan} already exists; choose a new path or pass --overwrite to replace it")
     check_replaceable(a.plan, "plan", name="PLAN")
-    table = make_plan_table(open_samples(a.input, a.columns), settings)
+    table = make_plan_table(open_samples(a.input, settings.columns), settings)
     try:
         write_plan(a.plan, table, overwrite=a.overwrite)
     except OSError as e:  # a full disk or file-size limit is about PLAN, not the input
@@ -382,13 +356,12 @@ def _cmd_plan(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_write(a: argparse.Namespace) -> int:
+def _cmd_write(a) -> int:
     from fsdata.engines import write_from_plan
 
     a.input, a.plan, a.output = fsio.normalize(a.input), fsio.normalize(a.plan), fsio.normalize(a.output)
-    files = write_from_plan(a.input, a.plan, a.output, overwrite=a.overwrite, engine=a.engine,
-                            ray_address=a.ray_address, num_threads=a.num_threads, progress=not a.no_progress,
-                            bucket_compression=None if a.bucket_compression == "none" else a.bucket_compression)
+    run = _settings(RunSettings, a, progress=not a.no_progress)  # the planning settings are the plan's own
+    files = write_from_plan(a.input, a.plan, a.output, **dataclasses.asdict(run))
     if a.json:
         print(json.dumps({"output": str(a.output), "plan": str(a.plan), "num_rank_files": len(files)}, indent=2))
     else:
@@ -396,7 +369,7 @@ def _cmd_write(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_finalize(a: argparse.Namespace) -> int:
+def _cmd_finalize(a) -> int:
     from fsdata.guards import check_not_bucket_root
     from fsdata.shards.finalize import finalize
     from fsdata.shards.plan_file import read_plan
@@ -410,10 +383,8 @@ def _cmd_finalize(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_synth(a: argparse.Namespace) -> int:
+def _cmd_synth(a) -> int:
     from fsdata.samples.synth import read_lengths, write_synth_samples
-
-    from fsdata.balancer.settings import check_seed
 
     check_seed(a.seed)
     for flag, v, hi in (("--num-samples", a.num_samples, 2**63 - 1), ("--max-seq-len", a.max_seq_len, 2**31 - 1),
@@ -437,10 +408,11 @@ def _cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_verify(a: argparse.Namespace) -> int:
+def _cmd_verify(a) -> int:
     from fsdata.shards.verify import verify
 
-    r = verify(a.output, a.input, column_map=a.columns, progress=not a.no_progress, from_step=a.from_step)
+    r = verify(a.output, a.input, column_map=a.balance.columns, progress=not a.no_progress,
+               from_step=a.balance.from_step)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
@@ -456,10 +428,10 @@ def _cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_report(a: argparse.Namespace) -> int:
+def _cmd_report(a) -> int:
     from fsdata.report import write_report
 
-    r = write_report(a.output, a.html, input_path=a.input, column_map=a.columns, overwrite=a.overwrite)
+    r = write_report(a.output, a.html, input_path=a.input, column_map=a.balance.columns, overwrite=a.overwrite)
     if a.json:
         print(json.dumps(r, indent=2))
     else:
@@ -484,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                     interrupted="interrupted; nothing was written")
 
 
-def _run(a: argparse.Namespace) -> int:
+def _run(a) -> int:
     a.no_progress = not resolve_progress(getattr(a, "progress", None))
     configure_logging(a.verbose, a.quiet)
     return COMMANDS[a.command](a)

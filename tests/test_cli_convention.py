@@ -143,7 +143,7 @@ def test_removed_spelling_is_a_usage_error(parse, argv, capsys):
 
 
 def test_new_names_have_the_old_defaults():
-    assert _fsdata(BAL).num_threads == 2 and _nightly(["-o", "w"]).balance.num_threads == 2
+    assert _fsdata(BAL).balance.num_threads == 2 and _nightly(["-o", "w"]).balance.num_threads == 2
     assert _fstrain(["replay", "s"]).num_threads == 1 and _fstrain(["replay", "s"]).output is None
     assert _nightly(["-o", "w"]).job.output == "w"
 

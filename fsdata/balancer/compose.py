@@ -45,8 +45,8 @@ import numpy as np
 from numba import njit
 
 from fsdata.balancer.bubble import step_proven_bound
-from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW  # noqa: F401  (defined there: the settings load no numba)
-from fsdata.errors import ConfigError, setting
+from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW, check_window  # noqa: F401  (there: the settings load no numba)
+from fsdata.errors import ConfigError
 
 #: The composition algorithm recorded in the manifest.
 ALGORITHM = "stratified-heavy"
@@ -132,13 +132,6 @@ def _deal_window(cs, W, R, B, rand, slack):
             free[s] -= 1
             h += 1
     return step_of, num_heavy
-
-
-def check_window(compose_window: int) -> None:
-    """Raises ConfigError unless ``compose_window >= 1``."""
-    if int(compose_window) != compose_window or compose_window < 1:
-        raise ConfigError(f"{setting('compose_window')} must be an integer >= 1 (1 = no composition), "
-                          f"got {compose_window}")
 
 
 def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int,

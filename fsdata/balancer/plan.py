@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsdata.balancer import bubble
-from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW
 from fsdata.balancer.order import LEGACY_SHUFFLE, shuffled_order, shuffled_steps
 from fsdata.balancer.partition import per_rank_loads
 from fsdata.balancer.partitioners import Partitioner
+from fsdata.balancer.settings import PlanSettings
 from fsdata.balancer.policies import (BATCH_POLICIES, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, REMAINDER_POLICIES,
                                       STRATEGIES, check_policies, check_settings)
 from fsdata.balancer.windows import (PlanLayout, WindowPlan, WindowTotals, combine_windows, plan_layout,
@@ -40,8 +41,8 @@ from fsdata.errors import ConfigError, setting
 
 __all__ = ["BATCH_POLICIES", "DEFAULT_PARTITIONER", "DEFAULT_PLAN_WINDOW", "HIGH_BUBBLE_WARNING_THRESHOLD",
            "LEGACY_SHUFFLE", "REMAINDER_POLICIES", "STRATEGIES", "Plan", "PlanLayout", "WindowPlan", "WindowTotals",
-           "check_policies", "check_settings", "combine_windows", "high_bubble_warning", "make_plan", "plan_layout",
-           "plan_one_window", "shuffled_steps"]
+           "check_policies", "check_settings", "combine_windows", "high_bubble_warning", "make_plan", "plan_costs",
+           "plan_layout", "plan_one_window", "shuffled_steps"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -175,15 +176,40 @@ def make_plan(costs: np.ndarray, *, num_ranks: int, batch_size_per_rank: int, se
         :class:`Plan`.
 
     Raises:
-        ConfigError: unknown strategy/policy, ``compose_window < 1``, or ``remainder='error'`` with a
+        ConfigError: a value :class:`~fsdata.balancer.settings.PlanSettings` refuses (R or B < 1,
+            unknown strategy/policy, ``compose_window < 1`` ...), or ``remainder='error'`` with a
             remainder.
         InputError: fewer samples than one step.
     """
+    settings = PlanSettings(num_ranks=num_ranks, batch_size_per_rank=batch_size_per_rank, seed=seed,
+                            strategy=strategy, batch_policy=batch_policy, remainder=remainder,  # type: ignore[arg-type]
+                            budget=budget, compose_window=compose_window, plan_window=plan_window)  # checks them
+    return plan_costs(costs, settings, partitioner=partitioner)
+
+
+def plan_costs(costs: np.ndarray, settings: PlanSettings, *, seed: int | None = None,
+               partitioner: str | Partitioner | None = None) -> Plan:
+    """:func:`make_plan` under ``settings``, checked when it was made (the one call every engine plans with).
+
+    Args:
+        costs: shape ``[N]`` float64, per-sample cost in input order.
+        settings: the planning settings (R, B, seed, strategy, policy, partitioner, composition).
+        seed: the seed to plan with instead of ``settings.seed`` (an epoch's seed).
+        partitioner: a :class:`~fsdata.balancer.partitioners.Partitioner` instance (injected) or
+            name instead of ``settings.partitioner``.
+
+    Raises:
+        ConfigError: ``remainder='error'`` with a remainder; an unknown partitioner.
+        InputError: fewer samples than one step (the one check that needs the data).
+    """
+    s = settings
     N = len(costs)
-    check_settings(N, num_ranks, batch_size_per_rank)
-    check_policies(strategy, batch_policy, remainder)
-    check_window(compose_window)
-    R, B = num_ranks, batch_size_per_rank
+    check_settings(N, s.num_ranks, s.batch_size_per_rank)
+    R, B = s.num_ranks, s.batch_size_per_rank
+    seed = s.seed if seed is None else seed
+    strategy, batch_policy, remainder, budget = s.strategy, s.batch_policy, s.remainder, s.budget
+    compose_window, plan_window = s.compose_window, s.plan_window
+    partitioner = s.partitioner if partitioner is None else partitioner
     costs = np.asarray(costs, dtype=np.float64)
     budget_used = None
     step = np.full(N, -1, dtype=np.int32)

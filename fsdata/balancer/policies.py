@@ -24,22 +24,25 @@ DEFAULT_COMPOSE_WINDOW = 256
 
 
 def check_settings(num_samples: int, num_ranks: int, batch_size_per_rank: int) -> None:
-    """Validate R and B against the input size.
+    """The one planning check that needs the data: at least one step's samples (N >= R x B). R and
+    B themselves are checked when the settings are made (:class:`fsdata.balancer.settings.PlanSettings`).
 
     Raises:
-        ConfigError: ``num_ranks < 1`` or ``batch_size_per_rank < 1``.
         InputError: fewer samples than one step (``R*B``).
     """
-    if num_ranks < 1:
-        raise ConfigError(f"{setting('num_ranks')} must be >= 1, got {num_ranks}")
-    if batch_size_per_rank < 1:
-        raise ConfigError(f"{setting('batch_size_per_rank')} must be >= 1, got {batch_size_per_rank}")
     if num_samples < num_ranks * batch_size_per_rank:
         r, b = setting("num_ranks"), setting("batch_size_per_rank")
         given = (" " if in_cli() else ", ").join([setting("num_ranks", num_ranks, owner=None),
                                                   setting("batch_size_per_rank", batch_size_per_rank, owner=None)])
         raise InputError(f"{given} needs at least {num_ranks * batch_size_per_rank} samples for one step; the "
                          f"input has {num_samples}: lower {r} or {b}")
+
+
+def check_window(compose_window: int) -> None:
+    """Raises ConfigError unless ``compose_window >= 1`` (an integer)."""
+    if int(compose_window) != compose_window or compose_window < 1:
+        raise ConfigError(f"{setting('compose_window')} must be an integer >= 1 (1 = no composition), "
+                          f"got {compose_window}")
 
 
 def check_policies(strategy: str, batch_policy: str, remainder: str) -> None:

@@ -23,8 +23,9 @@ import numpy as np
 from fsdata.balancer import bubble
 from fsdata.balancer.cost import CostModel
 from fsdata.errors import FsdataError
-from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, SHIPPED_WINDOWS, check_window
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, SHIPPED_WINDOWS
 from fsdata.balancer.plan import check_settings, make_plan, shuffled_steps
+from fsdata.balancer.settings import PlanSettings
 
 DEFAULT_CAPS = (256, 512, 1024, 2048)
 
@@ -104,13 +105,14 @@ def profile(lengths: np.ndarray, cost_model: CostModel, *, num_ranks: int, batch
         (:func:`options`), ``compose_window`` (the default one), ``lower_bound_kind``.
 
     Raises:
-        ConfigError / InputError: as :func:`fsdata.balancer.plan.check_settings`.
+        ConfigError: a value :class:`~fsdata.balancer.settings.PlanSettings` refuses.
+        InputError: fewer samples than one step (:func:`fsdata.balancer.plan.check_settings`).
     """
     L = np.asarray(lengths)
     R, B = num_ranks, batch_size_per_rank
-    check_settings(len(L), R, B)
     compose_window = DEFAULT_COMPOSE_WINDOW if compose_window is None else compose_window
-    check_window(compose_window)
+    PlanSettings(num_ranks=R, batch_size_per_rank=B, seed=seed, compose_window=compose_window)  # checks them
+    check_settings(len(L), R, B)
     c = cost_model.cost(L)
     p50, p90, p99 = np.percentile(L, [50, 90, 99])
     report = {

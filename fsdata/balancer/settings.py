@@ -1,31 +1,36 @@
-"""``BalanceSettings``: every setting of ``fsdata balance`` (its flags), declared once.
+"""The settings of ``fsdata balance`` (its flags), each declared once, as a dataclass field:
 
-The entry point's config (:func:`fsdata.balance`, ``fsdata balance / plan / write``, the nightly
-job); the engines (:mod:`fsdata.engines`), the plan file and verify read it. :func:`plan_costs` is
-the one call every engine plans with.
+* :class:`PlanSettings`: what the plan depends on and records (R, B, seed, policies, windows, ...);
+* :class:`RunSettings`: how it is run (threads, progress, spill codec, engine, overwrite);
+* :class:`BalanceSettings`: both (``fsdata.BalanceSettings``, the entry point's config:
+  :func:`fsdata.balance`, ``fsdata balance / plan``, the nightly job).
+
+Each class checks its values on construction (:func:`check_plan_settings`, :func:`check_threads`),
+the one place those checks live; the planner checks only what needs the data (N >= R x B). A
+field's flag is ``--field-name`` unless its metadata names another (``num_ranks``: ``--ranks``).
+:func:`fsdata.balancer.plan.plan_costs` is the one call every engine plans with.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
 import numpy as np
 
-from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW
-from fsdata.errors import ConfigError
+from fsdata.balancer.policies import (DEFAULT_COMPOSE_WINDOW, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_policies,
+                                     check_window)
+from fsdata.errors import ConfigError, setting
 
-if TYPE_CHECKING:
-    from fsdata.balancer.plan import Plan
-
-# fsdata.balancer.plan (and compose) load numba (about 120 MiB of RSS): imported where a plan is made, so
-# commands that make none (``fsdata convert``, whose 1 GiB bound the CLI's imports counted against) do not load it
+# fsdata.balancer.plan (and compose) load numba (about 120 MiB of RSS): not imported here, so commands
+# that make no plan (``fsdata convert``, whose 1 GiB bound the CLI's imports counted against) do not load it
 
 
-@dataclass(kw_only=True, slots=True)
-class BalanceSettings:
-    """Every setting of ``fsdata balance`` (the CLI flags; recorded in the manifest's ``settings``).
+@dataclass(kw_only=True)
+class PlanSettings:
+    """What a plan depends on (recorded in it: the plan file's ``fsdata.plan``, the manifest's
+    ``settings``); checked on construction, so every function given one holds valid values.
 
     Attributes:
         num_ranks: number of ranks R (world size).
@@ -45,6 +50,56 @@ class BalanceSettings:
             only on steps whose gap to the proven bound is worth it), ``lpt-swap``, ``lpt-swap-cpsat``,
             ``lpt``, ``kk``, ``roundrobin``, ``shuffle``.
         budget: cost-budget per-rank per-step budget (None: chosen by the policy).
+        epochs: E (``--epochs``), epochs written one after the other, each with its own seeded
+            shuffle and composition (epoch e from :func:`fsdata.balancer.order.epoch_seed`);
+            steps are numbered on across epochs. 1: the single-epoch output of fsdata 0.2.
+        from_step: S (``--from-step``), only with an ``fsdata balance`` OUTPUT as INPUT: plan only
+            the samples of its steps ``>= S`` (those not yet trained after S steps; with several
+            epochs the rest of S's epoch, then the whole epochs left, ``epochs`` taken from the
+            OUTPUT). None: every sample of the OUTPUT (docs/fsdata.md, "Changing the world size").
+
+    Raises (on construction):
+        ConfigError: R or B below 1, a seed outside ``0 .. 2^63-1``, a window below 1, epochs
+            below 1, an unknown strategy, batch policy or remainder policy; one line naming the
+            setting (the flag inside :func:`fsdata.errors.cli_terms`). The check that needs the
+            data (N >= R x B) is the planner's (:func:`fsdata.balancer.policies.check_settings`).
+    """
+
+    num_ranks: int = field(metadata={"flag": "--ranks"})
+    batch_size_per_rank: int
+    cost_model: str = "hstu"
+    columns: str | None = field(default=None, metadata={"metavar": "MAP"})
+    seed: int = 0
+    strategy: Literal["balanced", "shuffle"] = "balanced"
+    batch_policy: Literal["fixed", "cost-budget"] = "fixed"
+    remainder: Literal["drop", "error"] = "drop"
+    partitioner: str = DEFAULT_PARTITIONER
+    budget: float | None = None
+    compose_window: int = field(default=DEFAULT_COMPOSE_WINDOW, metadata={"metavar": "W"})
+    """W: regroup the samples of W consecutive random global batches so heavy samples share steps in
+    multiples of R (B per rank kept); 1 = off. The plan records the window actually used
+    (:mod:`fsdata.balancer.compose`, docs/balancer.md)."""
+    plan_window: int = field(default=DEFAULT_PLAN_WINDOW, metadata={"metavar": "K"})
+    """K, steps planned together (``--plan-window``; :class:`fsdata.balancer.plan.PlanLayout`): bounds the
+    planning memory per window (the Ray engine plans one window per task)."""
+    epochs: int = field(default=1, metadata={"metavar": "E"})
+    from_step: int | None = field(default=None, metadata={"metavar": "S"})
+
+    def __post_init__(self) -> None:
+        check_plan_settings(self)
+
+    @property
+    def plan_settings(self) -> PlanSettings:
+        """The planning settings alone (a :class:`PlanSettings`, also of a :class:`BalanceSettings`)."""
+        return PlanSettings(**{f.name: getattr(self, f.name) for f in fields(PlanSettings)})
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    """How a plan is run: settings that never change the output (not recorded in the plan; ``fsdata
+    write`` takes these, the plan file the rest). Checked on construction.
+
+    Attributes:
         num_threads: threads reading the input and writing rank files (``--num-threads``; does not
             change the output).
         progress: show progress bars (does not change the output).
@@ -57,89 +112,82 @@ class BalanceSettings:
             ``lz4``, or None (``none``: the fastest, temporary disk about the held size of the
             spilled rows).
         overwrite: replace an existing OUTPUT atomically.
-        num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
-            ``DeprecationWarning``) and is reset to None.
         engine: a name of the engine registry (:func:`fsdata.engines.names`): ``local`` (this process)
             or ``ray`` (Ray tasks on a Ray cluster, docs/cluster.md);
             the output is byte-identical either way (not recorded in the manifest).
         ray_address: Ray cluster to join (``ray start`` head ``HOST:PORT``); None: the
             ``RAY_ADDRESS`` environment variable, else a Ray instance started for this run.
-        epochs: E (``--epochs``), epochs written one after the other, each with its own seeded
-            shuffle and composition (epoch e from :func:`fsdata.balancer.order.epoch_seed`);
-            steps are numbered on across epochs. 1: the single-epoch output of fsdata 0.2.
-        from_step: S (``--from-step``), only with an ``fsdata balance`` OUTPUT as INPUT: plan only
-            the samples of its steps ``>= S`` (those not yet trained after S steps; with several
-            epochs the rest of S's epoch, then the whole epochs left, ``epochs`` taken from the
-            OUTPUT). None: every sample of the OUTPUT (docs/fsdata.md, "Changing the world size").
+
+    Raises (on construction):
+        ConfigError: a thread count outside ``1 .. 4096``.
     """
 
-    num_ranks: int
-    batch_size_per_rank: int
-    cost_model: str = "hstu"
-    columns: str | None = None
-    seed: int = 0
-    strategy: Literal["balanced", "shuffle"] = "balanced"
-    batch_policy: Literal["fixed", "cost-budget"] = "fixed"
-    remainder: Literal["drop", "error"] = "drop"
-    partitioner: str = DEFAULT_PARTITIONER
-    budget: float | None = None
-    compose_window: int = DEFAULT_COMPOSE_WINDOW
-    """W: regroup the samples of W consecutive random global batches so heavy samples share steps in
-    multiples of R (B per rank kept); 1 = off. The plan records the window actually used
-    (:mod:`fsdata.balancer.compose`, docs/balancer.md)."""
-    plan_window: int = DEFAULT_PLAN_WINDOW
-    """K, steps planned together (``--plan-window``; :class:`fsdata.balancer.plan.PlanLayout`): bounds the
-    planning memory per window (the Ray engine plans one window per task)."""
-    num_threads: int = 2
+    num_threads: int = field(default=2, metadata={"metavar": "N"})
     progress: bool = True
     bucket_compression: Literal["lz4", "zstd"] | None = "zstd"
     overwrite: bool = False
     engine: str = "local"
-    ray_address: str | None = None
+    ray_address: str | None = field(default=None, metadata={"metavar": "HOST:PORT"})
+
+    def __post_init__(self) -> None:
+        check_threads(self.num_threads)
+
+    @property
+    def run_settings(self) -> RunSettings:
+        """The run settings alone (a :class:`RunSettings`, also of a :class:`BalanceSettings`)."""
+        return RunSettings(**{f.name: getattr(self, f.name) for f in fields(RunSettings)})
+
+
+@dataclass(kw_only=True)
+class BalanceSettings(RunSettings, PlanSettings):
+    """Every setting of ``fsdata balance`` (its flags): the :class:`PlanSettings` fields (recorded
+    in the plan and the manifest's ``settings``) and the :class:`RunSettings` fields; checked on
+    construction (both classes' checks). :meth:`of` joins a plan's settings with run settings
+    (``fsdata write``: :meth:`fsdata.shards.plan_meta.PlanMeta.balance_settings`).
+
+    Attributes:
+        num_workers: deprecated name of ``num_threads``: when given, it sets ``num_threads`` (with a
+            ``DeprecationWarning``) and is reset to None.
+    """
+
     num_workers: int | None = None
-    epochs: int = 1
-    from_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers is not None:  # the old name (threads, not processes): still accepted
             warnings.warn("BalanceSettings(num_workers=) is deprecated; use num_threads=", DeprecationWarning,
                           stacklevel=3)
             self.num_threads, self.num_workers = self.num_workers, None
+        PlanSettings.__post_init__(self)
+        RunSettings.__post_init__(self)
+
+    @classmethod
+    def of(cls, planning: PlanSettings, run: RunSettings | None = None) -> BalanceSettings:
+        """The settings of ``planning`` (a plan's own) run with ``run`` (default: the defaults)."""
+        run = RunSettings() if run is None else run
+        return cls(**{f.name: getattr(planning, f.name) for f in fields(PlanSettings)},
+                   **{f.name: getattr(run, f.name) for f in fields(RunSettings)})
 
 
-
-def plan_costs(costs: np.ndarray, settings: BalanceSettings, *, seed: int | None = None) -> Plan:
-    """:func:`fsdata.balancer.plan.make_plan` under ``settings`` (the one call every engine plans with).
-
-    Args:
-        costs: shape ``[N]`` float64, per-sample cost in input order.
-        settings: the balance settings (R, B, seed, strategy, policy, partitioner, composition).
-        seed: the seed to plan with instead of ``settings.seed`` (an epoch's seed).
-    """
-    from fsdata.balancer.plan import make_plan
-
-    return make_plan(costs, num_ranks=settings.num_ranks, batch_size_per_rank=settings.batch_size_per_rank,
-                     seed=settings.seed if seed is None else seed, strategy=settings.strategy,
-                     batch_policy=settings.batch_policy,
-                     remainder=settings.remainder, partitioner=settings.partitioner, budget=settings.budget,
-                     compose_window=settings.compose_window, plan_window=settings.plan_window)
-
-
-
-def check_epochs(settings: BalanceSettings) -> None:
-    """Validate ``settings.epochs`` (an engine may support fewer: :meth:`fsdata.engines.base.Engine.check`).
-
-    Also the other integer settings read before any input: ``seed`` (:func:`check_seed`) and
-    ``num_threads`` (:func:`check_threads`).
+def check_plan_settings(s: PlanSettings) -> None:
+    """The checks of :class:`PlanSettings` (run on construction), in this order: R, B, seed,
+    composition window, plan window, epochs, policy names.
 
     Raises:
-        ConfigError: not an integer >= 1; a seed or thread count out of range.
+        ConfigError: one line naming the setting and the value.
     """
-    E = settings.epochs
+    if s.num_ranks < 1:
+        raise ConfigError(f"{setting('num_ranks')} must be >= 1, got {s.num_ranks}")
+    if s.batch_size_per_rank < 1:
+        raise ConfigError(f"{setting('batch_size_per_rank')} must be >= 1, got {s.batch_size_per_rank}")
+    check_seed(s.seed)
+    check_window(s.compose_window)
+    if int(s.plan_window) != s.plan_window or s.plan_window < 1:
+        raise ConfigError(f"{setting('plan_window')} must be an integer >= 1 (steps planned together), "
+                          f"got {s.plan_window}")
+    E = s.epochs
     if isinstance(E, bool) or not isinstance(E, (int, np.integer)) or E < 1:
         raise ConfigError(f"--epochs must be an integer >= 1, got {E!r}")
-    check_seed(settings.seed)
-    check_threads(settings.num_threads)
+    check_policies(s.strategy, s.batch_policy, s.remainder)
 
 
 #: Seeds are recorded as int64 (manifest, plan, Parquet metadata): 0 <= seed < 2^63.
@@ -165,16 +213,3 @@ def check_threads(num_threads: object) -> None:
     """
     if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or not 1 <= num_threads <= 4096:
         raise ConfigError(f"--num-threads must be an integer in 1..4096, got {num_threads!r}")
-
-
-def check_ranks_and_batch(num_ranks: int, batch_size_per_rank: int) -> None:
-    """Refuse ``R < 1`` or ``B < 1`` before the input is read (the rest of
-    :func:`fsdata.balancer.plan.check_settings` needs the input's row count).
-
-    Raises:
-        ConfigError: one line naming the setting.
-    """
-    if num_ranks < 1 or batch_size_per_rank < 1:
-        from fsdata.balancer.plan import check_settings
-
-        check_settings(num_ranks * max(batch_size_per_rank, 1), num_ranks, batch_size_per_rank)

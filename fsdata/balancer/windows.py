@@ -16,11 +16,10 @@ import numpy as np
 from numba import njit, prange
 
 from fsdata.balancer import bubble
-from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, check_window, compose_steps
+from fsdata.balancer.compose import DEFAULT_COMPOSE_WINDOW, compose_steps
 from fsdata.balancer.partition import per_rank_loads
 from fsdata.balancer.partitioners import CPSAT_MAX_STEPS, AutoPartitioner, Partitioner, get_partitioner
-from fsdata.balancer.policies import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_partitioner, check_settings
-from fsdata.errors import ConfigError, setting
+from fsdata.balancer.policies import DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_partitioner
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +76,9 @@ def plan_layout(num_samples: int, num_ranks: int, batch_size_per_rank: int, *, c
         compose_window: W requested (capped at S; 1 when not composing).
         plan_window: K requested (rounded up to a multiple of W).
 
-    Raises:
-        ConfigError: ``plan_window < 1`` or ``compose_window < 1``; InputError: fewer samples than a step.
+    The values are those of a :class:`~fsdata.balancer.settings.PlanSettings` (checked when it was
+    made) and an input of at least one step (:func:`fsdata.balancer.policies.check_settings`).
     """
-    check_settings(num_samples, num_ranks, batch_size_per_rank)
-    check_window(compose_window)
-    if int(plan_window) != plan_window or plan_window < 1:
-        raise ConfigError(f"{setting('plan_window')} must be an integer >= 1 (steps planned together), "
-                          f"got {plan_window}")
     S = num_samples // (num_ranks * batch_size_per_rank)
     W = int(min(compose_window, S)) if compose and compose_window > 1 and S > 1 else 1
     K = -(-int(plan_window) // W) * W

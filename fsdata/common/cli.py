@@ -324,16 +324,16 @@ _REST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
 def settings_help(cls: type) -> dict[str, str]:
     """Help text of every field of a settings dataclass, from its docstrings.
 
-    A field's docstring is the string under it, else its entry in the class docstring's Google-style
-    ``Attributes:`` section (read with ``docstring_parser``); reST markup (````x````, ``:func:`x```)
-    is reduced to plain text.
+    A field's docstring is the string under it, else its entry in the ``Attributes:`` section of its
+    (base) class's docstring (``docstring_parser``); reST markup (````x````, ``:func:`x```) is dropped.
 
     Returns:
         ``{field name: one-paragraph help}`` ("" for an undocumented field); read once per class.
     """
     import docstring_parser  # noqa: PLC0415
 
-    doc = {p.arg_name: p.description or "" for p in docstring_parser.parse_from_object(cls).params}
+    doc = {p.arg_name: p.description or "" for base in reversed(cls.__mro__) if dataclasses.is_dataclass(base)
+           for p in docstring_parser.parse_from_object(base).params}
     return {f.name: " ".join(_REST.sub(lambda m: m.group(1) or m.group(2), doc.get(f.name, "")).split())
             for f in dataclasses.fields(cls)}
 
@@ -447,21 +447,21 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
     The field is the one declaration: its type (choices of a ``Literal`` or of ``choices``), default
     and docstring (:func:`settings_help`) become the flag's type, default and help
     (:func:`add_field_flag` has the rules); the value lands at ``SECTION.FIELD`` of the parsed
-    namespace (and of a ``--config`` YAML file). Spelling: ``--field-name`` unless ``flags`` names
-    another. Fields that are dataclasses themselves are left to the caller (a section of their own).
+    namespace (and of a ``--config`` YAML file). Spelling: ``--field-name`` unless the field's metadata
+    names another (``field(metadata={"flag": "--ranks", "metavar": "N"})``: declared there only).
+    Fields that are dataclasses themselves are left to the caller (a section of their own).
 
     Args:
         parser: a ``jsonargparse.ArgumentParser`` (see :func:`new_parser`).
         cls: the dataclass.
         section: the namespace key of the fields (``balance``, ``comm.shm``; empty: top level).
-        flags: field name -> option string(s) (``("-o", "--output")``) where not ``--field-name``.
+        flags: field name -> option string(s) (``("-o", "--output")``), over the field's ``flag`` metadata.
         exclude, include: fields that get no flag; only these fields (default: all).
         title: argument group title (default: ``section``); ``group``: an existing group instead.
         defaults: an instance of ``cls`` whose values are the defaults (default: the fields' own).
         override: every default is None (:func:`add_field_flag`).
         require: a field without a default is a required flag (else the caller checks it).
-        choices: field name -> allowed names from a registry; ``metavars``: field name -> metavar.
-
+        choices: field name -> allowed names from a registry; ``metavars``: field name -> metavar (over metadata).
     Returns ``{option string: field name}`` of every option string added.
     """
     hints = typing.get_type_hints(cls)
@@ -473,7 +473,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
             continue
         if dataclasses.is_dataclass(_optional(hints[f.name])[0]):
             continue
-        names = (flags or {}).get(f.name, "--" + f.name.replace("_", "-"))
+        names = (flags or {}).get(f.name) or f.metadata.get("flag", "--" + f.name.replace("_", "-"))
         default = _field_default(f, defaults)
         missing = default is dataclasses.MISSING
         text = helps[f.name] + (" (required)" if missing and not require else "")
@@ -481,7 +481,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
         opts = add_field_flag(group, (names,) if isinstance(names, str) else names, dest=dest,
                               hint=hints[f.name], default=None if missing else default, help=text,
                               required=missing and require, choices=(choices or {}).get(f.name), override=override,
-                              metavar=(metavars or {}).get(f.name))
+                              metavar=(metavars or {}).get(f.name, f.metadata.get("metavar")))
         added.update(dict.fromkeys(opts, f.name))
     return added
 

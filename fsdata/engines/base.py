@@ -5,9 +5,9 @@ stages of ``fsdata balance``, implementations registered by name (like datatrove
 :meth:`Engine.run` (``fsdata balance``, :func:`fsdata.balance`):
 
 1. **pre-flight**, once for every engine (:meth:`Engine.check`, :meth:`Engine.open_input`):
-   settings (epochs, R and B), paths (OUTPUT apart from INPUT, OUTPUT not taken unless
-   ``overwrite``), the input opened and validated (:func:`fsdata.samples.io.open_samples`), no
-   reserved column name (:func:`fsdata.shards.writer.output_schema`), the cost model loaded;
+   what the engine supports (epochs; the settings checked themselves when made), paths (OUTPUT
+   apart from INPUT, OUTPUT not taken unless ``overwrite``), the input opened and validated
+   (:func:`fsdata.samples.io.open_samples`), no reserved column name
 2. inside the engine's :meth:`~Engine.session`: the **plan** stage (:meth:`Engine.plan`), the
    **write** stage (:meth:`Engine.write_ranks`) into a temporary OUTPUT, **finalize**
    (:func:`fsdata.shards.finalize.finalize`) and the atomic move into place (:mod:`fsdata.atomic`).
@@ -28,7 +28,7 @@ from typing import ClassVar
 from fsdata import fsio
 from fsdata.atomic import atomic_output, check_replaceable, output_taken
 from fsdata.balancer.cost import CostModel, cost_model_file, load_cost_model
-from fsdata.balancer.settings import BalanceSettings, check_epochs, check_ranks_and_batch
+from fsdata.balancer.settings import BalanceSettings
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart
 from fsdata.common.registry import Registry
@@ -65,14 +65,14 @@ class Engine(ABC):
     # ---- pre-flight, once for every engine -------------------------------------------------------
 
     def check(self, epochs: int | None = None, *, what: str | None = None) -> None:
-        """Check the settings before anything is read: epochs (``epochs``: a plan's, else the
-        settings'), ``R >= 1`` and ``B >= 1``.
+        """Check what the engine supports before anything is read: the epochs (``epochs``: a plan's,
+        else the settings'). The values themselves were checked when the settings were made
+        (:class:`~fsdata.balancer.settings.BalanceSettings`).
 
         Raises:
-            ConfigError: an impossible setting, or more epochs than the engine writes.
+            ConfigError: more epochs than the engine writes.
         """
         s = self.settings
-        check_epochs(s)
         E = s.epochs if epochs is None else epochs
         if self.max_epochs is not None and E > self.max_epochs:
             if what is not None:
@@ -80,7 +80,6 @@ class Engine(ABC):
                                   "--engine local (the default)")
             raise ConfigError(f"--epochs {E} is not supported by --engine {self.name} yet; use --engine local (the "
                               "default) for several epochs")
-        check_ranks_and_batch(s.num_ranks, s.batch_size_per_rank)
 
     @staticmethod
     def check_paths(output: str | os.PathLike, inputs: list, *, input_name: str = "INPUT") -> tuple[str, list[str]]:
@@ -274,9 +273,10 @@ def write_from_plan(input: str | os.PathLike, plan: str | os.PathLike, output: s
         plan: the plan file (:func:`fsdata.shards.plan_file.write_plan`).
         output: the OUTPUT folder; must not exist unless ``overwrite``.
         overwrite: replace an existing OUTPUT.
-        settings: the :class:`~fsdata.balancer.settings.BalanceSettings` fields that do not change
-            the output (``engine``, ``ray_address``, ``num_threads``, ``progress``,
-            ``bucket_compression``); R and B are the plan's.
+        settings: :class:`~fsdata.balancer.settings.RunSettings` fields, which do not change the
+            output (``engine``, ``ray_address``, ``num_threads``, ``progress``,
+            ``bucket_compression``); the planning settings are the plan's own
+            (:meth:`fsdata.shards.plan_meta.PlanMeta.balance_settings`).
 
     Returns:
         One :class:`~fsdata.shards.manifest.FileEntry` per rank, by rank.

@@ -1,6 +1,6 @@
 """The plan stage in one process (``fsdata plan``, the local engine, and the Ray engine's
 cost-budget path): read lengths, cost them, plan every epoch (:func:`fsdata.balancer.plan.make_plan`
-through :func:`fsdata.balancer.settings.plan_costs`), and wrap the result as a
+through :func:`fsdata.balancer.plan.plan_costs`), and wrap the result as a
 :class:`~fsdata.shards.plan_file.PlanTable`.
 """
 
@@ -11,15 +11,15 @@ import time
 import numpy as np
 
 from fsdata.balancer.cost import CostModel, load_cost_model
-from fsdata.balancer.plan import Plan
+from fsdata.balancer.plan import Plan, plan_costs
 from fsdata.errors import ConfigError
-from fsdata.balancer.settings import BalanceSettings, check_epochs, plan_costs
+from fsdata.balancer.settings import PlanSettings
 from fsdata.samples.io import SampleSource
 from fsdata.shards.plan_file import PlanTable, plan_positions, plan_table_from_plan
 from fsdata.shards.writer import check_reserved_columns
 
 
-def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
+def make_plan_table(src: SampleSource, settings: PlanSettings, *,
                     timings: dict[str, float] | None = None) -> PlanTable:
     """Stage 1: read lengths, cost them, plan (:func:`fsdata.balancer.plan.make_plan`).
 
@@ -30,7 +30,6 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
         ConfigError: impossible settings or an unknown cost model.
     """
     check_reserved_columns(src)
-    check_epochs(settings)
     return plan_table(src, settings, load_cost_model(settings.cost_model), timings=timings)
 
 
@@ -38,7 +37,7 @@ def make_plan_table(src: SampleSource, settings: BalanceSettings, *,
 MAX_PLAN_ROWS = 2**31 - 1
 
 
-def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostModel, *,
+def plan_table(src: SampleSource, settings: PlanSettings, cost_model: CostModel, *,
                timings: dict[str, float] | None = None, first_epoch_mask: np.ndarray | None = None) -> PlanTable:
     """:func:`make_plan_table` after the pre-flight (:meth:`fsdata.engines.base.Engine.run` checked
     the columns and settings and loaded ``cost_model``).
@@ -66,8 +65,8 @@ def plan_table(src: SampleSource, settings: BalanceSettings, cost_model: CostMod
 
 
 def _plan_epochs(src: SampleSource, costs: np.ndarray, ids: np.ndarray, cost_model: CostModel,
-                 settings: BalanceSettings, first_epoch_mask: np.ndarray | None = None) -> PlanTable:
-    """Plan ``settings.epochs`` epochs, one :func:`~fsdata.balancer.settings.plan_costs` call per epoch with
+                 settings: PlanSettings, first_epoch_mask: np.ndarray | None = None) -> PlanTable:
+    """Plan ``settings.epochs`` epochs, one :func:`~fsdata.balancer.plan.plan_costs` call per epoch with
     :func:`fsdata.balancer.order.epoch_seed`, and join them as one :class:`PlanTable` of ``E*N``
     entries (epoch e's steps shifted by the steps of the epochs before it: ``e*S`` under the fixed
     policy, where every epoch has ``S = N // (R*B)`` steps; under cost-budget each epoch has its own

@@ -62,6 +62,7 @@ from fsdata.atomic import atomic_output, check_replaceable
 from fsdata.errors import ConfigError, InputError, setting
 from fsdata.guards import check_output_apart, raise_if_environment
 from fsdata.samples.events import _check_input_file, _chunks, _events, _open_events, iter_events, read_raw
+from fsdata.samples.settings import LOG_FORMATS, SAMPLE_MODES, ConvertSettings  # noqa: F401 (SAMPLE_MODES: API)
 from fsdata.samples.holdout import EvalSpool, HoldoutSummary, check_holdout_args, split_last
 from fsdata.samples import ids as I
 from fsdata.samples import sniff as Sn
@@ -69,8 +70,7 @@ from fsdata.samples.vocab import Vocabulary, vocab_dir_for
 
 log = logging.getLogger("fsdata.convert")
 
-FORMATS = ("sequences", "events")
-SAMPLE_MODES = ("per-user", "per-event")
+FORMATS = LOG_FORMATS
 #: Parquet key-value metadata key holding the JSON conversion summary.
 CONVERT_META_KEY = b"freescale.convert"
 #: Bytes of a ``sequences`` file parsed at once (plus the rest of the last line).
@@ -293,13 +293,12 @@ def _spool_dir(output_path: str | os.PathLike, what: str = "spool") -> Path:
     return spool
 
 
-def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fmt: str, samples: str = "per-event",
-            max_seq_len: int = 512, user_col: str | None = None, item_col: str | None = None,
-            time_col: str | None = None,
-            sep: str | None = None, has_header: bool | None = None, overwrite: bool = False,
-            users_per_chunk: int = 2000, progress: bool = True, holdout: str = "none",
-            holdout_output: str | os.PathLike | None = None, events_per_bucket: int | None = None,
-            max_items_per_piece: int | None = None, remap_ids: bool = False,
+def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, settings: ConvertSettings | None = None, *,
+            fmt: str | None = None, samples: str = "per-event", max_seq_len: int = 512, user_col: str | None = None,
+            item_col: str | None = None, time_col: str | None = None, sep: str | None = None,
+            has_header: bool | None = None, overwrite: bool = False, users_per_chunk: int = 2000, progress: bool = True,
+            holdout: str = "none", holdout_output: str | os.PathLike | None = None,
+            events_per_bucket: int | None = None, max_items_per_piece: int | None = None, remap_ids: bool = False,
             vocab: str | os.PathLike | None = None, bad_lines: str = "error",
             feature_cols: str | list[str] | None = None) -> ConvertSummary:
     """Convert an interaction log into one Parquet file of samples (atomically, streaming the input).
@@ -307,7 +306,9 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
     Args:
         input_path: the log (see module docstring for formats).
         output_path: the Parquet file to write.
-        fmt: ``sequences`` or ``events``.
+        settings: :class:`~fsdata.samples.settings.ConvertSettings` (``fsdata convert``'s flags): when
+            given, the layout below (``fmt`` .. ``feature_cols``) is its fields'; its ``input`` is not read.
+        fmt: ``sequences`` or ``events`` (without ``settings``).
         samples: ``per-user`` or ``per-event``.
         max_seq_len: keep at most this many most recent history items (>= 1).
         user_col, item_col, time_col, sep, has_header: events input layout (see :func:`_open_events`:
@@ -319,8 +320,7 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
             per chunk; fewer users once their events pass :data:`fsdata.samples.events.MAX_EVENTS_PER_CHUNK`).
         progress: show a progress bar.
         holdout: ``none`` or ``last``: hold out each user's last item (:mod:`fsdata.samples.holdout`).
-        holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after
-            the samples).
+        holdout_output: with ``last``, the evaluation Parquet file to write (atomically, after the samples).
         events_per_bucket: events input: events per temporary bucket (module docstring; default
             :data:`EVENTS_PER_BUCKET`); inputs estimated at no more (file bytes / 8 for text, rows
             for Parquet) are grouped in memory.
@@ -334,24 +334,20 @@ def convert(input_path: str | os.PathLike, output_path: str | os.PathLike, *, fm
         feature_cols: numeric event columns (``"rating,action"`` or a list) written as list columns
             aligned with ``item_ids`` (int64 or float64 elements), also in the evaluation file.
 
-    Returns:
-        :class:`ConvertSummary`.
+    Returns: :class:`ConvertSummary`.
 
     Raises:
-        ConfigError: unknown format/mode, ``max_seq_len < 1``, or an output that is (or lies in)
-            the input.
-        InputError: unreadable or invalid input (the message names the line), or no user with at
-            least 2 items.
+        ConfigError: unknown format/mode, ``max_seq_len < 1``, or an output that is (or lies in) the input.
+        InputError: unreadable or invalid input (the message names the line), or no user with at least 2 items.
         EnvironmentFailure: disk full, read-only or permission denied (:mod:`fsdata.guards`).
     """
-    if bad_lines not in Sn.BAD_LINES:
-        raise ConfigError(f"unknown --bad-lines '{bad_lines}'; use one of {', '.join(Sn.BAD_LINES)}")
+    if settings is None:  # loose keywords: the settings they make check them (ConvertSettings)
+        ConvertSettings(samples=samples, max_seq_len=max_seq_len, bad_lines=bad_lines)  # type: ignore[arg-type]
+    else:  # the layout is the settings' (field names as the keywords, ``format`` as ``fmt``)
+        fmt, samples, max_seq_len, user_col, item_col, time_col, sep, has_header, feature_cols, bad_lines, remap_ids, \
+            vocab = (getattr(settings, k) for k in ConvertSettings.__dataclass_fields__ if k != "input")
     if fmt not in FORMATS:
         raise ConfigError(f"unknown --format '{fmt}'; use one of {', '.join(FORMATS)}")
-    if samples not in SAMPLE_MODES:
-        raise ConfigError(f"unknown --samples '{samples}'; use one of {', '.join(SAMPLE_MODES)}")
-    if not 1 <= max_seq_len < 2**31:  # seq_len is int32
-        raise ConfigError(f"--max-seq-len must be an integer in 1..{2**31 - 1}, got {max_seq_len}")
     check_output_apart(output_path, [input_path], output_name="output", input_name="input")
     check_holdout_args(holdout, holdout_output)
     if holdout_output:

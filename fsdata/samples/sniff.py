@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from fsdata.errors import InputError
+from fsdata.samples.settings import BAD_LINES  # noqa: F401 (Sn.BAD_LINES)
 
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2"}
 PARQUET_MAGIC = b"PAR1"
@@ -35,7 +36,6 @@ UNIT_SEP = "\x1f"
 #: Standard column names (lower-cased, without a typed suffix such as ``:token``).
 STANDARD = {"user_id": ("user_id", "userid", "user"), "item_id": ("item_id", "itemid", "item", "movieid"),
             "ts": ("timestamp", "time", "ts")}
-BAD_LINES = ("error", "skip")
 _BLOCK = 1 << 22
 
 

@@ -25,7 +25,7 @@ from fsdata.atomic import atomic_output
 from fsdata.balancer.cost import CostModel
 from fsdata.balancer.order import SHUFFLE
 from fsdata.balancer.plan import Plan
-from fsdata.balancer.settings import BalanceSettings
+from fsdata.balancer.settings import PlanSettings
 from fsdata.errors import InputError
 from fsdata.shards.plan_meta import PlanMeta
 from fsdata.samples import schema as S
@@ -283,7 +283,7 @@ def sample_kind(src: SampleSource) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource) -> dict:
+def _recorded_settings(settings: PlanSettings, plan: Plan, src: SampleSource) -> dict:
     return {"samples": sample_kind(src), "partitioner": settings.partitioner, "partition_info": plan.partition_info,
             "budget": settings.budget,
             "input_columns_renamed": src.rename, "num_ranks": settings.num_ranks,
@@ -294,7 +294,7 @@ def _recorded_settings(settings: BalanceSettings, plan: Plan, src: SampleSource)
 
 
 def plan_table_from_plan(src: SampleSource, plan: Plan, sample_ids: np.ndarray, costs: np.ndarray,
-                         cost_model: CostModel, settings: BalanceSettings, *, num_samples: int | None = None,
+                         cost_model: CostModel, settings: PlanSettings, *, num_samples: int | None = None,
                          dropped_sample_id: np.ndarray | None = None) -> PlanTable:
     """Wrap an in-memory :class:`~fsdata.balancer.plan.Plan` as a :class:`PlanTable`.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fsdata.balancer.settings import BalanceSettings
+from fsdata.balancer.settings import BalanceSettings, PlanSettings, RunSettings
 from fsdata.errors import InputError
 
 #: Version of the plan file's layout (columns and ``fsdata.plan`` keys).
@@ -16,6 +16,12 @@ PLAN_FORMAT_VERSION = 1
 
 #: What a plan that fails a check should do.
 _FIX = "the plan file was edited or is corrupt: rerun 'fsdata plan'"
+
+
+#: The :class:`PlanMeta` fields a manifest records as its own (:meth:`PlanMeta.manifest_fields`).
+MANIFEST_FIELDS = ("fsdata_version", "num_ranks", "num_steps", "batch_size_per_rank", "batch_policy", "strategy",
+                   "num_samples_input", "remainder_policy", "cost_model", "seed", "predicted_bubble",
+                   "baseline_predicted_bubble", "lower_bound_bubble", "input_digest", "settings")
 
 
 def _is_int(v: Any) -> bool:
@@ -168,25 +174,17 @@ class PlanMeta:
     def manifest_fields(self) -> dict:
         """The :class:`fsdata.shards.manifest.Manifest` fields the plan decides (the rest come from
         the rank files): R, S, B, policies, seed, cost model, the three predicted figures, N, the
-        input digest, the fsdata version and ``settings``."""
-        return dict(fsdata_version=self.fsdata_version, num_ranks=self.num_ranks, num_steps=self.num_steps,
-                    batch_size_per_rank=self.batch_size_per_rank, batch_policy=self.batch_policy,
-                    strategy=self.strategy, num_samples_input=self.num_samples_input,
-                    remainder_policy=self.remainder_policy, cost_model=self.cost_model, seed=self.seed,
-                    predicted_bubble=self.predicted_bubble, baseline_predicted_bubble=self.baseline_predicted_bubble,
-                    lower_bound_bubble=self.lower_bound_bubble, input_digest=self.input_digest,
-                    settings=self.settings)
+        input digest, the fsdata version and ``settings`` (:data:`MANIFEST_FIELDS`)."""
+        return {k: getattr(self, k) for k in MANIFEST_FIELDS}
 
-    def balance_settings(self, **run: Any) -> BalanceSettings:
-        """The :class:`~fsdata.balancer.settings.BalanceSettings` this plan was made with: its
-        planning fields as the plan records them (R, B, seed, strategy, policies, partitioner,
-        budget, the requested compose window, plan window, epochs, the cost model's name), plus
-        ``run``: fields that do not change the output (``engine``, ``ray_address``,
-        ``num_threads``, ``progress``, ``bucket_compression``), so ``fsdata write`` never holds
-        settings that contradict the plan on disk.
+    def plan_settings(self) -> PlanSettings:
+        """The :class:`~fsdata.balancer.settings.PlanSettings` this plan was made with, as it records
+        them: R, B, seed, strategy, policies, epochs, and from ``settings`` the partitioner, budget,
+        the requested compose window, the plan window and the cost model's name (a field the plan
+        does not record keeps its default).
 
         Raises:
-            TypeError: ``run`` names a field that is not a BalanceSettings field.
+            ConfigError: a recorded value the settings refuse (an edited plan or manifest).
         """
         st = self.settings
         planned: dict[str, Any] = dict(
@@ -199,4 +197,22 @@ class PlanMeta:
                              ("cost_model", self.cost_model.get("name"))):
             if value is not None:
                 planned[field] = value
-        return BalanceSettings(**planned, **run)
+        return PlanSettings(**planned)
+
+    def balance_settings(self, **run: Any) -> BalanceSettings:
+        """The plan's own :meth:`plan_settings` run with ``run``: the
+        :class:`~fsdata.balancer.settings.RunSettings` fields (``engine``, ``ray_address``,
+        ``num_threads``, ``progress``, ``bucket_compression``, ``overwrite``), which do not change
+        the output, so ``fsdata write`` never holds settings that contradict the plan on disk.
+
+        Raises:
+            TypeError: ``run`` names a field that is not a RunSettings field (a planning setting).
+        """
+        return BalanceSettings.of(self.plan_settings(), RunSettings(**run))
+
+    @classmethod
+    def from_manifest(cls, m: Any) -> PlanMeta:
+        """The plan fields a :class:`~fsdata.shards.manifest.Manifest` records
+        (:meth:`manifest_fields`, read back; epochs from its ``epochs``), e.g. to plan again in
+        ``fsdata verify --input``."""
+        return cls(**{k: getattr(m, k) for k in MANIFEST_FIELDS}, epochs=m.epochs)

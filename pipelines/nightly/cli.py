@@ -20,7 +20,7 @@ from fsdata.common.cli import (add_common_flags, add_settings_flags, cli_main, c
                             resolve_progress, settings_values)
 from fsdata.guards import check_output_apart
 from pipelines import nightly
-from pipelines.nightly.config import FLAGS, NO_FLAG, SECTIONS, NightlyConfig
+from pipelines.nightly.config import NO_FLAG, SECTIONS, NightlyConfig
 from pipelines.nightly.job import run_nightly
 from pipelines.nightly.store import rollback
 
@@ -36,8 +36,8 @@ def _choices(section: str) -> dict[str, list[str]] | None:
 
 
 def build_parser() -> jsonargparse.ArgumentParser:
-    """The nightly job's flags, one per field of :class:`NightlyConfig` (names in
-    :data:`~pipelines.nightly.config.FLAGS` where they differ from ``--field-name``), plus
+    """The nightly job's flags, one per field of :class:`NightlyConfig` (``--field-name``, or the
+    spelling in the field's metadata: ``--ranks``, ``-o/--output``), plus
     ``--config``, ``--print-config``, ``--json`` and the common flags."""
     doc = nightly.__doc__
     p = new_parser(prog="python -m pipelines.nightly", description=doc.split("\n\n")[0],
@@ -48,7 +48,7 @@ def build_parser() -> jsonargparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved settings as YAML (the --config form) and exit")
     for section, cls in SECTIONS.items():
-        add_settings_flags(p, cls, section=section, choices=_choices(section), flags=FLAGS.get(section),
+        add_settings_flags(p, cls, section=section, choices=_choices(section),
                            exclude=NO_FLAG.get(section, ()),
                            title=f"{section} ({cls.__module__}.{cls.__name__})")
     g = p.add_argument_group("output")

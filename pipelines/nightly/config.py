@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from fsdata.errors import ConfigError
 from fsdata.samples.settings import ConvertSettings
 from fsdata.balancer.settings import BalanceSettings
 
@@ -22,7 +23,7 @@ from fsdata.balancer.settings import BalanceSettings
 class JobSettings:
     """Where the nightly runs live and how the job treats them."""
 
-    output: str | None = None
+    output: str | None = field(default=None, metadata={"flag": ("-o", "--output")})
     """Work folder of runs/, latest and the lock (must not hold the input); required."""
     keep_runs: int = 3
     """After a publish, keep this many newest runs; the published run and the last rollback target
@@ -30,10 +31,14 @@ class JobSettings:
     rollback: str | None = None
     """Publish the complete run ROLLBACK (a key under runs/) even though it is older than latest,
     then stop; no other setting is needed."""
-    lock_timeout_seconds: float = 0.0
+    lock_timeout_seconds: float = field(default=0.0, metadata={"flag": "--lock-timeout"})
     """Wait this long for a concurrent run holding the lock (0: fail at once)."""
     extra: dict | None = None
     """Anything else that should enter the run key (e.g. a dataset version tag)."""
+
+    def __post_init__(self) -> None:
+        if self.keep_runs < 1:  # checked when made, as every settings class (fsdata.balancer.settings)
+            raise ConfigError(f"--keep-runs must be >= 1, got {self.keep_runs}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,12 +53,6 @@ class NightlyConfig:
     """The work folder and its runs."""
 
 
-#: Option strings that differ from ``--field-name`` (the public flags of the job since 0.1).
-FLAGS = {
-    "convert": {"has_header": "--header"},
-    "balance": {"num_ranks": "--ranks"},
-    "job": {"output": ("-o", "--output"), "lock_timeout_seconds": "--lock-timeout"},
-}
 #: Fields with no flag of their own: ``progress`` is ``--progress/--no-progress`` (every CLI has it);
 #: a run is built in a fresh folder, so ``overwrite`` means nothing; ``num_workers`` is a removed spelling.
 NO_FLAG = {"balance": ("progress", "overwrite", "num_workers")}

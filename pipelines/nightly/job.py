@@ -17,7 +17,6 @@ from fsdata._version import __version__ as fsdata_version
 from fsdata.balancer.cost import cost_model_file, load_cost_model
 from fsdata.balancer.plan import high_bubble_warning
 from fsdata.balancer.profile import profile
-from fsdata.balancer.settings import check_epochs
 from fsdata.engines import balance
 from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import check_output_apart
@@ -132,9 +131,6 @@ def _validate(cfg: NightlyConfig) -> None:
         raise ConfigError("--input (convert.input) is required (unless --rollback RUN)")
     if cfg.convert.format not in ("sequences", "events", "samples"):
         raise ConfigError(f"unknown --format '{cfg.convert.format}'; use sequences, events or samples")
-    check_epochs(cfg.balance)  # and --seed, --num-threads: before the profile stage reads them
-    if cfg.job.keep_runs < 1:
-        raise ConfigError(f"--keep-runs must be >= 1, got {cfg.job.keep_runs}")
     if cfg.balance.columns and cfg.convert.format != "samples":
         raise ConfigError("--columns maps the columns of a sample Parquet input; it needs --format samples "
                           "(convert already writes the sample schema)")
@@ -156,10 +152,7 @@ def _build(cfg: NightlyConfig, stage: Path, key: str, created_ns: int, *, read_f
     if conv.format != "samples":
         samples = str(stage / SAMPLES_NAME)
         log.info("convert %s -> %s", conv.input, samples)
-        convert(source, samples, fmt=conv.format, samples=conv.samples, max_seq_len=conv.max_seq_len,
-                user_col=conv.user_col, item_col=conv.item_col, time_col=conv.time_col, sep=conv.sep,
-                has_header=conv.has_header, progress=progress, remap_ids=conv.remap_ids, vocab=vocab,
-                bad_lines=conv.bad_lines, feature_cols=conv.feature_cols)
+        convert(source, samples, replace(conv, vocab=vocab), progress=progress)
     columns = bal.columns if conv.format == "samples" else None
     cost_model = load_cost_model(bal.cost_model)
     lengths, _ = open_samples(samples, columns).lengths_and_ids()

@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 from fsdata.atomic import exchange
 from fsdata.errors import ConfigError, FsdataError
 from fsdata.guards import OUTPUT_MARKERS, check_not_inside_output
-from fsdata.shards.manifest import sha256_file
+from fsdata.shards.manifest import MANIFEST_NAMES, Manifest, sha256_file
 
 log = logging.getLogger("pipelines.nightly")
 
@@ -31,8 +31,6 @@ HOLDER_NAME = ".nightly.lock.holder"
 HISTORY_NAME = "history.jsonl"
 RUN_INFO_NAME = "run.json"
 SUCCESS_NAME = "_SUCCESS"
-#: Manifest names of the balance OUTPUT, newest format first (v2 ``_manifest.json``, v1 ``manifest.json``).
-MANIFEST_NAMES = ("_manifest.json", "manifest.json")
 _RUN_KEY = re.compile(r"^[0-9a-f]{16}$")
 #: The hidden folders of a run being built (``.KEY.tmp-PID-ID``) or moved aside (``.KEY.old-PID-ID``).
 _RUN_TMP = re.compile(r"^\.([0-9a-f]{16})\.(tmp|old)-\d+-[0-9a-f]{8}$")
@@ -194,19 +192,25 @@ def published_run(work: Path) -> Path | None:
     return target if target.is_dir() else None
 
 
-def _manifest(shards: Path) -> dict | None:
-    for name in MANIFEST_NAMES:
-        m = _read_json(shards / name)
-        if m is not None:
-            return m
-    return None
+def _manifest(shards: Path) -> Manifest | None:
+    """The shards' manifest, read and checked by :meth:`fsdata.shards.manifest.Manifest.read` (the one
+    manifest reader); None when it is missing, unreadable or malformed."""
+    try:
+        return Manifest.read(shards)
+    except FsdataError:
+        return None
+
+
+def _has_manifest(shards: Path) -> bool:
+    """Whether the shards hold a manifest file (any format version's name), readable or not."""
+    return any((shards / name).is_file() for name in MANIFEST_NAMES.values())
 
 
 def check_run(run_dir: str | os.PathLike) -> str | None:
     """Re-check a complete run's files against their recorded SHA-256.
 
     Checks every file listed in the shard manifest's ``files`` (path and ``sha256``; manifest read
-    as ``_manifest.json``, then ``manifest.json``) and every file whose digest ``_SUCCESS`` records
+    by :meth:`fsdata.shards.manifest.Manifest.read`) and every file whose digest ``_SUCCESS`` records
     (the manifest, step stats, samples, reports).
 
     Returns:
@@ -217,13 +221,13 @@ def check_run(run_dir: str | os.PathLike) -> str | None:
     if done is None:
         return f"{run / SUCCESS_NAME} is missing or unreadable"
     m = _manifest(run / "shards")
-    if m is None or not isinstance(m.get("files"), list):
+    if m is None:
         return f"{run / 'shards'} has no readable manifest with a files list"
     expected: dict[Path, str] = {}
-    for f in m["files"]:
-        if not isinstance(f, dict) or not f.get("path") or not f.get("sha256"):
+    for f in m.files:
+        if not f.path or not f.sha256:
             return f"{run / 'shards'}: a manifest files entry lacks path or sha256"
-        expected[run / "shards" / f["path"]] = f["sha256"]
+        expected[run / "shards" / f.path] = f.sha256
     recorded = done.get("files") if isinstance(done.get("files"), dict) else {}
     for rel, digest in recorded.items():
         expected.setdefault(run / rel, digest)
@@ -238,8 +242,8 @@ def check_run(run_dir: str | os.PathLike) -> str | None:
 def file_digests(run_dir: Path) -> dict[str, str]:
     """SHA-256 of every file of a run except ``_SUCCESS`` and the rank files (whose digests the
     shard manifest already holds), keyed by path relative to the run."""
-    m = _manifest(run_dir / "shards") or {}
-    in_manifest = {run_dir / "shards" / f["path"] for f in m.get("files", []) if isinstance(f, dict) and "path" in f}
+    m = _manifest(run_dir / "shards")
+    in_manifest = {run_dir / "shards" / f.path for f in (m.files if m is not None else [])}
     out = {}
     for p in sorted(run_dir.rglob("*")):
         if p.is_file() and p.name != SUCCESS_NAME and p not in in_manifest:
@@ -271,7 +275,7 @@ def is_our_run(path: str | os.PathLike, recorded: set[str] | None = None) -> boo
     info = _read_json(p / RUN_INFO_NAME)
     if info is not None and info.get("run_key") == p.name:
         return True
-    return _manifest(p / "shards") is not None and (p / SUCCESS_NAME).exists()
+    return _has_manifest(p / "shards") and (p / SUCCESS_NAME).exists()
 
 
 def _recorded(runs: Path) -> set[str]:

@@ -61,7 +61,7 @@ def test_registered_engines_are_the_settings_choices():
     assert BalanceSettings(num_ranks=1, batch_size_per_rank=1).engine in names()
     for name in names():  # the --engine choices are the registry's
         assert parse_args(["balance", "in.parquet", "out", "--ranks", "1", "--batch-size-per-rank", "1",
-                           "--engine", name]).engine == name
+                           "--engine", name]).balance.engine == name
     assert type(get_engine(_settings(engine="local"))).__name__ == "LocalEngine"
     assert type(get_engine(_settings(engine="ray"))).__name__ == "RayEngine"  # Ray is imported only by run()
 

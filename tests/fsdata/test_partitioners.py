@@ -85,7 +85,7 @@ def test_a_newly_registered_partitioner_is_accepted_and_listed(registered_revers
 
     args = parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank", "3",
                        "--partitioner", "reversed"])
-    assert args.partitioner == "reversed"
+    assert args.balance.partitioner == "reversed"
     with pytest.raises(SystemExit) as e:
         parse_args(["plan", "in.parquet", "plan.parquet", "--ranks", "2", "--batch-size-per-rank",
                                    "3", "--partitioner", "greedy"])

@@ -122,8 +122,14 @@ def test_a_window_plans_from_its_own_samples_only():
 
 
 def test_bad_plan_window_is_a_config_error():
+    """Checked once, where the settings are made (a direct make_plan call makes them too)."""
+    from fsdata.balancer.settings import BalanceSettings, PlanSettings
+
+    for make in (PlanSettings, BalanceSettings):
+        with pytest.raises(ConfigError, match="^plan_window must be an integer"):
+            make(num_ranks=4, batch_size_per_rank=8, plan_window=0)
     with pytest.raises(ConfigError, match="^plan_window must be an integer"):
-        plan_layout(1000, 4, 8, compose=True, plan_window=0)
+        make_plan(np.ones(1000), num_ranks=4, batch_size_per_rank=8, plan_window=0)
 
 
 def test_what_the_plan_window_changes_under_auto():

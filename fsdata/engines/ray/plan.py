@@ -18,8 +18,9 @@ import pyarrow as pa
 
 from fsdata.balancer.cost import CostModel, load_cost_model
 from fsdata.balancer.order import shuffled_positions
-from fsdata.balancer.plan import Plan, check_policies, check_settings, combine_windows, plan_layout, plan_one_window
-from fsdata.balancer.settings import BalanceSettings, plan_costs
+from fsdata.balancer.plan import (Plan, check_settings, combine_windows, plan_costs, plan_layout,
+                                  plan_one_window)
+from fsdata.balancer.settings import BalanceSettings
 from fsdata.engines.ray.chunks import Chunk, check_lengths, lengths_task, open_chunk
 from fsdata.engines.ray.session import get
 from fsdata.errors import ConfigError, InputError, setting
@@ -179,7 +180,6 @@ def plan_windowed(ray, src: SampleSource, settings: BalanceSettings, chunks: lis
     """
     t0 = time.perf_counter()
     N, R, B = src.num_rows, settings.num_ranks, settings.batch_size_per_rank
-    check_policies(settings.strategy, settings.batch_policy, settings.remainder)
     layout = plan_layout(N, R, B, compose=settings.strategy == "balanced" and settings.batch_policy == "fixed",
                          compose_window=settings.compose_window, plan_window=settings.plan_window)
     nw = layout.num_windows
@@ -242,7 +242,7 @@ def plan_windowed(ray, src: SampleSource, settings: BalanceSettings, chunks: lis
 def plan_central(ray, src: SampleSource, settings: BalanceSettings, chunks: list[Chunk], cost_model: CostModel,
                  timings: dict | None = None) -> tuple[PlanTable, set]:
     """Stage 1 on Ray for cost-budget (one sequence over the run): lengths tasks per chunk, then
-    :func:`fsdata.balancer.settings.plan_costs` on the driver, as the local engine plans (O(N)).
+    :func:`fsdata.balancer.plan.plan_costs` on the driver, as the local engine plans (O(N)).
 
     Returns:
         ``(table, nodes)``: the :class:`~fsdata.shards.plan_file.PlanTable` with per-row arrays,

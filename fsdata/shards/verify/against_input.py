@@ -181,8 +181,9 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
 
     from fsdata._version import __version__  # noqa: PLC0415
     from fsdata.balancer.order import SHUFFLE  # noqa: PLC0415
-    from fsdata.balancer.settings import BalanceSettings, plan_costs  # noqa: PLC0415
+    from fsdata.balancer.plan import plan_costs  # noqa: PLC0415
     from fsdata.shards.plan_file import plan_table_from_plan  # noqa: PLC0415
+    from fsdata.shards.plan_meta import PlanMeta  # noqa: PLC0415
 
     st = m.settings or {}
     if m.fsdata_version != __version__ or st.get("shuffle") != SHUFFLE:
@@ -191,12 +192,7 @@ def _check_recomputed_plan(m: Manifest, src, cost_model: CostModel, costs: np.nd
         return (f"the manifest says fsdata {m.fsdata_version} (this is {__version__}) or shuffle "
                 f"{st.get('shuffle')!r}, whose plans this version does not reproduce")
     try:
-        settings = BalanceSettings(
-            num_ranks=m.num_ranks, batch_size_per_rank=m.batch_size_per_rank, seed=m.seed, strategy=m.strategy,
-            batch_policy=m.batch_policy, remainder=m.remainder_policy, partitioner=st.get("partitioner"),
-            budget=st.get("budget"),
-            compose_window=(st.get("compose") or {}).get("compose_window_requested") or st.get("compose_window") or 1,
-            plan_window=st.get("plan_window") or 1, progress=False)
+        settings = PlanMeta.from_manifest(m).plan_settings()  # the settings the plan recorded
         plan = plan_costs(costs, settings)
         table = plan_table_from_plan(src, plan, in_ids, costs, cost_model, settings)
         if view is not None:  # what a resharded output carries over (fsdata.shards.as_input)
