@@ -245,6 +245,7 @@ def _load_lengths(a, s: PlanSettings):
     if is_output(a.input):  # an OUTPUT's samples (docs/fsdata.md, "Changing the world size")
         with open_output(a.input, s.from_step) as view:
             src = view.source
+            assert src is not None  # open_output sets it
             lengths, ids = src.lengths_and_ids()
         return src, cost_model, lengths, ids
     if s.from_step is not None:

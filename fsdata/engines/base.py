@@ -185,7 +185,7 @@ class Engine(ABC):
     def _run(self, input: str, output: str, timings: dict[str, float] | None, view: OutputInput | None) -> Manifest:
         """:meth:`run` after the pre-flight of the paths; ``view``: the OUTPUT ``input`` names, read as INPUT."""
         s = self.settings
-        src = self.open_input(input, s.columns) if view is None else view.source
+        src = self.open_input(input, s.columns) if view is None or view.source is None else view.source
         before = input_state(src)
         cost_model = load_cost_model(s.cost_model)
         t: dict[str, float] = {}

@@ -393,6 +393,8 @@ def open_sample_files(path: str | os.PathLike, files: list[str], rename: dict[st
             raise InputError(f"input file {f}: row {start} is past its {meta.num_rows} rows; the file changed: rerun")
         files_seen.append(f)
         num_rows += meta.num_rows - start
+    if first_schema is None:  # list_parquet_files returns at least one file
+        raise InputError(f"input {path} holds no Parquet file")
     if drop_columns:
         first_schema = pa.schema([fl for fl in first_schema if fl.name not in drop_columns])
     check_column_map(rename, first_schema.names, path)
