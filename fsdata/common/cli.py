@@ -447,8 +447,8 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
     The field is the one declaration: its type (choices of a ``Literal`` or of ``choices``), default
     and docstring (:func:`settings_help`) become the flag's type, default and help
     (:func:`add_field_flag` has the rules); the value lands at ``SECTION.FIELD`` of the parsed
-    namespace (and of a ``--config`` YAML file). Spelling: ``--field-name`` unless ``flags`` names
-    another. Fields that are dataclasses themselves are left to the caller (a section of their own).
+    namespace (and of a ``--config`` YAML file). Spelling: ``--field-name`` unless ``flags`` or the field's
+    ``metadata={"flag": ...}`` names another. Fields that are dataclasses are left to the caller.
 
     Args:
         parser: a ``jsonargparse.ArgumentParser`` (see :func:`new_parser`).
@@ -473,7 +473,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
             continue
         if dataclasses.is_dataclass(_optional(hints[f.name])[0]):
             continue
-        names = (flags or {}).get(f.name, "--" + f.name.replace("_", "-"))
+        names = (flags or {}).get(f.name, f.metadata.get("flag", "--" + f.name.replace("_", "-")))
         default = _field_default(f, defaults)
         missing = default is dataclasses.MISSING
         text = helps[f.name] + (" (required)" if missing and not require else "")
