@@ -284,7 +284,8 @@ def flag_names(path: str) -> tuple[str, ...]:
     """The flag(s) of field ``path`` of :class:`TrainConfig` (``"optim.dense_lr"`` -> ``("--dense-lr",)``):
     the field's ``metadata["flag"]`` if it has one, else ``--`` plus the sections' prefixes (a section
     field's ``metadata["flag_prefix"]``, else its name and a dash) and the field's name, with dashes."""
-    cls, head, parts = TrainConfig, "", path.split(".")
+    cls: type = TrainConfig
+    head, parts = "", path.split(".")
     for part in parts[:-1]:
         f = _field(cls, part)
         head += f.metadata.get("flag_prefix", part + "-")
