@@ -12,7 +12,7 @@ import os
 import sys
 
 from fsdata.common.cli import (add_common_flags, add_json_flag, add_output_flag, add_settings_flags, add_subcommands,
-                            add_version_flag, cli_main, configure_logging, new_parser, resolve_progress, subparsers)
+                            add_version_flag, cli_main, configure_logging, new_parser, resolve_progress)
 from fsdata.guards import check_output_apart
 from fstrain.components.outputs import check_output_file
 from fstrain.config import KEY_ROOT
@@ -74,6 +74,53 @@ def _add_timing_flags(p, **defaults) -> None:
                        title="timing (fstrain.config.TimingConfig)")
 
 
+def _nest(flat: dict) -> dict:
+    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}``."""
+    out: dict = {}
+    for key, value in flat.items():
+        *heads, last = key.split(".")
+        node = out
+        for h in heads:
+            node = node.setdefault(h, {})
+        node[last] = value
+    return out
+
+
+def _config_file_action():
+    """``fstrain train --config FILE``: jsonargparse's config action reading the YAML ``--print-config``
+    prints (checked by :func:`fstrain.config.load_yaml`: a bad file is one line naming the problem) into
+    the settings flags' keys, so the command line is parsed once. :func:`parse_args` puts it first, so
+    every flag given on the command line overrides the file, wherever it stands."""
+    from jsonargparse import ActionConfigFile
+
+    class TrainConfigFile(ActionConfigFile):
+        def __call__(self, parser, cfg, values, option_string=None):
+            from fstrain.config import NOT_FLAGS, load_yaml
+
+            flat = {k if k == "shards" else f"{KEY_ROOT}.{k}": v for k, v in load_yaml(values).items()
+                    if k not in NOT_FLAGS}  # progress: a flag of its own; the shm timeout: the collective one
+            self.apply_config(parser, cfg, self.dest, json.dumps(_nest(flat)))
+
+    return TrainConfigFile
+
+
+def _config_first(argv: list[str]) -> list[str]:
+    """``argv`` with ``fstrain train``'s ``--config FILE`` moved to just after ``train``."""
+    if "train" not in argv:
+        return argv
+    at = argv.index("train") + 1
+    rest, moved, i = list(argv[at:]), [], 0
+    while i < len(rest):
+        if rest[i] == "--config" and i + 1 < len(rest):
+            moved += rest[i:i + 2]
+            del rest[i:i + 2]
+        elif rest[i].startswith("--config="):
+            moved.append(rest.pop(i))
+        else:
+            i += 1
+    return argv[:at] + moved + rest
+
+
 def _command(help: str, epilog: str):  # noqa: A002
     return new_parser(description=help, epilog=epilog), help
 
@@ -88,8 +135,9 @@ def build_parser():
     cmds = {}
 
     t, _ = cmds["train"] = _command("train on an fsdata balance OUTPUT", _TRAIN_EPILOG)
-    t.add_argument("shards", nargs="?", default=None, help="fsdata balance OUTPUT written for this world size")
-    t.add_argument("--config", default=None, metavar="FILE.yaml",
+    t.add_argument("shards", nargs="?", default=argparse.SUPPRESS,  # not given: --config's, else None
+                   help="fsdata balance OUTPUT written for this world size")
+    t.add_argument("--config", action=_config_file_action(), metavar="FILE.yaml",
                    help="read the settings from this YAML file (keys as --print-config prints them); flags given "
                         "on the command line override it")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
@@ -144,7 +192,7 @@ def parse_args(argv: list[str], parser=None) -> argparse.Namespace:
     """Parse a command line into the flat namespace the commands read: ``command``, ``_argv``, the
     subcommand's arguments by name, settings fields by name (``max_steps``), and the model's and
     ``fstrain train``'s config fields by their dotted path (``model.embedding_dim``, ``metrics.dir``)."""
-    a = (parser or build_parser()).parse_args(argv)
+    a = (parser or build_parser()).parse_args(_config_first(list(argv)))
     flat = argparse.Namespace(command=a.command, _argv=list(argv))
     for key, value in a[a.command].items(branches=False):
         key = key.removeprefix(KEY_ROOT + ".")
@@ -164,20 +212,13 @@ def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, .
 
 
 def _train_config(a: argparse.Namespace, parser):
-    """The :class:`fstrain.config.TrainConfig` of ``fstrain train``'s flags over its ``--config`` file."""
-    from fstrain.config import NOT_FLAGS, TrainConfig, from_dict, load_yaml, walk_fields
+    """The :class:`fstrain.config.TrainConfig` of ``fstrain train``'s flags (its ``--config`` file
+    read by the parser, :func:`_config_file_action`)."""
+    from fstrain.config import NOT_FLAGS, TrainConfig, from_dict, walk_fields
 
     paths = {p for p, *_ in walk_fields(TrainConfig)} & set(vars(a)) - NOT_FLAGS  # the flags' fields
-    from_file: dict = {}
-    if a.config:
-        from_file = load_yaml(a.config)
-        train = subparsers(parser)["train"]
-        train.set_defaults(**{k if k == "shards" else f"{KEY_ROOT}.{k}": v for k, v in from_file.items()
-                              if k in paths or k == "shards"})
-        a = parse_once(lambda: parse_args(a._argv, parser))  # flags given win over the file
-    values = {k: v for k, v in from_file.items() if k not in paths}
-    values.update({k: getattr(a, k) for k in paths})
-    values.update(shards=a.shards, progress=resolve_progress(a.progress))
+    values = {k: getattr(a, k) for k in paths}
+    values.update(shards=getattr(a, "shards", None), progress=resolve_progress(a.progress))
     return a, from_dict(values)
 
 
@@ -402,9 +443,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = sys.argv[1:] if argv is None else list(argv)
     return run_recorded(lambda: cli_main(
-        "fstrain", lambda: parse_once(lambda: parse_args(args, parser)), lambda a: _main(a, parser),
+        "fstrain", lambda: parse_once(lambda: _parse_or_exit(args, parser)), lambda a: _main(a, parser),
         errors=(FstrainError,), location=("output", "metrics.dir", "checkpoint.dir"),
         label=lambda a: f"fstrain {a.command}"))
+
+
+def _parse_or_exit(args: list[str], parser) -> argparse.Namespace:
+    """:func:`parse_args`; a bad ``--config`` file (a user error raised while parsing) is kept in the
+    namespace and raised by :func:`_main`, which reports it as every command's user errors."""
+    try:
+        return parse_args(args, parser)
+    except FstrainError as e:
+        return argparse.Namespace(command=args[0], parse_error=e, verbose=False, quiet=False, _argv=list(args))
 
 
 def _main(a: argparse.Namespace, parser) -> int:
@@ -418,6 +468,8 @@ def _main(a: argparse.Namespace, parser) -> int:
     from fsdata.errors import FsdataError
 
     try:
+        if getattr(a, "parse_error", None) is not None:
+            raise a.parse_error
         return cmd(a, parser)
     except (FsdataError, FstrainError) as e:  # once per job under torchrun (fstrain.distributed.launch)
         report_user_error(f"fstrain {a.command}: error: {e}", rank_local=getattr(e, "rank_local", False))

@@ -15,11 +15,13 @@ way: :class:`EvaluateConfig` (``fstrain evaluate``), :class:`TimingConfig` (how 
 ``calibrate`` time a batch), :class:`ReplayConfig` and :class:`CalibrateConfig`; their model flags
 are :class:`~fstrain.models.config.Config`'s.
 
-Flag names (public contracts, kept from earlier releases): a field's flag is ``--`` plus its name
-with dashes, after its section's prefix (:data:`SECTION_PREFIX`: ``--eval-data``,
-``--checkpoint-every-steps``, ``--shm-chunk-bytes``), except the names in :data:`FLAG_NAMES`
-(``--pipeline``, ``--backend``, ``--metrics-dir``, ...). A boolean whose default is true gets
-``--no-NAME``; one that may be ``None`` gets ``--NAME`` / ``--no-NAME``.
+Flag names (public contracts, kept from earlier releases; :func:`flag_names`): a field's flag is
+``--`` plus its name with dashes, after its sections' prefixes (``--eval-data``,
+``--checkpoint-every-steps``, ``--shm-chunk-bytes``; a section field declares another prefix as
+``metadata={"flag_prefix": ""}``: ``--dense-lr``, not ``--optim-dense-lr``), unless the field declares its
+own spelling as ``metadata={"flag": "--pipeline"}`` (``--pipeline``, ``--backend``, ``--metrics-dir``,
+...). A boolean whose default is true gets ``--no-NAME``; one that may be ``None`` gets ``--NAME`` /
+``--no-NAME``.
 """
 
 from __future__ import annotations
@@ -48,10 +50,10 @@ class CheckpointConfig:
     """Where ``step-XXXXXXXX`` checkpoints go; ``None``: none."""
     every_steps: int = 0
     """Checkpoint period in steps (0: only at the end, when a checkpoint folder is set)."""
-    resume: bool = False
+    resume: bool = field(default=False, metadata={"flag": "--resume"})
     """Resume from the newest complete checkpoint in the checkpoint folder (start fresh if none); it
     must be of these shards, or of the shards these were resharded from at its step."""
-    init_from: str | None = None
+    init_from: str | None = field(default=None, metadata={"flag": "--init-from"})
     """Start a new run (step 0, fresh optimizer) from the model weights of this checkpoint (a
     ``step-XXXXXXXX`` folder or a checkpoint folder: its newest); a larger ``num_items`` keeps the
     known item rows and initialises the new ones. With ``--resume``, used only when the checkpoint
@@ -78,12 +80,12 @@ class EvalConfig:
 class MetricsConfig:
     """What rank 0 logs and writes."""
 
-    dir: str | None = None
+    dir: str | None = field(default=None, metadata={"flag": "--metrics-dir"})
     """Write step_times.parquet, summary.json (and eval.parquet) here; ``None``: not written."""
     tensorboard_dir: str | None = None
     """Write TensorBoard event files here (loss, samples/s, per-rank compute, straggler wait,
     exposed communication per step); view with: tensorboard --logdir DIR."""
-    log_every_steps: int = 10
+    log_every_steps: int = field(default=10, metadata={"flag": ("--log-every-steps", "--log-every")})
     """Rank 0 logs loss and throughput every this many steps (0: never)."""
     null_control_steps: int = 8
     """Control steps spread over the run: every rank times the same batch (no data, update or
@@ -96,20 +98,20 @@ class TrainConfig:
 
     shards: str
     """An ``fsdata balance`` OUTPUT folder written for this world size."""
-    model: Config = field(default_factory=Config)
+    model: Config = field(default_factory=Config, metadata={"flag_prefix": ""})
     """The model (``num_items`` and ``objective`` left ``None`` are read from the shards)."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"flag_prefix": ""})
     """Optimizers."""
     pipeline: PipelineConfig = field(default_factory=lambda: PipelineConfig(name="auto"))
     """Which pipeline drives the steps (``auto``: torchrec's TrainPipelinePEC where it runs, CUDA,
     else our prioritized pipeline)."""
-    comm: CommConfig = field(default_factory=lambda: CommConfig(backend="auto"))
+    comm: CommConfig = field(default_factory=lambda: CommConfig(backend="auto"), metadata={"flag_prefix": ""})
     """Process-group backend and its transport settings."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Held-out evaluation."""
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig, metadata={"flag_prefix": ""})
     """Logs and metric files."""
     max_steps: int | None = None
     """Stop after this many steps (``None``: all)."""
@@ -225,20 +227,6 @@ class CalibrateConfig:
 #: Root of every generated flag's key in the parsed namespace (``cfg.model.embedding_dim``):
 #: jsonargparse takes a key that is also a flag's name (``model`` of ``--model``) for that flag.
 KEY_ROOT = "cfg"
-#: Flag prefix of each section's fields (nested dataclasses below a section add their own field name).
-SECTION_PREFIX = {"model": "", "optim": "", "pipeline": "pipeline-", "comm": "", "checkpoint": "checkpoint-",
-                  "eval": "eval-", "metrics": ""}
-#: Fields whose flag is not the rule's (public names of earlier releases); the first is shown in --help.
-FLAG_NAMES = {
-    "pipeline.name": ("--pipeline",),
-    "pipeline.step_mode": ("--step-mode",),
-    "comm.backend": ("--backend",),
-    "checkpoint.resume": ("--resume",),
-    "checkpoint.init_from": ("--init-from",),
-    "metrics.dir": ("--metrics-dir",),
-    "metrics.log_every_steps": ("--log-every-steps", "--log-every"),
-    "comm.shm.shm_dir": ("--shm-dir",),
-}
 #: Choices of a field, from the registries that define them.
 CHOICES = {
     "model.model": MODELS, "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
@@ -288,14 +276,24 @@ def sections(cls: type, prefix: str = ""):
             yield from sections(tp, prefix + f.name + ".")
 
 
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
 def flag_names(path: str) -> tuple[str, ...]:
-    """The flag(s) of field ``path`` (``"optim.dense_lr"`` -> ``("--dense-lr",)``)."""
-    if path in FLAG_NAMES:
-        return FLAG_NAMES[path]
-    parts = path.split(".")
-    head = SECTION_PREFIX.get(parts[0], parts[0] + "-") if len(parts) > 1 else ""
-    return ("--" + head + "-".join(parts[1:-1] + [parts[-1]]).replace("_", "-") if len(parts) > 1
-            else "--" + parts[0].replace("_", "-"),)
+    """The flag(s) of field ``path`` of :class:`TrainConfig` (``"optim.dense_lr"`` -> ``("--dense-lr",)``):
+    the field's ``metadata["flag"]`` if it has one, else ``--`` plus the sections' prefixes (a section
+    field's ``metadata["flag_prefix"]``, else its name and a dash) and the field's name, with dashes."""
+    cls: type = TrainConfig
+    head, parts = "", path.split(".")
+    for part in parts[:-1]:
+        f = _field(cls, part)
+        head += f.metadata.get("flag_prefix", part + "-")
+        cls = _leaf_type(typing.get_type_hints(cls)[part])[0]
+    flag = _field(cls, parts[-1]).metadata.get("flag")
+    if flag:
+        return (flag,) if isinstance(flag, str) else tuple(flag)
+    return ("--" + (head + parts[-1]).replace("_", "-"),)
 
 
 def get_path(obj, path: str):
@@ -336,7 +334,8 @@ def add_config_flags(parser, cls: type = TrainConfig, *, defaults=None, prefix: 
 
         opts = add_settings_flags(parser, sub, section=f"{KEY_ROOT}.{path}".rstrip("."), include=fields,
                                   defaults=get_path(defaults, rel) if rel else defaults, override=override,
-                                  title=title, flags={n: flag_names(key(n)) for n in fields},
+                                  title=title, flags={n: flag_names(key(n)) for n in fields
+                                                      if "flag" not in _field(sub, n).metadata},
                                   choices={n: CHOICES[key(n)] for n in fields if key(n) in CHOICES},
                                   metavars={n: METAVARS[key(n)] for n in fields if key(n) in METAVARS})
         added += [key(n) for n in dict.fromkeys(opts.values())]

@@ -186,8 +186,6 @@ def test_no_cli_module_keeps_a_table_renaming_settings_fields(path):
     assert not _renamings(path.read_text()), (path, _renamings(path.read_text()))
 
 
-@pytest.mark.xfail(strict=False, reason="fstrain/config.py's FLAG_NAMES still spells some flags (--pipeline, "
-                   "--backend, ...) in a table; its fields are taking them over in a parallel change")
 def test_fstrain_config_keeps_no_table_renaming_settings_fields():
     path = REPO / "fstrain/config.py"
     assert not _renamings(path.read_text()), (path, _renamings(path.read_text()))

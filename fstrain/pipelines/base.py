@@ -55,11 +55,11 @@ class PipelineUnavailableError(PipelineError):
 class PipelineConfig:
     """Which training pipeline drives the steps."""
 
-    name: str = "plain"
+    name: str = field(default="plain", metadata={"flag": "--pipeline"})
     """``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``auto`` (``pec`` where it runs,
     else ``prioritized``; docs/pipeline.md); ``none``: no pipeline, the training loop's own
     step (``step_mode``)."""
-    step_mode: str = "measured"
+    step_mode: str = field(default="measured", metadata={"flag": "--step-mode"})
     """With ``name="none"``: ``measured`` (the backward split at the embedding output, so local
     compute is timed apart from the wait for the other ranks) or ``plain`` (``loss.backward()``
     through DDP)."""

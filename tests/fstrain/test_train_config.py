@@ -205,3 +205,15 @@ def test_bad_config_file_is_one_line(tmp_path, capsys, text, message):
     rc, _, err = _cli(capsys, "train", "shards/", "--config", str(path))
     assert rc == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_config_file_is_read_by_the_parser_and_flags_win_wherever_they_stand(tmp_path):
+    """--config is jsonargparse's config action (one parse): a flag before it still overrides the file,
+    and SHARDS on the command line overrides the file's."""
+    path = tmp_path / "c.yaml"
+    path.write_text("shards: from-file/\nmodel:\n  embedding_dim: 48\noptim:\n  dense_lr: 0.5\n")
+    cfg = _config(["train", "--embedding-dim", "16", "--config", str(path)])
+    assert (cfg.shards, cfg.model.embedding_dim, cfg.optim.dense_lr) == ("from-file/", 16, 0.5)
+    cfg = _config(["train", "cli/", "--config", str(path)])
+    assert (cfg.shards, cfg.model.embedding_dim) == ("cli/", 48)
+    assert _config(["train", "s/"]).shards == "s/" and _config(["train"]).shards is None

@@ -70,7 +70,7 @@ BACKEND_NAMES = _BACKEND_NAMES
 class CommConfig:
     """Which transport carries the embedding all-to-all, and its settings."""
 
-    backend: str = "gloo"
+    backend: str = field(default="gloo", metadata={"flag": "--backend"})
     """``"auto"`` (``"nccl"`` when CUDA is available, else ``"gloo"``) or one of ``"gloo"`` (CPU reference),
     ``"nccl"`` (GPU, SM kernels, any topology), ``"shm"`` (CPU shared memory inside a node; as a process group on
     several nodes, hierarchical with gloo across), ``"cuda-ce"`` (GPU copy engines inside a node; NCCL across nodes,

@@ -54,7 +54,7 @@ import uuid
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -95,7 +95,7 @@ class ShmBackend(CommBackend):
         per rank is about ``(world_size - 1) * num_slots * chunk_bytes``."""
         timeout_seconds: float = 60.0
         """Seconds without progress before `PeerTimeoutError` (also bounds the rendezvous)."""
-        shm_dir: str = "/dev/shm"
+        shm_dir: str = field(default="/dev/shm", metadata={"flag": "--shm-dir"})
         """Directory of a memory-backed filesystem for the segments (tmpfs)."""
         spin_us: int = 50
         """Microseconds of busy polling before blocking on the doorbell. Longer spins cut latency
