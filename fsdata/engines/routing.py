@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from fsdata import fsio
 from fsdata.errors import InputError
 from fsdata.samples import schema as S
-from fsdata.samples.io import SampleSource, row_groups_from
+from fsdata.samples.io import SampleSource, row_groups_from, skip_rows
 from fsdata.shards import writer
 from fsdata.shards.manifest import FileEntry
 from fsdata.shards.writer import check_seq_len
@@ -329,16 +329,9 @@ def chunk_batches(chunk: Chunk, batch_size: int):
     Raises:
         pyarrow.ArrowException, OSError: the file fails to read.
     """
-    skip = chunk.skip
     columns = None if chunk.columns is None else list(chunk.columns)
-    for batch in open_parquet(chunk.path).iter_batches(batch_size=batch_size, row_groups=list(chunk.row_groups),
-                                                       columns=columns, use_threads=False):
-        if skip:
-            if batch.num_rows <= skip:
-                skip -= batch.num_rows
-                continue
-            batch, skip = batch.slice(skip), 0
-        yield batch
+    yield from skip_rows(open_parquet(chunk.path).iter_batches(batch_size=batch_size, row_groups=list(chunk.row_groups),
+                                                               columns=columns, use_threads=False), chunk.skip)
 
 
 def row_group_chunks(files: list[str], chunk_rows: int, *, row_starts: list[int] | None = None,

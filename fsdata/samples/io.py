@@ -148,6 +148,17 @@ def unknown_null_columns(meta: pq.FileMetaData, row_groups, rename: dict[str, st
     return unknown
 
 
+def skip_rows(batches, skip: int):
+    """The record batches ``batches`` without their first ``skip`` rows (in order)."""
+    for batch in batches:
+        if skip:
+            if batch.num_rows <= skip:
+                skip -= batch.num_rows
+                continue
+            batch, skip = batch.slice(skip), 0
+        yield batch
+
+
 def row_groups_from(meta: pq.FileMetaData, start: int) -> list[int]:
     """The row groups of a file (footer ``meta``) that hold rows ``start ..`` of it."""
     out, first = [], 0
@@ -226,13 +237,8 @@ class SampleSource:
             skip = 0 if self.row_starts is None else self.row_starts[i]
             groups = row_groups_from(pf.metadata, skip)
             skip -= sum(pf.metadata.row_group(g).num_rows for g in range(groups[0] if groups else 0))
-            for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=self.file_columns):
-                if skip:
-                    if batch.num_rows <= skip:
-                        skip -= batch.num_rows
-                        continue
-                    batch, skip = batch.slice(skip), 0
-                yield batch
+            yield from skip_rows(pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=self.file_columns),
+                                 skip)
 
     def _null_counts(self) -> dict[str, int]:
         """Null counts per contract column from Parquet statistics (footers only); a full scan for
