@@ -12,6 +12,7 @@ table of both spellings; messages name a setting through :func:`setting` (or cho
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -52,25 +53,27 @@ class Spelling:
 
 
 #: Every setting an error message names: its flag (CLI rendering) and its keyword (Python rendering).
+#: The settings dataclasses' fields enter through :func:`register_settings` (the field is the one place a
+#: flag's spelling is declared: its ``flag`` metadata, else ``--field-name``); these two are no field.
 SETTINGS: dict[str, Spelling] = {
-    "overwrite": Spelling("--overwrite", "overwrite", "BalanceSettings"),
-    "num_ranks": Spelling("--ranks", "num_ranks", "BalanceSettings"),
-    "batch_size_per_rank": Spelling("--batch-size-per-rank", "batch_size_per_rank", "BalanceSettings"),
-    "compose_window": Spelling("--compose-window", "compose_window", "BalanceSettings"),
-    "plan_window": Spelling("--plan-window", "plan_window", "BalanceSettings"),
-    "partitioner": Spelling("--partitioner", "partitioner", "BalanceSettings"),
-    "remainder": Spelling("--remainder", "remainder", "BalanceSettings"),
-    "budget": Spelling("--budget", "budget", "BalanceSettings"),
-    "engine": Spelling("--engine", "engine", "BalanceSettings"),
-    "ray_address": Spelling("--ray-address", "ray_address", "BalanceSettings"),
-    "cost_model": Spelling("--cost-model", "cost_model", "BalanceSettings"),
-    "columns": Spelling("--columns", "columns", "BalanceSettings"),
-    "from_step": Spelling("--from-step", "from_step", "BalanceSettings"),
     # the reader's world size: torchrun's flag from the command line, the argument from Python
     "world_size": Spelling("--nproc-per-node", "world_size", "ShardDataset"),
     # a plain function argument (fsdata.samples.convert.convert, ...)
     "overwrite_arg": Spelling("--overwrite", "overwrite"),
 }
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The command-line flag of a settings dataclass field: its ``flag`` metadata, else ``--field-name``."""
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def register_settings(cls: type, owner: str) -> None:
+    """Enter every field of the settings dataclass ``cls`` in :data:`SETTINGS`, held by ``owner`` in Python
+    (``BalanceSettings``); a name already there keeps its spelling."""
+    for f in dataclasses.fields(cls):
+        SETTINGS.setdefault(f.name, Spelling(flag_of(f), f.name, owner))
+
 
 #: The commands a message may tell the user to re-run, per caller.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -109,7 +112,7 @@ def setting(name: str, value: object = _UNSET, *, owner: str | None | object = _
         From a command line: ``--ranks`` / ``--ranks 256`` / ``--overwrite`` (a switch set to True).
         From Python: ``num_ranks`` / ``BalanceSettings(num_ranks=256)`` / ``BalanceSettings(overwrite=True)``.
     """
-    s = SETTINGS[name]
+    s = SETTINGS.get(name) or Spelling("--" + name.replace("_", "-"), name)  # not registered: the usual rule
     if _in_cli:
         if value is _UNSET or value is True:
             return s.cli

@@ -45,7 +45,7 @@ import numpy as np
 from numba import njit
 
 from fsdata.balancer.bubble import step_proven_bound
-from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW, check_window  # noqa: F401  (there: the settings load no numba)
+from fsdata.balancer.policies import DEFAULT_COMPOSE_WINDOW  # noqa: F401  (there: the settings load no numba)
 from fsdata.errors import ConfigError
 
 #: The composition algorithm recorded in the manifest.
@@ -144,7 +144,7 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         costs: shape ``[N]``, float64; predicted cost of every input row.
         num_ranks: R.
         batch_size_per_rank: B.
-        compose_window: W, global batches per window (1: unchanged; larger than S: all steps).
+        compose_window: W >= 1, global batches per window (1: unchanged; larger than S: all steps).
         seed: seed of the tie-breaking and step-order randomness (same seed, same output).
         first_window: global index of the first window of ``steps``: window ``w`` draws its
             randomness from ``default_rng([seed, tag, first_window + w])``, so composing a run's
@@ -163,9 +163,9 @@ def compose_steps(steps: np.ndarray, costs: np.ndarray, *, num_ranks: int, batch
         a tuple ``(steps, info)``.
 
     Raises:
-        ConfigError: ``compose_window < 1`` or ``steps`` not ``[S x R*B]``.
+        ConfigError: ``steps`` not ``[S x R*B]``. ``compose_window`` is a checked setting
+            (:class:`fsdata.balancer.settings.PlanSettings` refuses one below 1 on construction).
     """
-    check_window(compose_window)
     R, B = int(num_ranks), int(batch_size_per_rank)
     steps = np.asarray(steps)
     if steps.ndim != 2 or steps.shape[1] != R * B:

@@ -21,7 +21,7 @@ import numpy as np
 
 from fsdata.balancer.policies import (DEFAULT_COMPOSE_WINDOW, DEFAULT_PARTITIONER, DEFAULT_PLAN_WINDOW, check_policies,
                                      check_window)
-from fsdata.errors import ConfigError, setting
+from fsdata.errors import ConfigError, register_settings, setting
 
 # fsdata.balancer.plan (and compose) load numba (about 120 MiB of RSS): not imported here, so commands
 # that make no plan (``fsdata convert``, whose 1 GiB bound the CLI's imports counted against) do not load it
@@ -166,6 +166,10 @@ class BalanceSettings(RunSettings, PlanSettings):
         run = RunSettings() if run is None else run
         return cls(**{f.name: getattr(planning, f.name) for f in fields(PlanSettings)},
                    **{f.name: getattr(run, f.name) for f in fields(RunSettings)})
+
+
+register_settings(PlanSettings, "BalanceSettings")  # error messages spell each setting as its field does
+register_settings(RunSettings, "BalanceSettings")
 
 
 def check_plan_settings(s: PlanSettings) -> None:

@@ -39,6 +39,7 @@ import typing
 from collections.abc import Callable, Sequence
 
 from fsdata._version import __version__
+from fsdata.errors import FsdataError, cli_terms, flag_of
 from fsdata.guards import environment_error
 
 #: Environment variable forcing progress bars on (``1``) or off (``0``) when no flag is given.
@@ -290,7 +291,6 @@ def cli_main(prog: str, parse: Callable[[], object], command: Callable[[object],
         label: the error line's label from the namespace (``fstrain train``; default ``prog``).
         interrupted: with Ctrl-C, print ``PROG: INTERRUPTED`` and exit 130 (default: re-raise).
     """
-    from fsdata.errors import FsdataError, cli_terms  # noqa: PLC0415
 
     parsed: list = []
 
@@ -473,7 +473,7 @@ def add_settings_flags(parser, cls: type, *, section: str, flags: dict[str, str 
             continue
         if dataclasses.is_dataclass(_optional(hints[f.name])[0]):
             continue
-        names = (flags or {}).get(f.name) or f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        names = (flags or {}).get(f.name) or flag_of(f)
         default = _field_default(f, defaults)
         missing = default is dataclasses.MISSING
         text = helps[f.name] + (" (required)" if missing and not require else "")

@@ -117,3 +117,16 @@ def test_column_mapping_and_cost_model_in_each_callers_terms(tmp_path, capsys):
     assert main(["balance", str(inp), str(tmp_path / "o"), *BAL, "--columns", "bogus"]) == 2
     assert "--columns entry 'bogus' must be CONTRACT_NAME=YOUR_NAME, e.g. --columns item_ids=history" in \
         capsys.readouterr().err
+
+
+def test_flag_spellings_come_from_the_fields():
+    """The table holds every balance setting, spelled as its field declares (no second declaration)."""
+    from pathlib import Path
+
+    from fsdata.balancer.settings import PlanSettings, RunSettings
+    from fsdata.errors import flag_of
+    for cls in (PlanSettings, RunSettings):
+        for f in dataclasses.fields(cls):
+            assert SETTINGS[f.name].cli == flag_of(f) and SETTINGS[f.name].owner == "BalanceSettings"
+    assert SETTINGS["num_ranks"].cli == "--ranks"
+    assert '"--ranks"' not in (Path(fsdata.__file__).parent / "errors.py").read_text()
