@@ -214,6 +214,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResult:
     """:func:`train`'s body; ``guard`` receives the watchdog and the progress marks."""
     cfg.check()
+    cfg = replace(cfg, comm=cfg.comm.resolved())  # --backend auto decided once, here; later code takes the name
     pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     check_counts(manifest)  # untrusted counts against the files, before anything is sized by them

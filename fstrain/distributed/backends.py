@@ -33,19 +33,29 @@ AUTO = "auto"
 
 def resolve_backend(name: str, *, cuda: bool | None = None) -> str:
     """The transport ``name`` runs: ``auto`` decided (``nccl`` when CUDA is available, else
-    ``gloo``), any other name as it is. The one place ``auto`` is resolved.
+    ``gloo``), any other name as it is. The one place ``auto`` is resolved and a backend's device
+    checked: :meth:`fstrain.distributed.comm.CommConfig.resolved` calls it once, at startup
+    (:func:`fstrain.train.train`, :func:`fstrain.distributed.env.init_distributed`), and later code
+    takes the concrete name.
 
     Args:
         name: a name of :data:`BACKEND_CHOICES` (checked by the caller's settings).
         cuda: whether CUDA is available (None: asks torch, imported only then).
+
+    Raises:
+        ConfigError: a CUDA backend (``nccl``, ``cuda-ce``) where no CUDA device is visible.
     """
-    if name != AUTO:
-        return name
     if cuda is None:
         import torch  # noqa: PLC0415 (this module is imported at parse time)
 
         cuda = torch.cuda.is_available()
-    return "nccl" if cuda else "gloo"
+    if name == AUTO:
+        return "nccl" if cuda else "gloo"
+    if BACKEND_DEVICES.get(name) == "cuda" and not cuda:
+        from fstrain.errors import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"--backend {name} needs a CUDA device and none is visible; use --backend gloo or shm")
+    return name
 
 
 __all__ = ["AUTO", "BACKEND_CHOICES", "BACKEND_DEVICES", "BACKEND_NAMES", "resolve_backend"]

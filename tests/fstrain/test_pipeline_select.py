@@ -149,3 +149,29 @@ def test_train_with_pec_pipeline_on_one_gpu(tmp_path):
 
     assert isinstance(res.model.module.ec, ShardedPECEmbeddingCollection)
     assert res.summary["num_steps"] >= 1
+
+
+def test_backend_auto_is_resolved_once_at_startup(tmp_path, monkeypatch):
+    """``--backend auto`` is decided by one call (at the start of train); the process group, the device
+    plan and the transports take the concrete name, and refuse an unresolved one."""
+    import torch.distributed as dist
+
+    import fstrain.distributed.comm as comm
+    from fstrain.config import from_dict
+    from fstrain.train import train
+
+    calls = []
+    real = comm.resolve_backend
+    monkeypatch.setattr(comm, "resolve_backend", lambda name, **kw: calls.append(name) or real(name, **kw))
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
+    try:
+        train(from_dict({"shards": shards, "model": MODEL, "comm.backend": "auto", "pipeline.name": "none",
+                         "metrics.log_every_steps": 0}))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    concrete = "nccl" if torch.cuda.is_available() else "gloo"
+    assert calls[0] == "auto" and set(calls[1:]) == {concrete}, calls  # decided once; later code has the name
+    assert comm.CommConfig(backend="auto").resolved().backend == concrete
+    with pytest.raises(ValueError, match="decided once, at startup"):
+        comm.register_torch_backends(comm.CommConfig(backend="auto"))

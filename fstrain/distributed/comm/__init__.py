@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from fstrain.distributed.backends import AUTO, resolve_backend
 from fstrain.distributed.backends import BACKEND_CHOICES as _BACKEND_CHOICES
-from fstrain.distributed.backends import resolve_backend
 from fstrain.distributed.backends import BACKEND_NAMES as _BACKEND_NAMES
 from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
                                            PeerExitedError, PeerTimeoutError, SplitMismatchError)
@@ -86,17 +86,29 @@ class CommConfig:
                 f"unknown comm backend {self.backend!r}; choose one of {', '.join(_BACKEND_CHOICES)}"
             )
 
-    @property
-    def transport(self) -> str:
-        """``backend`` with ``"auto"`` decided: ``"nccl"`` when CUDA is available, else ``"gloo"``."""
-        return resolve_backend(self.backend)
+    def resolved(self) -> CommConfig:
+        """This config with ``backend`` concrete: ``"auto"`` decided (``"nccl"`` when CUDA is available,
+        else ``"gloo"``) and a CUDA backend checked against the machine, by
+        :func:`fstrain.distributed.backends.resolve_backend`; called once, at startup.
+
+        Raises:
+            ConfigError: ``"nccl"`` / ``"cuda-ce"`` where no CUDA device is visible.
+        """
+        from dataclasses import replace  # noqa: PLC0415
+
+        return replace(self, backend=resolve_backend(self.backend))
+
+    def _concrete(self) -> str:
+        if self.backend == AUTO:
+            raise ValueError("CommConfig(backend='auto') is decided once, at startup: pass config.resolved()")
+        return self.backend
 
 
 def register_torch_backends(config: CommConfig) -> str:
     """Register the custom torch.distributed backend ``config`` needs; return its name.
 
     Args:
-        config: the selected transport.
+        config: the selected transport, resolved (:meth:`CommConfig.resolved`).
 
     Returns:
         the name to pass to ``dist.init_process_group`` / ``dist.new_group``: ``"gloo"``,
@@ -105,11 +117,12 @@ def register_torch_backends(config: CommConfig) -> str:
         `CopyEngineProcessGroup`). Groups on several nodes are hierarchical
         (:mod:`fstrain.distributed.comm.hierarchical`).
     """
-    if config.transport == "shm":
+    backend = config._concrete()
+    if backend == "shm":
         return register_shm_backend(config.shm)
-    if config.transport == "cuda-ce":
+    if backend == "cuda-ce":
         return register_cuda_ce_backend(config.cuda_ce)
-    return config.transport
+    return backend
 
 
 def build_backend(
@@ -123,7 +136,7 @@ def build_backend(
     """Build the `CommBackend` named by ``config.backend`` (a collective over the group).
 
     Args:
-        config: the selected transport.
+        config: the selected transport, resolved (:meth:`CommConfig.resolved`).
         store: store shared by the ranks; needed by ``"shm"`` (default: the default group's).
             Transports are keyed by group name and build order, so members of a group must build
             theirs in the same order.
@@ -140,9 +153,10 @@ def build_backend(
     """
     rank = dist.get_rank(group) if rank is None else rank
     world_size = dist.get_world_size(group) if world_size is None else world_size
-    if config.transport in ("gloo", "nccl"):
-        return TorchDistBackend(group, name=config.transport)
-    if config.transport == "shm":
+    backend = config._concrete()
+    if backend in ("gloo", "nccl"):
+        return TorchDistBackend(group, name=backend)
+    if backend == "shm":
         if store is None:
             store = dist.distributed_c10d._get_default_store()
         group_name = (group or dist.group.WORLD).group_name if dist.is_initialized() else "-"
