@@ -123,6 +123,10 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
                   device: torch.device) -> TrainPipeline:
     """Build the pipeline named by ``config`` (collective: call it on every rank).
 
+    ``auto`` and the ``pec``-or-``prioritized`` fallback are decided by :func:`resolve_pipeline_name`
+    alone (a name it returned passes through it unchanged); the model must be built by
+    :func:`model_builder` of that name.
+
     Args:
         config: a :class:`PipelineConfig` or just its ``name``.
         dmp: the sharded model.
@@ -134,21 +138,15 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
 
     Raises:
         PipelineError: unknown name.
-        PipelineUnavailableError: ``pec`` where it cannot run and ``pec_fallback`` is off.
+        PipelineUnavailableError: ``pec`` where it cannot run (no CUDA and ``pec_fallback`` off, or a
+            model whose table is not PEC-wrapped).
     """
     if isinstance(config, str):
         config = PipelineConfig(name=config)
-    name = config.name
-    if name == NO_PIPELINE:
+    if config.name == NO_PIPELINE:
         raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
-    if name in ("pec", AUTO):
-        reason = pec_unavailable_reason(dmp, device)
-        if reason is None:
-            return PECPipeline.from_config(config, dmp, optimizer, device)
-        if name == "pec" and not config.pec_fallback:
-            raise PipelineUnavailableError(reason)
-        logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
-        name = "prioritized"
+    # the one decision of auto / pec-or-prioritized (fstrain.train made it already, before the model was built)
+    name = resolve_pipeline_name(config.name, device, pec_fallback=config.pec_fallback)
     if not config.overlap and name != "prioritized":
         logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
     return PIPELINES.get(name).from_config(config, dmp, optimizer, device)
