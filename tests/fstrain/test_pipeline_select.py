@@ -157,12 +157,13 @@ def test_backend_auto_is_resolved_once_at_startup(tmp_path, monkeypatch):
     import torch.distributed as dist
 
     import fstrain.distributed.comm as comm
+    import fstrain.distributed.comm.transports as transports
     from fstrain.config import from_dict
     from fstrain.train import train
 
     calls = []
-    real = comm.resolve_backend
-    monkeypatch.setattr(comm, "resolve_backend", lambda name, **kw: calls.append(name) or real(name, **kw))
+    real = transports.resolve_backend
+    monkeypatch.setattr(transports, "resolve_backend", lambda name, **kw: calls.append(name) or real(name, **kw))
     shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
     try:
         train(from_dict({"shards": shards, "model": MODEL, "comm.backend": "auto", "pipeline.name": "none",
