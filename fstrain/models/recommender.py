@@ -5,7 +5,7 @@ Structure (what torchrec's pipelines expect): :class:`SequentialRecommender` own
 shared negatives; sharded row-wise by :mod:`fstrain.distributed.sharding`) called on ``batch.features`` (a KJT),
 and a purely data-parallel :class:`DenseTower` ``dense``. ``forward(batch)`` returns
 ``(loss, (loss_sum, num_supervised))`` like torchrec's examples, so ``TrainPipelineSparseDist``
-can drive it; ``dense`` is also callable on its own (:func:`fstrain.train.measured_step` splits
+can drive it; ``dense`` is also callable on its own (:func:`fstrain.pipelines.loop.measured_step` splits
 the backward there to time compute apart from waiting).
 
 Models (``Config.model``), both on the jagged values ``[T x d]`` (no padding outside attention):

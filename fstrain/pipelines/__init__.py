@@ -52,6 +52,8 @@ from fstrain.pipelines.base import (
     run_steps,
 )
 
+from fstrain.pipelines.loop import LoopPipeline
+
 # imported in the order of the --pipeline choices: each registers itself in PIPELINES
 from fstrain.pipelines.plain import PlainPipeline
 from fstrain.pipelines.torchrec_wrappers import PECPipeline, SparseDistPipeline, pec_unavailable_reason
@@ -74,22 +76,22 @@ def resolve_pipeline_name(name: str, device: torch.device, *, pec_fallback: bool
 
     ``auto`` is ``pec`` where torchrec's PEC pipeline runs (CUDA), else ``prioritized``; ``pec``
     where it cannot run is ``prioritized`` with ``pec_fallback`` (a warning), else an error. Every
-    other name is itself.
+    other name (``none`` too: the loop's own step) is itself.
 
     Args:
-        name: one of :data:`PIPELINE_NAMES`.
+        name: one of :data:`PIPELINE_NAMES` or ``none``.
         device: where the model will run.
         pec_fallback: allow ``pec`` to become ``prioritized``.
 
     Returns:
-        A concrete name: ``plain``, ``sparse-dist``, ``pec`` or ``prioritized``.
+        A concrete name: ``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``none``.
 
     Raises:
         PipelineError: unknown name.
         PipelineUnavailableError: ``pec`` without CUDA and without ``pec_fallback``.
     """
-    if name not in PIPELINE_NAMES:
-        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+    if name not in (*PIPELINE_NAMES, NO_PIPELINE):
+        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)} or {NO_PIPELINE}")
     if name == AUTO:
         return "pec" if pec_runs_on(device) else "prioritized"
     if name == "pec" and not pec_runs_on(device):
@@ -120,7 +122,7 @@ def model_builder(name: str) -> Callable:
 
 
 def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, optimizer,
-                  device: torch.device) -> TrainPipeline:
+                  device: torch.device) -> TrainPipeline | LoopPipeline:
     """Build the pipeline named by ``config`` (collective: call it on every rank).
 
     ``auto`` and the ``pec``-or-``prioritized`` fallback are decided by :func:`resolve_pipeline_name`
@@ -134,7 +136,9 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
         device: where the model runs.
 
     Returns:
-        The pipeline; drive it with ``pipeline.progress(iterator)`` until ``StopIteration``.
+        The pipeline; drive it with ``pipeline.steps(batches, rank)`` (every pipeline, as
+        :func:`fstrain.train.train` does) or ``pipeline.progress(iterator)`` until ``StopIteration``
+        (a :class:`TrainPipeline`); ``none``: the :class:`LoopPipeline` of ``config.step_mode``.
 
     Raises:
         PipelineError: unknown name.
@@ -144,7 +148,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if isinstance(config, str):
         config = PipelineConfig(name=config)
     if config.name == NO_PIPELINE:
-        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
+        return LoopPipeline.from_config(config, dmp, optimizer, device)  # the loop's own step
     # the one decision of auto / pec-or-prioritized (fstrain.train made it already, before the model was built)
     name = resolve_pipeline_name(config.name, device, pec_fallback=config.pec_fallback)
     if not config.overlap and name != "prioritized":
@@ -153,6 +157,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
 
 
 __all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig",
-           "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "PlainPipeline",
-           "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on",
-           "pec_unavailable_reason", "pipeline_steps", "resolve_pipeline_name", "run_steps"]
+           "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "LoopPipeline",
+           "PlainPipeline", "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline",
+           "model_builder", "pec_runs_on", "pec_unavailable_reason", "pipeline_steps", "resolve_pipeline_name",
+           "run_steps"]

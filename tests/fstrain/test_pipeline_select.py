@@ -176,3 +176,24 @@ def test_backend_auto_is_resolved_once_at_startup(tmp_path, monkeypatch):
     assert comm.CommConfig(backend="auto").resolved().backend == concrete
     with pytest.raises(ValueError, match="decided once, at startup"):
         comm.register_torch_backends(comm.CommConfig(backend="auto"))
+
+
+def test_no_pipeline_is_the_loop_pipeline_and_train_has_one_loop_shape():
+    """``--pipeline none`` is a pipeline like the others (the loop's own step, measured or plain):
+    make_pipeline builds it, and train.py drives every pipeline through one loop, with no step of its own."""
+    import inspect
+
+    import fstrain.train
+    from fstrain.pipelines import LoopPipeline, PipelineConfig, PlainPipeline, make_pipeline, resolve_pipeline_name
+    from fstrain.pipelines.loop import plain_step
+
+    assert resolve_pipeline_name("none", torch.device("cpu")) == "none"
+    for mode, timed in (("measured", True), ("plain", False)):
+        pipe = make_pipeline(PipelineConfig(name="none", step_mode=mode), None, None, torch.device("cpu"))
+        assert isinstance(pipe, LoopPipeline) and pipe.step_mode == mode and pipe.records_timings is timed
+    assert "plain_step" in inspect.getsource(PlainPipeline._progress) and callable(plain_step)
+    source = inspect.getsource(fstrain.train)
+    assert not hasattr(fstrain.train, "measured_step") and not hasattr(fstrain.train, "train_step")
+    for gone in ("step_mode", "if pipe:", " if pipe_name else "):
+        assert gone not in source, gone
+    assert source.count("pipe.steps(") == 1
