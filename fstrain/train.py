@@ -26,8 +26,8 @@ from fstrain.data.manifest import (check_counts, check_eval_ids, infer_num_codes
 from fstrain.data.merge import merge_factor, open_rank_reader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
 from fstrain.errors import ConfigError, FstrainError, ShardError
-from fstrain.components.checkpoint import (checkpoint_num_items, init_from_checkpoint, latest_checkpoint,
-                                           resolve_checkpoint, resume_checkpoint, save_checkpoint)
+from fstrain.components.checkpoint import (Checkpointer, checkpoint_num_items, init_from_checkpoint,
+                                           latest_checkpoint, resolve_checkpoint, resume_checkpoint)
 from fstrain.components.heap import HeapTrimmer
 from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
 from fstrain.components.metrics import NULL_TIMES, StepTiming, describe_bubble, summarize, write_json, write_step_times
@@ -211,16 +211,16 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     if cfg.eval.data:
         from fstrain.components.evaluator import Evaluator
 
-        schedule = StepSchedule.epochs(manifest.epoch_first_steps(), cfg.eval.every_epochs, offset)
-        if not cfg.eval.every_epochs:  # a period on the global step (docs/fstrain.md, "Changing the world size")
-            schedule = replace(schedule, every_steps=cfg.eval.every_steps)
+        schedule = StepSchedule.evaluation(manifest.epoch_first_steps(), every_steps=cfg.eval.every_steps,
+                                           every_epochs=cfg.eval.every_epochs, step_offset=offset)
         evaluator = Evaluator(cfg.eval.data, schedule=schedule, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
                               max_users=cfg.eval.max_users, action_column=action)
+    ckpts = Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.every_steps, step_offset=offset, rank=env.rank,
+                         world_size=env.world_size, extra=ckpt_extra)  # names: the global step
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir, step_offset=offset)  # TensorBoard: global
     logs = StepSchedule(every_steps=cfg.metrics.log_every_steps, step_offset=offset)
-    ckpts = StepSchedule(every_steps=cfg.checkpoint.every_steps, step_offset=offset)  # names: the global step
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
     total_samples, total_tokens, t_start = 0, 0, time.perf_counter()
@@ -234,7 +234,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
     # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
     # unless checkpoints are taken between steps (the state must match the item's step)
-    lag = env.device.type == "cuda" and not (cfg.checkpoint.dir and cfg.checkpoint.every_steps)
+    lag = env.device.type == "cuda" and not ckpts.periodic
     from tqdm import tqdm
 
     total_steps = manifest.num_steps - start if max_steps is None else min(max_steps, manifest.num_steps - start)
@@ -282,16 +282,10 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_samples, window_tokens = 0, 0, 0
             t_window = t_pause  # the window ended at this step's end; pauses after it are moved below
-        if cfg.checkpoint.dir and ckpts.due(step):
-            pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
-                            {**ckpt_extra, "shards_step": step})
+        if ckpts.after_step(dmp, opt, step, flush=pipe.flush):  # flush: prioritized's deferred sparse update
             guard.step(step)  # a long save is progress, not a hang
-        if evaluator and evaluator.due(step):
-            pipe.flush()  # evaluate the parameters after this step's (deferred) update
-            metrics = evaluator.maybe_run(dmp.module, step)
-            if metrics:
-                steplog.log_eval(step, metrics)
+        if evaluator and (metrics := evaluator.after_step(dmp.module, step, flush=pipe.flush)):
+            steplog.log_eval(step, metrics)
             guard.step(step)  # an evaluation is progress, not a hang
         dt_pause = time.perf_counter() - t_pause  # control steps, logging, checkpoint, evaluation
         paused += dt_pause
@@ -303,10 +297,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
             steplog.log_eval(step, metrics)
-    if cfg.checkpoint.dir and not ckpts.due(step):
-        if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
-                            {**ckpt_extra, "shards_step": step})
+    ckpts.finish(dmp, opt, step, start)
     if evaluator:
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard

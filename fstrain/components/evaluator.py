@@ -395,6 +395,15 @@ class Evaluator:
         """Evaluate when :meth:`due`."""
         return self.run(model, step) if self.due(step) else None
 
+    def after_step(self, model, step: int, flush=None) -> dict | None:
+        """The training loop's call after each step: when :meth:`due`, ``flush()`` (a pipeline's
+        deferred update, so the parameters are this step's) and evaluate; else None."""
+        if not self.due(step):
+            return None
+        if flush is not None:
+            flush()
+        return self.run(model, step)
+
     def best(self, metric: str | None = None) -> dict | None:
         """The record with the highest ``metric`` (default ``ndcg@K``; the first one on ties), or None."""
         metric = metric or f"ndcg@{self.kw['k']}"
