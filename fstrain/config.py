@@ -162,7 +162,7 @@ class TrainConfig:
 KEY_ROOT = "cfg"
 #: Choices of a field, from the registries that define them.
 CHOICES = {
-    "model.model": MODELS, "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
+    "model.model": MODELS.names(), "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
     "model.attention": ATTENTIONS, "optim.sparse_optimizer": SPARSE_OPTIMIZERS,
     "pipeline.name": (*PIPELINE_NAMES, NO_PIPELINE), "pipeline.step_mode": STEP_MODES, "comm.backend": BACKEND_CHOICES,
     "evaluate.backend": BACKEND_CHOICES,

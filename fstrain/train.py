@@ -1,6 +1,6 @@
 """The training loop on fsdata shards: one process per rank, gloo on CPU, NCCL on GPU.
 
-Every step comes from a pipeline (:func:`fstrain.pipelines.make_pipeline`), ``--pipeline none``
+Every step comes from a pipeline (:func:`fstrain.pipelines.pipeline_for_run`), ``--pipeline none``
 included: the loop's own step (:class:`fstrain.pipelines.loop.LoopPipeline`: the timed
 ``measured_step`` or the reference ``plain_step``), so the loop has one shape.
 
@@ -34,7 +34,7 @@ from fstrain.components.metrics import NULL_TIMES, StepTiming, describe_bubble, 
 from fstrain.models.negatives import attach_negatives
 from fstrain.config import TrainConfig
 from fstrain.distributed.watchdog import PeerGuard
-from fstrain.pipelines import make_pipeline, model_builder, resolve_pipeline_name
+from fstrain.pipelines import model_builder, pipeline_for_run, resolve_pipeline_name
 from fstrain.components.schedule import StepSchedule
 from fstrain.components.steplog import StepLog
 
@@ -226,7 +226,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     total_samples, total_tokens, t_start = 0, 0, time.perf_counter()
     paused = 0.0  # seconds of evaluation, checkpoint saves and control steps: outside every throughput figure
     step = start
-    pipe = make_pipeline(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device)  # none: the loop's own step
+    pipe = pipeline_for_run(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device)  # none: the loop's step
     if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
         raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
                          "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
@@ -251,13 +251,12 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                               seed=cfg.seed, rank=env.rank, device=env.device)
     for index, (batch_step, loss_sum, n, _tokens, timing) in enumerate(pipe.steps(host, env.rank, lag=lag)):
         num_samples = timing.num_samples  # histories
-        if not pipe.records_timings:
-            timing = None  # --step-mode plain: the reference step, untimed
-        else:
-            timings.append(timing)
+        recorded = timing if pipe.records_timings else None  # --step-mode plain: the reference step, untimed
+        if recorded is not None:
+            timings.append(recorded)
         # n: the loss's supervised positions: the tokens of tokens/s (histories for last-position)
         step = batch_step + 1
-        steplog.add(batch_step, loss_sum, n, timing)
+        steplog.add(batch_step, loss_sum, n, recorded)
         bar.update(1)
         guard.step(step)
         heap.step(step)

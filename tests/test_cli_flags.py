@@ -54,7 +54,7 @@ def _fstrain_sections(command: str) -> dict:
     return out
 
 
-def _registries() -> dict[str, tuple]:
+def _registries() -> dict[tuple, tuple]:
     """Choices of ``str`` fields, by (class, field): each from the registry that defines the names."""
     from fsdata.balancer.partitioners import names as partitioner_names
     from fsdata.engines import names as engine_names
@@ -65,12 +65,14 @@ def _registries() -> dict[str, tuple]:
     from fstrain.models.config import ATTENTIONS, MODELS, NEGATIVE_MODES, OBJECTIVES, Config
     from fstrain.pipelines import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
 
-    return {(Config, "model"): MODELS, (Config, "objective"): OBJECTIVES, (Config, "negatives"): NEGATIVE_MODES,
-            (Config, "attention"): ATTENTIONS, (OptimConfig, "sparse_optimizer"): SPARSE_OPTIMIZERS,
-            (PipelineConfig, "name"): (*PIPELINE_NAMES, NO_PIPELINE), (PipelineConfig, "step_mode"): STEP_MODES,
-            (CommConfig, "backend"): BACKEND_CHOICES, (EvaluateConfig, "backend"): BACKEND_CHOICES,
-            (BalanceSettings, "partitioner"): tuple(partitioner_names()),
-            (BalanceSettings, "engine"): tuple(engine_names())}
+    out: dict[tuple, tuple] = {
+        (Config, "model"): MODELS.names(), (Config, "objective"): OBJECTIVES, (Config, "negatives"): NEGATIVE_MODES,
+        (Config, "attention"): ATTENTIONS, (OptimConfig, "sparse_optimizer"): SPARSE_OPTIMIZERS,
+        (PipelineConfig, "name"): (*PIPELINE_NAMES, NO_PIPELINE), (PipelineConfig, "step_mode"): STEP_MODES,
+        (CommConfig, "backend"): BACKEND_CHOICES, (EvaluateConfig, "backend"): BACKEND_CHOICES,
+        (BalanceSettings, "partitioner"): tuple(partitioner_names()),
+        (BalanceSettings, "engine"): tuple(engine_names())}
+    return out
 
 
 def _parsers() -> list[tuple[str, argparse.ArgumentParser, dict]]:

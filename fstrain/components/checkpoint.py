@@ -128,7 +128,13 @@ class Checkpointer:
         return bool(self.dir and self.schedule.every_steps)
 
     def save(self, dmp, opt, step: int) -> str:
-        """Save after ``step`` steps of the shards (every rank together), named by the global step."""
+        """Save after ``step`` steps of the shards (every rank together), named by the global step.
+
+        Raises:
+            ValueError: no checkpoint folder.
+        """
+        if self.dir is None:
+            raise ValueError("this run has no checkpoint folder")
         return save_checkpoint(dmp, opt, self.dir, self.schedule.global_step(step), self.rank, self.world_size,
                                {**self.extra, "shards_step": step})
 

@@ -121,8 +121,18 @@ def model_builder(name: str) -> Callable:
     return build_sharded_model
 
 
+def pipeline_for_run(config: PipelineConfig, dmp: DistributedModelParallel, optimizer,
+                     device: torch.device) -> TrainPipeline | LoopPipeline:
+    """What :func:`fstrain.train.train` drives (collective): :func:`make_pipeline`'s pipeline, or for
+    ``none`` the :class:`LoopPipeline` of ``config.step_mode`` (the loop's own step). Every one is
+    driven the same way: ``pipe.steps(batches, rank)``, ``pipe.flush()``, ``pipe.close()``."""
+    if config.name == NO_PIPELINE:
+        return LoopPipeline.from_config(config, dmp, optimizer, device)
+    return make_pipeline(config, dmp, optimizer, device)
+
+
 def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, optimizer,
-                  device: torch.device) -> TrainPipeline | LoopPipeline:
+                  device: torch.device) -> TrainPipeline:
     """Build the pipeline named by ``config`` (collective: call it on every rank).
 
     ``auto`` and the ``pec``-or-``prioritized`` fallback are decided by :func:`resolve_pipeline_name`
@@ -136,9 +146,8 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
         device: where the model runs.
 
     Returns:
-        The pipeline; drive it with ``pipeline.steps(batches, rank)`` (every pipeline, as
-        :func:`fstrain.train.train` does) or ``pipeline.progress(iterator)`` until ``StopIteration``
-        (a :class:`TrainPipeline`); ``none``: the :class:`LoopPipeline` of ``config.step_mode``.
+        The pipeline; drive it with ``pipeline.progress(iterator)`` until ``StopIteration``, or
+        ``pipeline.steps(batches, rank)``.
 
     Raises:
         PipelineError: unknown name.
@@ -148,7 +157,7 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     if isinstance(config, str):
         config = PipelineConfig(name=config)
     if config.name == NO_PIPELINE:
-        return LoopPipeline.from_config(config, dmp, optimizer, device)  # the loop's own step
+        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step: pipeline_for_run builds it")
     # the one decision of auto / pec-or-prioritized (fstrain.train made it already, before the model was built)
     name = resolve_pipeline_name(config.name, device, pec_fallback=config.pec_fallback)
     if not config.overlap and name != "prioritized":
@@ -159,5 +168,5 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
 __all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig",
            "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "LoopPipeline",
            "PlainPipeline", "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline",
-           "model_builder", "pec_runs_on", "pec_unavailable_reason", "pipeline_steps", "resolve_pipeline_name",
-           "run_steps"]
+           "model_builder", "pipeline_for_run", "pec_runs_on", "pec_unavailable_reason", "pipeline_steps",
+           "resolve_pipeline_name", "run_steps"]

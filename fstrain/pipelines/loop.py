@@ -140,13 +140,14 @@ class LoopPipeline:
                 batch = batch.pin_memory()  # so the copy below is asynchronous
             batch = batch.to(self.device, non_blocking=True)
             if self.step_mode == "plain":
-                loss_sum, n = plain_step(self.dmp, self.optimizer, batch)
+                loss_sum, supervised = plain_step(self.dmp, self.optimizer, batch)
+                n = int(supervised)
                 timing = StepTiming(step=batch.step, rank=rank, num_samples=batch.num_samples, num_tokens=num_tokens,
                                     sparse_forward_seconds=0.0, compute_seconds=0.0, wait_seconds=0.0,
                                     sync_seconds=0.0)
             else:
                 loss_sum, n, timing = measured_step(self.dmp, self.optimizer, batch, rank, self.device, num_tokens)
-            yield batch.step, loss_sum, int(n), num_tokens, timing
+            yield batch.step, loss_sum, n, num_tokens, timing
 
     def flush(self) -> None:
         """Nothing in flight after a step."""

@@ -184,13 +184,16 @@ def test_no_pipeline_is_the_loop_pipeline_and_train_has_one_loop_shape():
     import inspect
 
     import fstrain.train
-    from fstrain.pipelines import LoopPipeline, PipelineConfig, PlainPipeline, make_pipeline, resolve_pipeline_name
+    from fstrain.pipelines import (LoopPipeline, PipelineConfig, PipelineError, PlainPipeline, make_pipeline,
+                                   pipeline_for_run, resolve_pipeline_name)
     from fstrain.pipelines.loop import plain_step
 
     assert resolve_pipeline_name("none", torch.device("cpu")) == "none"
     for mode, timed in (("measured", True), ("plain", False)):
-        pipe = make_pipeline(PipelineConfig(name="none", step_mode=mode), None, None, torch.device("cpu"))
+        pipe = pipeline_for_run(PipelineConfig(name="none", step_mode=mode), None, None, torch.device("cpu"))
         assert isinstance(pipe, LoopPipeline) and pipe.step_mode == mode and pipe.records_timings is timed
+    with pytest.raises(PipelineError, match="pipeline_for_run builds it"):
+        make_pipeline("none", None, None, torch.device("cpu"))
     assert "plain_step" in inspect.getsource(PlainPipeline._progress) and callable(plain_step)
     source = inspect.getsource(fstrain.train)
     assert not hasattr(fstrain.train, "measured_step") and not hasattr(fstrain.train, "train_step")
