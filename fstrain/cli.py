@@ -67,14 +67,17 @@ def _model_kwargs(a: argparse.Namespace) -> dict:
 
 
 def _add_command_flags(p, cls: type, section: str, **choices) -> None:
-    """The flags of a command's settings dataclass (``cls``: :class:`fstrain.config.ReplayConfig`, ...)
-    and of its ``timing`` (:class:`fstrain.config.TimingConfig`, with ``cls``'s default timing)."""
+    """The flags of a command's settings dataclass (``cls``: :class:`fstrain.config.ReplayConfig`, ...),
+    its ``timing`` aside (:func:`_add_timing_flags`)."""
     add_settings_flags(p, cls, section=f"{KEY_ROOT}.{section}", choices=choices or None,
                        title=f"{section} ({cls.__module__}.{cls.__qualname__})")
-    if "timing" in {f.name for f in dataclasses.fields(cls)}:
-        timing = cls().timing
-        add_settings_flags(p, type(timing), section=f"{KEY_ROOT}.{section}.timing", defaults=timing,
-                           title=f"timing ({type(timing).__module__}.{type(timing).__qualname__})")
+
+
+def _add_timing_flags(p, cls: type, section: str) -> None:
+    """The flags of ``cls``'s ``timing`` (:class:`fstrain.config.TimingConfig`), with ``cls``'s default timing."""
+    timing = cls().timing
+    add_settings_flags(p, type(timing), section=f"{KEY_ROOT}.{section}.timing", defaults=timing,
+                       title=f"timing ({type(timing).__module__}.{type(timing).__qualname__})")
 
 
 def _settings(a: argparse.Namespace, cls: type, parser):
@@ -175,6 +178,7 @@ def build_parser():
     add_json_flag(r, "print the result as one JSON object")
     add_output_flag(r, help="also write the full result (per-step times) to this JSON file")
     add_common_flags(r, name="fstrain")
+    _add_timing_flags(r, ReplayConfig, "replay")
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
 
     rp, _ = cmds["report"] = _command("HTML page: the shards' report plus measured per-rank compute, wait, loss",
@@ -193,6 +197,7 @@ def build_parser():
     _add_command_flags(c, CalibrateConfig, "calibrate")
     add_json_flag(c, "print the fit as JSON")
     add_common_flags(c, name="fstrain")
+    _add_timing_flags(c, CalibrateConfig, "calibrate")
     _add_model_flags(c)
     add_subcommands(parser, cmds)
     return parser
