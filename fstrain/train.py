@@ -31,6 +31,7 @@ from fstrain.components.checkpoint import (Checkpointer, checkpoint_num_items, i
 from fstrain.components.heap import HeapTrimmer
 from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
 from fstrain.components.metrics import NULL_TIMES, StepTiming, describe_bubble, summarize, write_json, write_step_times
+from fstrain.models.config import MODELS
 from fstrain.models.negatives import attach_negatives
 from fstrain.config import TrainConfig
 from fstrain.distributed.watchdog import PeerGuard
@@ -162,7 +163,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     init_from = _init_source(cfg)
     if init_from and source == "inferred":  # items of the checkpoint absent from today's shards keep their rows
         num_items = max(num_items, checkpoint_num_items(init_from) or 0)
-    action = resolve_action_column(manifest, cfg.model.model, cfg.model.action_column)
+    action = resolve_action_column(manifest, MODELS.get(cfg.model.model).actions_by_default, cfg.model.action_column)
     num_actions = (cfg.model.num_actions or infer_num_codes(manifest, action)) if action else None
     if action and cfg.eval.data:
         from fstrain.components.evaluator import load_eval_data

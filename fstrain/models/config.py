@@ -15,7 +15,8 @@ TABLE_NAME = "item_table"
 #: name (:class:`fstrain.models.sasrec.Block`, :class:`fstrain.models.hstu.HSTUBlock`, registered when
 #: :mod:`fstrain.models` is imported); iterating it gives the names (``--model``'s choices). A block
 #: class has ``from_config(config)`` (one block), ``check_config(config)`` (its own size rules, run
-#: by :class:`Config`) and ``final_norm`` (a LayerNorm after the last block).
+#: by :class:`Config`), ``final_norm`` (a LayerNorm after the last block) and ``actions_by_default``
+#: (reads the shards' action column without ``--action-column``).
 MODELS: Registry = Registry("model", "--model")
 #: ``Config.objective`` names; ``fstrain train`` picks one from the manifest's sample kind.
 OBJECTIVES = ("all-positions", "last-position")

@@ -89,6 +89,9 @@ class HSTUBlock(nn.Module):
 
     #: no LayerNorm after the last layer (each layer normalises its input)
     final_norm = False
+    #: reads the shards' action column (``action``, else the first integer-list feature column) unless
+    #: ``--action-column none``
+    actions_by_default = True
 
     @classmethod
     def from_config(cls, config) -> HSTUBlock:

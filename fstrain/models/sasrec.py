@@ -80,6 +80,8 @@ class Block(nn.Module):
 
     #: a LayerNorm after the last block (pre-LayerNorm blocks leave the output unnormalised)
     final_norm = True
+    #: reads the shards' action column only when ``--action-column`` names it
+    actions_by_default = False
 
     @classmethod
     def from_config(cls, config: Config) -> Block:
