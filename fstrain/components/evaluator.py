@@ -441,14 +441,18 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, config: EvaluateConfig 
     Raises:
         FstrainError / ConfigError: not a checkpoint, no model config, or a bad evaluation file.
     """
+    from dataclasses import replace
+
     from fstrain.components.checkpoint import load_model_weights, read_checkpoint_meta
     from fstrain.data.manifest import recorded_num_items_of
+    from fstrain.distributed.backends import resolve_backend
     from fstrain.distributed.env import init_distributed
     from fstrain.distributed.optim import OptimConfig
     from fstrain.distributed.sharding import build_sharded_model
     from fstrain.models.config import Config
 
     config = config or EvaluateConfig()
+    config = replace(config, backend=resolve_backend(config.backend))  # auto decided once, here
     meta = read_checkpoint_meta(checkpoint)
     kw = dict(meta.get("model") or {})
     kw.update(model or {})
