@@ -157,8 +157,8 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                                       pec_fallback=cfg.pipeline.pec_fallback)
     if pipe_name == "pec" and cfg.checkpoint.dir and cfg.checkpoint.every_steps:
         raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
-                              "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
-                              "or --pipeline prioritized")
+                          "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
+                          "or --pipeline prioritized")
     num_items, source = _num_items(cfg, manifest)  # and the evaluation file checked against it: before init
     init_from = _init_source(cfg)
     if init_from and source == "inferred":  # items of the checkpoint absent from today's shards keep their rows
