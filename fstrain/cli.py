@@ -6,6 +6,7 @@ Errors a user can cause print one line on stderr and exit with status 2 (like ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -47,8 +48,6 @@ _CALIBRATE_EPILOG = """examples:
 #: ``fstrain replay``'s default model: the small model every documented replay figure uses, so the
 #: README example finishes in under a minute on 2 CPU cores (train's default model is 3-4x slower).
 REPLAY_MODEL_DEFAULTS = {"embedding_dim": 32, "num_layers": 1, "num_negatives": 64}
-#: ``fstrain replay`` times each batch 3 times (calibrate: :class:`fstrain.config.TimingConfig`'s 5).
-REPLAY_TIMING_DEFAULTS = {"repeats": 3}
 
 
 def _add_model_flags(p, defaults: dict | None = None, *, override: bool = False) -> None:
@@ -67,11 +66,30 @@ def _model_kwargs(a: argparse.Namespace) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if v is not None}
 
 
-def _add_timing_flags(p, **defaults) -> None:
-    from fstrain.config import TimingConfig
+def _add_command_flags(p, cls: type, section: str, **choices) -> None:
+    """The flags of a command's settings dataclass (``cls``: :class:`fstrain.config.ReplayConfig`, ...),
+    its ``timing`` aside (:func:`_add_timing_flags`)."""
+    add_settings_flags(p, cls, section=f"{KEY_ROOT}.{section}", choices=choices or None,
+                       title=f"{section} ({cls.__module__}.{cls.__qualname__})")
 
-    add_settings_flags(p, TimingConfig, section=f"{KEY_ROOT}.timing", defaults=TimingConfig(**defaults),
-                       title="timing (fstrain.config.TimingConfig)")
+
+def _add_timing_flags(p, cls: type, section: str) -> None:
+    """The flags of ``cls``'s ``timing`` (:class:`fstrain.config.TimingConfig`), with ``cls``'s default timing."""
+    timing = cls().timing
+    add_settings_flags(p, type(timing), section=f"{KEY_ROOT}.{section}.timing", defaults=timing,
+                       title=f"timing ({type(timing).__module__}.{type(timing).__qualname__})")
+
+
+def _settings(a: argparse.Namespace, cls: type, parser):
+    """``cls`` (a command's settings dataclass) built straight from its parsed flags, its ``timing``
+    too; a value it refuses (its own checks, on construction) is a usage error naming the flag."""
+    kw = {f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if f.name != "timing"}
+    try:
+        if "timing" in {f.name for f in dataclasses.fields(cls)}:
+            kw["timing"] = _settings(a, type(cls().timing), parser)
+        return cls(**kw)
+    except ConfigError as e:
+        parser.error(str(e))
 
 
 def _nest(flat: dict) -> dict:
@@ -148,9 +166,7 @@ def build_parser():
     e, _ = cmds["evaluate"] = _command("HR@10/NDCG@10 of a checkpoint on a held-out file", _EVAL_EPILOG)
     e.add_argument("checkpoint", help="a ckpt/step-XXXXXXXX folder written by fstrain train --checkpoint-dir")
     e.add_argument("eval_data", help="evaluation file from fsdata convert --holdout last --holdout-output")
-    add_settings_flags(e, EvaluateConfig, section=f"{KEY_ROOT}.evaluate",
-                       choices={"backend": CHOICES["evaluate.backend"]},
-                       title="evaluate (fstrain.config.EvaluateConfig)")
+    _add_command_flags(e, EvaluateConfig, "evaluate", backend=CHOICES["evaluate.backend"])
     add_output_flag(e, help="also write the result JSON here")
     add_json_flag(e, "print the result as JSON")
     add_common_flags(e, progress=False, name="fstrain")
@@ -158,11 +174,11 @@ def build_parser():
 
     r, _ = cmds["replay"] = _command("measure the bubble R ranks would see, on one device", _REPLAY_EPILOG)
     r.add_argument("shards", help="fsdata balance OUTPUT")
-    add_settings_flags(r, ReplayConfig, section=f"{KEY_ROOT}.replay", title="replay (fstrain.config.ReplayConfig)")
+    _add_command_flags(r, ReplayConfig, "replay")
     add_json_flag(r, "print the result as one JSON object")
     add_output_flag(r, help="also write the full result (per-step times) to this JSON file")
     add_common_flags(r, name="fstrain")
-    _add_timing_flags(r, **REPLAY_TIMING_DEFAULTS)
+    _add_timing_flags(r, ReplayConfig, "replay")
     _add_model_flags(r, REPLAY_MODEL_DEFAULTS)
 
     rp, _ = cmds["report"] = _command("HTML page: the shards' report plus measured per-rank compute, wait, loss",
@@ -178,11 +194,10 @@ def build_parser():
     c, _ = cmds["calibrate"] = _command("fit the per-sample cost model c0 + c1 L + c2 L^2 on this device",
                                         _CALIBRATE_EPILOG)
     add_output_flag(c, required=True, help="JSON file for fsdata balance --cost-model")
-    add_settings_flags(c, CalibrateConfig, section=f"{KEY_ROOT}.calibrate",
-                       title="calibrate (fstrain.config.CalibrateConfig)")
+    _add_command_flags(c, CalibrateConfig, "calibrate")
     add_json_flag(c, "print the fit as JSON")
     add_common_flags(c, name="fstrain")
-    _add_timing_flags(c)
+    _add_timing_flags(c, CalibrateConfig, "calibrate")
     _add_model_flags(c)
     add_subcommands(parser, cmds)
     return parser
@@ -199,16 +214,6 @@ def parse_args(argv: list[str], parser=None) -> argparse.Namespace:
         dotted = a.command == "train" or key.startswith("model.")
         setattr(flat, key if dotted else key.rsplit(".", 1)[-1], value)
     return flat
-
-
-def _ints(text: str, flag: str, parser: argparse.ArgumentParser) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        parser.error(f"{flag} must be comma-separated integers, got {text!r}")
-    if not vals or min(vals) < 1:
-        parser.error(f"{flag} needs positive integers, got {text!r}")
-    return vals
 
 
 def _train_config(a: argparse.Namespace, parser):
@@ -261,20 +266,17 @@ def _cmd_train(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from fstrain.components.evaluator import evaluate_checkpoint
+    from fstrain.components.evaluator import EvaluateConfig, evaluate_checkpoint
     from fstrain.components.metrics import write_json
 
-    if a.k < 1 or a.batch_size < 1:
-        parser.error(f"--k and --batch-size must be >= 1, got {a.k} and {a.batch_size}")
+    cfg = _settings(a, EvaluateConfig, parser)
     if a.output:
         check_output_apart(a.output, [a.checkpoint, a.eval_data], output_name="--output",
                            input_name="CHECKPOINT or EVAL_DATA")
         check_output_file(a.output, "evaluate", "--output")
     given = _model_kwargs(a)
     try:
-        res = evaluate_checkpoint(a.checkpoint, a.eval_data, model=given, k=a.k, batch_size=a.batch_size,
-                                  mask_history=a.mask_history, padding_id=a.padding_id, backend=a.backend,
-                                  max_users=a.max_users)
+        res = evaluate_checkpoint(a.checkpoint, a.eval_data, cfg, model=given)
     finally:
         import torch.distributed as dist
 
@@ -286,9 +288,9 @@ def _cmd_evaluate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         if a.json:
             print(json.dumps(res, sort_keys=True))
         else:
-            print(f"{a.checkpoint} (step {res['step']}): HR@{a.k} {res[f'hr@{a.k}']:.4f}  NDCG@{a.k} "
-                  f"{res[f'ndcg@{a.k}']:.4f}  over {res['num_users']:,} users, {res['num_candidates']:,} candidate "
-                  f"items (history {'masked' if a.mask_history else 'not masked'})")
+            print(f"{a.checkpoint} (step {res['step']}): HR@{cfg.k} {res[f'hr@{cfg.k}']:.4f}  NDCG@{cfg.k} "
+                  f"{res[f'ndcg@{cfg.k}']:.4f}  over {res['num_users']:,} users, {res['num_candidates']:,} candidate "
+                  f"items (history {'masked' if cfg.mask_history else 'not masked'})")
     return 0
 
 
@@ -315,17 +317,13 @@ def _replay_row(label: str, r: dict) -> str:
 def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from fsdata.balancer.bubble import reduction
     from fstrain.components.metrics import write_json
-    from fstrain.measure.replay import replay
+    from fstrain.measure.replay import ReplayConfig, replay
 
-    if a.max_steps < 1:
-        parser.error(f"--max-steps must be >= 1, got {a.max_steps}")
+    cfg = _settings(a, ReplayConfig, parser)
     if a.output:
-        check_output_apart(a.output, [a.shards, a.baseline], output_name="--output", input_name="shards")
+        check_output_apart(a.output, [a.shards, cfg.baseline], output_name="--output", input_name="shards")
         check_output_file(a.output, "replay", "--output")
-    kw = dict(max_steps=a.max_steps, warmup=a.warmup, repeats=a.repeats, model=_model_kwargs(a), seed=a.seed,
-              device=a.device, num_threads=a.num_threads, clock=a.clock, statistic=a.statistic,
-              null_control=a.null_control)
-    runs = [a.shards] + ([a.baseline] if a.baseline else [])
+    runs = [a.shards] + ([cfg.baseline] if cfg.baseline else [])
     bar = _progress_bar(a, total=0)
     results = []
     try:
@@ -337,11 +335,11 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     _bar.total = total * len(runs)
                 _bar.update(1)
 
-            results.append(replay(path, progress=tick, **kw))
+            results.append(replay(path, cfg, model=_model_kwargs(a), seed=a.seed, progress=tick))
     finally:
         bar.close()
     res = results[0]
-    if a.baseline:
+    if cfg.baseline:
         base = results[1]
         res["baseline"] = {k: base[k] for k in _REPLAY_BASELINE_KEYS if k in base}
         res["measured_reduction"] = reduction(res["measured_bubble"], base["measured_bubble"])
@@ -358,13 +356,13 @@ def _cmd_replay(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(brief, sort_keys=True))
     else:
         print(f"{res['num_ranks']} ranks x {res['num_steps']} steps, B = {res['batch_size_per_rank']}, "
-              f"{a.repeats} repeats ({a.statistic}, {res['clock']} clock); null control = rank 0's batch timed as "
-              "every rank (identical work: what noise alone reads as a bubble)")
+              f"{cfg.timing.repeats} repeats ({cfg.statistic}, {res['clock']} clock); null control = rank 0's batch "
+              "timed as every rank (identical work: what noise alone reads as a bubble)")
         print(f"{'shards':<28}{'measured':>10}{'null ctrl':>12}{'minus null':>12}{'predicted':>11}"
               f"{'slowest ms/step':>17}")
         print(_replay_row(f"{os.path.basename(os.path.normpath(a.shards))} ({res['strategy']})", res))
-        if a.baseline:
-            print(_replay_row(f"{os.path.basename(os.path.normpath(a.baseline))} ({base['strategy']})", base))
+        if cfg.baseline:
+            print(_replay_row(f"{os.path.basename(os.path.normpath(cfg.baseline))} ({base['strategy']})", base))
             line = (f"measured reduction {res['measured_reduction']:.1%} (predicted {res['predicted_reduction']:.1%}"
                     + (f", above the null control {res['measured_reduction_minus_null']:.1%}" if "null_bubble" in res
                        else "") + "); slowest rank "
@@ -393,18 +391,15 @@ def _cmd_report(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    check_output_apart(a.output, [a.from_shards], output_name="--output", input_name="--from-shards")
+    from fstrain.measure.calibrate import CalibrateConfig, calibrate
+
+    cfg = _settings(a, CalibrateConfig, parser)
+    check_output_apart(a.output, [cfg.from_shards], output_name="--output", input_name="--from-shards")
     check_output_file(a.output, "cost-model", "--output")
-    from fstrain.measure.calibrate import calibrate, shard_batches
     from fstrain.components.metrics import write_json
 
-    lengths = _ints(a.lengths, "--lengths", parser)
-    sizes = _ints(a.batch_sizes, "--batch-sizes", parser)
     kw = _model_kwargs(a)
     num_items = kw.pop("num_items", 4000)
-    if a.shard_steps < 1:
-        parser.error(f"--shard-steps must be >= 1, got {a.shard_steps}")
-    extra = shard_batches(a.from_shards, a.shard_steps) if a.from_shards else None
     from tqdm import tqdm
 
     bar = tqdm(total=0, unit="batch", desc="calibrate", disable=not resolve_progress(a.progress), file=sys.stderr)
@@ -414,10 +409,7 @@ def _cmd_calibrate(a: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         bar.update(1)
 
     with bar:
-        res = calibrate(model=kw, num_items=num_items, lengths=lengths, batch_sizes=sizes, num_mixed=a.mixed,
-                        extra_batches=extra, progress=tick,
-                        warmup=a.warmup, repeats=a.repeats, seed=a.seed, device=a.device, num_threads=a.num_threads,
-                        clock=a.clock, name=a.name)
+        res = calibrate(cfg, model=kw, num_items=num_items, seed=a.seed, progress=tick)
     write_json(res, a.output)
     if a.json:
         print(json.dumps({k: v for k, v in res.items() if k != "measurements"}, sort_keys=True))

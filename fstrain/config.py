@@ -10,10 +10,13 @@ dataclass, with its default and its docstring; :func:`add_config_flags` turns th
 default, choices from the registries, help from the docstring), :func:`from_dict` builds the config
 back, :func:`load_yaml` reads ``--config FILE`` and :func:`to_yaml` prints ``--print-config``.
 
-The other commands' settings are here too, one dataclass each, their flags generated the same
-way: :class:`EvaluateConfig` (``fstrain evaluate``), :class:`TimingConfig` (how ``replay`` and
-``calibrate`` time a batch), :class:`ReplayConfig` and :class:`CalibrateConfig`; their model flags
-are :class:`~fstrain.models.config.Config`'s.
+The other commands' settings live beside the function that takes them, and are re-exported here:
+:class:`EvaluateConfig` (``fstrain evaluate``, :func:`fstrain.components.evaluator.evaluate_checkpoint`),
+:class:`ReplayConfig` and :class:`CalibrateConfig` (:func:`fstrain.measure.replay.replay`,
+:func:`fstrain.measure.calibrate.calibrate`), each with its :class:`TimingConfig` (how a batch is
+timed; replay's 3 repeats, calibrate's 5: the dataclasses' defaults, the one place). Their flags are
+generated the same way and parsed straight into them; their model flags are
+:class:`~fstrain.models.config.Config`'s.
 
 Flag names (public contracts, kept from earlier releases; :func:`flag_names`): a field's flag is
 ``--`` plus its name with dashes, after its sections' prefixes (``--eval-data``,
@@ -30,14 +33,15 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Literal
 
 from fsdata.common.cli import add_settings_flags, settings_help
 from fstrain.distributed.backends import BACKEND_CHOICES
-from fstrain.components.evaluator import DEFAULT_K
+from fstrain.components.evaluator import EvaluateConfig
 from fstrain.distributed.comm import CommConfig
 from fstrain.distributed.optim import SPARSE_OPTIMIZERS, OptimConfig
 from fstrain.errors import ConfigError
+from fstrain.measure.calibrate import CalibrateConfig
+from fstrain.measure.replay import ReplayConfig, TimingConfig
 from fstrain.models.config import ATTENTIONS, MODELS, NEGATIVE_MODES, OBJECTIVES, Config
 from fstrain.pipelines import NO_PIPELINE, PIPELINE_NAMES, STEP_MODES, PipelineConfig
 
@@ -153,83 +157,12 @@ class TrainConfig:
             raise ConfigError(f"--collective-timeout-seconds must be > 0, got {self.collective_timeout_seconds}")
 
 
-@dataclass(kw_only=True, slots=True)
-class EvaluateConfig:
-    """``fstrain evaluate``: HR@K and NDCG@K of a checkpoint
-    (:func:`fstrain.components.evaluator.evaluate_checkpoint`)."""
-
-    k: int = DEFAULT_K
-    """Cutoff K of HR@K and NDCG@K."""
-    batch_size: int = 256
-    """Users per scoring batch."""
-    mask_history: bool = True
-    """Mask the user's history items out of the candidates, as SASRec's negatives
-    (``--no-mask-history``: keep them among the candidates)."""
-    padding_id: int = 0
-    """Item id excluded from the candidates (-1: none)."""
-    max_users: int | None = None
-    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
-    backend: str = "auto"
-    """Process-group backend when run under torchrun."""
-
-
-@dataclass(kw_only=True, slots=True)
-class TimingConfig:
-    """How ``fstrain replay`` and ``fstrain calibrate`` time a batch on one device."""
-
-    warmup: int = 3
-    """Untimed runs first."""
-    repeats: int = 5
-    """Timed runs per batch."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda[:i]``."""
-    num_threads: int = 1
-    """Torch CPU threads (1: steady timings)."""
-    clock: Literal["auto", "thread", "wall"] = "auto"
-    """``auto``: thread CPU time on CPU with 1 thread, else wall."""
-
-
-@dataclass(kw_only=True, slots=True)
-class ReplayConfig:
-    """``fstrain replay``: the bubble R ranks would see, measured on one device
-    (:func:`fstrain.measure.replay.replay`)."""
-
-    baseline: str | None = None
-    """Another OUTPUT (e.g. ``--strategy shuffle``): report the reduction."""
-    max_steps: int = 4
-    """Replay the first K steps."""
-    statistic: Literal["median", "min"] = "median"
-    """Of the repeats."""
-    null_control: bool = True
-    """Also time rank 0's batch as every rank, the null control (``--no-null-control`` skips it and
-    halves the timed work)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class CalibrateConfig:
-    """``fstrain calibrate``: the grid timed to fit the per-sample cost model
-    (:func:`fstrain.measure.calibrate.calibrate`)."""
-
-    lengths: str = "4,16,48,96,160,256,384,512"
-    """Comma-separated grid lengths."""
-    batch_sizes: str = "8,32"
-    """Comma-separated samples per batch."""
-    mixed: int = 12
-    """Extra batches of random grid lengths."""
-    from_shards: str | None = None
-    """Also time the real per-rank batches of this fsdata OUTPUT (best: ``--strategy shuffle``)."""
-    shard_steps: int = 4
-    """Steps of ``--from-shards`` to time."""
-    name: str | None = None
-    """Cost model name recorded in manifests."""
-
-
 #: Root of every generated flag's key in the parsed namespace (``cfg.model.embedding_dim``):
 #: jsonargparse takes a key that is also a flag's name (``model`` of ``--model``) for that flag.
 KEY_ROOT = "cfg"
 #: Choices of a field, from the registries that define them.
 CHOICES = {
-    "model.model": MODELS, "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
+    "model.model": MODELS.names(), "model.objective": OBJECTIVES, "model.negatives": NEGATIVE_MODES,
     "model.attention": ATTENTIONS, "optim.sparse_optimizer": SPARSE_OPTIMIZERS,
     "pipeline.name": (*PIPELINE_NAMES, NO_PIPELINE), "pipeline.step_mode": STEP_MODES, "comm.backend": BACKEND_CHOICES,
     "evaluate.backend": BACKEND_CHOICES,

@@ -1,14 +1,8 @@
 """The training loop on fsdata shards: one process per rank, gloo on CPU, NCCL on GPU.
 
-Two step functions compute the same update:
-
-* :func:`train_step` (reference): ``loss = dmp(batch); loss.backward(); opt.step()``; the
-  dense all-reduce runs inside the backward (DDP, SUM hook). This is the shape torchrec's
-  ``TrainPipelineSparseDist`` / ``TrainPipelinePEC`` drive.
-* :func:`measured_step` (default): the backward is split at the embedding output so the rank's
-  local compute (dense forward + backward) is timed apart from the first collective that waits
-  on the other ranks (a one-element all-reduce), then the sparse backward (gradient
-  all-to-all, fused update) and the dense SUM all-reduce run. Its timings give the bubble.
+Every step comes from a pipeline (:func:`fstrain.pipelines.pipeline_for_run`), ``--pipeline none``
+included: the loop's own step (:class:`fstrain.pipelines.loop.LoopPipeline`: the timed
+``measured_step`` or the reference ``plain_step``), so the loop has one shape.
 
 Resumption: the reader starts at the checkpoint's step; negatives depend only on
 ``(seed, step)``; so a resumed run continues exactly as an uninterrupted one.
@@ -24,98 +18,28 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
-from torch.autograd.profiler import record_function
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from fstrain.data.batch import HISTORY_KEY, Batch
 from fstrain.data.manifest import (check_counts, check_eval_ids, infer_num_codes, infer_num_items, load_manifest,
                                    max_history_length, plan_digest, resharded_from, resolve_action_column,
                                    resolve_num_items)
 from fstrain.data.merge import merge_factor, open_rank_reader
 from fstrain.distributed.env import DistEnv, init_distributed, planned_device
-from fstrain.distributed.sharding import allreduce_dense_grads, build_sharded_model
 from fstrain.errors import ConfigError, FstrainError, ShardError
-from fstrain.components.checkpoint import (checkpoint_num_items, init_from_checkpoint, latest_checkpoint,
-                                           resolve_checkpoint, resume_checkpoint, save_checkpoint)
+from fstrain.components.checkpoint import (Checkpointer, checkpoint_num_items, init_from_checkpoint,
+                                           latest_checkpoint, resolve_checkpoint, resume_checkpoint)
 from fstrain.components.heap import HeapTrimmer
 from fstrain.components.outputs import check_checkpoint_dir, check_metrics_dir
 from fstrain.components.metrics import NULL_TIMES, StepTiming, describe_bubble, summarize, write_json, write_step_times
-from fstrain.models.config import NEGATIVE_KEY
+from fstrain.models.config import MODELS
 from fstrain.models.negatives import attach_negatives
-from fstrain.models.recommender import objective_inputs
 from fstrain.config import TrainConfig
 from fstrain.distributed.watchdog import PeerGuard
-from fstrain.pipelines import NO_PIPELINE, make_pipeline, model_builder, pipeline_steps, resolve_pipeline_name
+from fstrain.pipelines import model_builder, pipeline_for_run, resolve_pipeline_name
 from fstrain.components.schedule import StepSchedule
 from fstrain.components.steplog import StepLog
 
 logger = logging.getLogger(__name__)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def train_step(dmp: DistributedModelParallel, opt, batch: Batch) -> tuple[torch.Tensor, int]:
-    """Reference step: forward through DMP/DDP, ``loss.backward()``, optimizer step.
-
-    Returns:
-        ``(loss_sum, num_samples)`` of this rank (detached loss sum over its samples).
-    """
-    with record_function("## forward ##"):
-        loss, (loss_sum, n) = dmp(batch)
-    with record_function("## backward ##"):
-        loss.backward()
-    with record_function("## optimizer ##"):
-        opt.step()
-        opt.zero_grad()
-    return loss_sum, int(n)
-
-
-def measured_step(dmp: DistributedModelParallel, opt, batch: Batch, rank: int, device: torch.device,
-                  num_tokens: int = -1) -> tuple[torch.Tensor, int, StepTiming]:
-    """Timed step with the same update as :func:`train_step` (see the module docstring).
-
-    Args:
-        num_tokens: history items of the batch (recorded; pass it from the host copy).
-
-    Returns:
-        ``(loss_sum, num_samples, timing)``.
-    """
-    model = dmp.module
-    f = batch.features
-    t0 = time.perf_counter()
-    hist, tgt, neg = model.sparse_forward(f)
-    _sync(device)
-    t1 = time.perf_counter()
-    with record_function("## dense_forward_backward ##"):
-        leaves = [x.detach().requires_grad_() for x in (hist, tgt, neg)]
-        loss, (loss_sum, n) = model.dense(leaves[0], f[HISTORY_KEY].lengths(), leaves[1], leaves[2],
-                                          batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples,
-                                          **objective_inputs(batch))
-        loss.backward()
-        _sync(device)
-    t2 = time.perf_counter()
-    with record_function("## wait_for_stragglers ##"):
-        if dist.get_world_size() > 1:
-            dist.all_reduce(torch.zeros(1, device=device))
-        _sync(device)
-    t3 = time.perf_counter()
-    with record_function("## sparse_backward ##"):
-        torch.autograd.backward([hist, tgt, neg], [x.grad for x in leaves])
-    with record_function("## dense_allreduce ##"):
-        allreduce_dense_grads(dmp)
-    with record_function("## optimizer ##"):
-        opt.step()
-        opt.zero_grad()
-    _sync(device)
-    t4 = time.perf_counter()
-    timing = StepTiming(step=batch.step, rank=rank, num_samples=batch.num_samples,
-                        num_tokens=num_tokens if num_tokens >= 0 else int(f[HISTORY_KEY].lengths().sum()),
-                        sparse_forward_seconds=t1 - t0,
-                        compute_seconds=t2 - t1, wait_seconds=t3 - t2, sync_seconds=t4 - t3)
-    return loss_sum, int(n), timing
 
 
 def _check_all_ranks(ok: bool, message: str, env: DistEnv) -> None:
@@ -214,7 +138,7 @@ def train(cfg: TrainConfig, env: DistEnv | None = None) -> TrainResult:
 def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResult:
     """:func:`train`'s body; ``guard`` receives the watchdog and the progress marks."""
     cfg.check()
-    pcfg = cfg.pipeline if cfg.pipeline.name != NO_PIPELINE else None
+    cfg = replace(cfg, comm=cfg.comm.resolved())  # --backend auto decided once, here; later code takes the name
     manifest = load_manifest(cfg.shards)  # cheap checks first: before init, no collective can hang
     check_counts(manifest)  # untrusted counts against the files, before anything is sized by them
     if cfg.checkpoint.dir:
@@ -228,18 +152,18 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                           f"size {world}")
     if not cfg.simulate_ranks:
         merge_factor(manifest, world)  # R or a divisor of R (fstrain.data.merge); else the reshard command
-    pipe_name = None
-    if pcfg:  # the pipeline decides the model layout (pec: PEC-wrapped table); fail before init
-        pipe_name = resolve_pipeline_name(pcfg.name, env.device if env else planned_device(cfg.comm.backend))
-        if pipe_name == "pec" and cfg.checkpoint.dir and cfg.checkpoint.every_steps:
-            raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
-                              "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
-                              "or --pipeline prioritized")
+    # the pipeline decides the model layout (pec: PEC-wrapped table); decided once, before init
+    pipe_name = resolve_pipeline_name(cfg.pipeline.name, env.device if env else planned_device(cfg.comm.backend),
+                                      pec_fallback=cfg.pipeline.pec_fallback)
+    if pipe_name == "pec" and cfg.checkpoint.dir and cfg.checkpoint.every_steps:
+        raise ConfigError("--pipeline pec defers each step's NOL gradient to the next step, so a mid-run "
+                          "checkpoint would miss it; use --checkpoint-every-steps 0 (checkpoint at the end) "
+                          "or --pipeline prioritized")
     num_items, source = _num_items(cfg, manifest)  # and the evaluation file checked against it: before init
     init_from = _init_source(cfg)
     if init_from and source == "inferred":  # items of the checkpoint absent from today's shards keep their rows
         num_items = max(num_items, checkpoint_num_items(init_from) or 0)
-    action = resolve_action_column(manifest, cfg.model.model, cfg.model.action_column)
+    action = resolve_action_column(manifest, MODELS.get(cfg.model.model).actions_by_default, cfg.model.action_column)
     num_actions = (cfg.model.num_actions or infer_num_codes(manifest, action)) if action else None
     if action and cfg.eval.data:
         from fstrain.components.evaluator import load_eval_data
@@ -253,7 +177,7 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     mcfg = replace(cfg.model.for_data(manifest, num_items=num_items), action_column=action, num_actions=num_actions)
     if env.rank == 0 and action:
         logger.info("action input: feature column %r, %d codes", action, num_actions)
-    dmp, opt = (model_builder(pipe_name) if pipe_name else build_sharded_model)(mcfg, cfg.optim, env)
+    dmp, opt = model_builder(pipe_name)(mcfg, cfg.optim, env)
     dmp.module.dense.seed = cfg.seed  # dropout masks keyed by (seed, step, sample, position)
     start, offset = 0, 0  # first step of the shards to train; global step = shards step + offset
     digest = plan_digest(manifest)
@@ -288,34 +212,30 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
     if cfg.eval.data:
         from fstrain.components.evaluator import Evaluator
 
-        schedule = StepSchedule.epochs(manifest.epoch_first_steps(), cfg.eval.every_epochs, offset)
-        if not cfg.eval.every_epochs:  # a period on the global step (docs/fstrain.md, "Changing the world size")
-            schedule = replace(schedule, every_steps=cfg.eval.every_steps)
+        schedule = StepSchedule.evaluation(manifest.epoch_first_steps(), every_steps=cfg.eval.every_steps,
+                                           every_epochs=cfg.eval.every_epochs, step_offset=offset)
         evaluator = Evaluator(cfg.eval.data, schedule=schedule, num_items=mcfg.num_items,
                               rank=env.rank, world_size=env.world_size, device=env.device,
                               max_users=cfg.eval.max_users, action_column=action)
+    ckpts = Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.every_steps, step_offset=offset, rank=env.rank,
+                         world_size=env.world_size, extra=ckpt_extra)  # names: the global step
     timings: list[StepTiming] = []
     steplog = StepLog(env.rank, env.world_size, cfg.metrics.tensorboard_dir, step_offset=offset)  # TensorBoard: global
     logs = StepSchedule(every_steps=cfg.metrics.log_every_steps, step_offset=offset)
-    ckpts = StepSchedule(every_steps=cfg.checkpoint.every_steps, step_offset=offset)  # names: the global step
     window_loss = torch.zeros((), dtype=torch.float64, device=env.device)  # no per-step device sync
     window_n, window_samples, window_tokens, t_window = 0, 0, 0, time.perf_counter()
     total_samples, total_tokens, t_start = 0, 0, time.perf_counter()
     paused = 0.0  # seconds of evaluation, checkpoint saves and control steps: outside every throughput figure
     step = start
-    pipe = make_pipeline(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device) if pipe_name else None
+    pipe = pipeline_for_run(replace(cfg.pipeline, name=pipe_name), dmp, opt, env.device)  # none: the loop's step
     if mcfg.objective == "all-positions" and env.world_size > 1 and not reader.has_token_counts:
         raise ShardError(f"{cfg.shards} does not record per-step token counts (_step_stats.parquet num_tokens, "
                          "fsdata >= 0.3), which the all-positions loss of a multi-rank job needs as its normaliser; "
                          "re-run fsdata balance, or train with --objective last-position")
-    if pipe:
-        host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
-        # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
-        # unless checkpoints are taken between steps (the state must match the item's step)
-        lag = env.device.type == "cuda" and not (cfg.checkpoint.dir and cfg.checkpoint.every_steps)
-        source = pipeline_steps(pipe, host, env.rank, lag=lag)
-    else:
-        source = reader
+    host = (attach_negatives(b, mcfg, cfg.seed) for b in reader)
+    # CUDA: read each step's timing events one step late (no host wait on the GPU per step),
+    # unless checkpoints are taken between steps (the state must match the item's step)
+    lag = env.device.type == "cuda" and not ckpts.periodic
     from tqdm import tqdm
 
     total_steps = manifest.num_steps - start if max_steps is None else min(max_steps, manifest.num_steps - start)
@@ -324,35 +244,20 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
                file=sys.stderr)
     guard.stepping = True
     nullctl = None
-    if cfg.metrics.null_control_steps and env.world_size > 1 and (pipe or cfg.pipeline.step_mode != "plain"):
+    if cfg.metrics.null_control_steps and env.world_size > 1 and pipe.records_timings:
         from fstrain.components.nullcontrol import NullControl
 
         nullctl = NullControl(cfg.shards, start_step=start, total_steps=max(0, total_steps),
                               num_controls=cfg.metrics.null_control_steps, dense=dmp.module.dense, model_config=mcfg,
                               seed=cfg.seed, rank=env.rank, device=env.device)
-    for index, item in enumerate(source):
-        timing = None
-        if pipe:
-            batch_step, loss_sum, n, num_tokens, timing = item
-            timings.append(timing)
-            num_samples = timing.num_samples  # histories
-        else:
-            batch = item
-            num_tokens = int(batch.lengths.sum())  # on the host, before the copy
-            num_samples = batch.num_samples
-            batch = attach_negatives(batch, mcfg, cfg.seed)
-            if env.device.type == "cuda":
-                batch = batch.pin_memory()  # so the copy below is asynchronous
-            batch = batch.to(env.device, non_blocking=True)
-            if cfg.pipeline.step_mode == "plain":
-                loss_sum, n = train_step(dmp, opt, batch)
-            else:
-                loss_sum, n, timing = measured_step(dmp, opt, batch, env.rank, env.device, num_tokens)
-                timings.append(timing)
-            batch_step = batch.step
-        n = int(n)  # the loss's supervised positions: the tokens of tokens/s (histories for last-position)
+    for index, (batch_step, loss_sum, n, _tokens, timing) in enumerate(pipe.steps(host, env.rank, lag=lag)):
+        num_samples = timing.num_samples  # histories
+        recorded = timing if pipe.records_timings else None  # --step-mode plain: the reference step, untimed
+        if recorded is not None:
+            timings.append(recorded)
+        # n: the loss's supervised positions: the tokens of tokens/s (histories for last-position)
         step = batch_step + 1
-        steplog.add(batch_step, loss_sum, n, timing)
+        steplog.add(batch_step, loss_sum, n, recorded)
         bar.update(1)
         guard.step(step)
         heap.step(step)
@@ -377,34 +282,22 @@ def _train(cfg: TrainConfig, env: DistEnv | None, guard: PeerGuard) -> TrainResu
             window_loss = torch.zeros((), dtype=torch.float64, device=env.device)
             window_n, window_samples, window_tokens = 0, 0, 0
             t_window = t_pause  # the window ended at this step's end; pauses after it are moved below
-        if cfg.checkpoint.dir and ckpts.due(step):
-            if pipe:
-                pipe.flush()  # prioritized: the last step's deferred sparse update
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
-                            {**ckpt_extra, "shards_step": step})
+        if ckpts.after_step(dmp, opt, step, flush=pipe.flush):  # flush: prioritized's deferred sparse update
             guard.step(step)  # a long save is progress, not a hang
-        if evaluator and evaluator.due(step):
-            if pipe:
-                pipe.flush()  # evaluate the parameters after this step's (deferred) update
-            metrics = evaluator.maybe_run(dmp.module, step)
-            if metrics:
-                steplog.log_eval(step, metrics)
+        if evaluator and (metrics := evaluator.after_step(dmp.module, step, flush=pipe.flush)):
+            steplog.log_eval(step, metrics)
             guard.step(step)  # an evaluation is progress, not a hang
         dt_pause = time.perf_counter() - t_pause  # control steps, logging, checkpoint, evaluation
         paused += dt_pause
         t_window += dt_pause
     bar.close()
-    if pipe:
-        pipe.close()  # flushes
+    pipe.close()  # flushes
     train_seconds = time.perf_counter() - t_start - paused
     if evaluator and step > start:
         metrics = evaluator.finish(dmp.module, step)
         if metrics:
             steplog.log_eval(step, metrics)
-    if cfg.checkpoint.dir and not ckpts.due(step):
-        if step > start:
-            save_checkpoint(dmp, opt, cfg.checkpoint.dir, step + offset, env.rank, env.world_size,
-                            {**ckpt_extra, "shards_step": step})
+    ckpts.finish(dmp, opt, step, start)
     if evaluator:
         steplog.log_best(evaluator.best())
     steplog.finish()  # losses of the last window into the timings; closes TensorBoard

@@ -5,7 +5,7 @@ models). Choices, help and the unknown-name error all come from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from fsdata.errors import ConfigError
@@ -65,6 +65,13 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._classes
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names, in registration order: a registry is its flag's choices."""
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
 
     def get(self, name: str) -> type[T]:
         """The class registered as ``name``.

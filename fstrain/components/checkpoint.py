@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fstrain.components.metrics import write_json
 from fstrain.components.outputs import is_checkpoint_folder
+from fstrain.components.schedule import StepSchedule
 from fstrain.components.safe_dcp import (SafeFileSystemReader, SafeLoadPlanner, check_checkpoint_files, describe,
                                         first_cause, safe_load)
 from fstrain.errors import ConfigError, FstrainError
@@ -101,6 +102,56 @@ def save_checkpoint(dmp, opt, checkpoint_dir: str, step: int, rank: int, world_s
         write_json({"step": step, "world_size": world_size, **extra}, os.path.join(path, META_NAME))
     dist.barrier()
     return path
+
+
+class Checkpointer:
+    """The checkpoints of a training run: after every ``every_steps`` global steps and at its end
+    (the training loop's schedule, :class:`fstrain.components.schedule.StepSchedule`).
+
+    Args:
+        checkpoint_dir: where ``step-XXXXXXXX`` folders go (``None``: no checkpoint at all).
+        every_steps: the period on the global step (0: only at the end).
+        step_offset: the global step of the shards' step 0 (a reshard's S; names use the global step).
+        rank, world_size: this process's place in the job.
+        extra: recorded in every checkpoint's ``fstrain.json`` (plus ``shards_step``, the shards' step).
+    """
+
+    def __init__(self, checkpoint_dir: str | None, every_steps: int = 0, *, step_offset: int = 0, rank: int = 0,
+                 world_size: int = 1, extra: dict | None = None) -> None:
+        self.dir = checkpoint_dir
+        self.schedule = StepSchedule(every_steps=every_steps, step_offset=step_offset)
+        self.rank, self.world_size, self.extra = rank, world_size, dict(extra or {})
+
+    @property
+    def periodic(self) -> bool:
+        """Whether checkpoints are taken between steps (the state must then match the step done)."""
+        return bool(self.dir and self.schedule.every_steps)
+
+    def save(self, dmp, opt, step: int) -> str:
+        """Save after ``step`` steps of the shards (every rank together), named by the global step.
+
+        Raises:
+            ValueError: no checkpoint folder.
+        """
+        if self.dir is None:
+            raise ValueError("this run has no checkpoint folder")
+        return save_checkpoint(dmp, opt, self.dir, self.schedule.global_step(step), self.rank, self.world_size,
+                               {**self.extra, "shards_step": step})
+
+    def after_step(self, dmp, opt, step: int, flush=None) -> bool:
+        """Save when the period is due after ``step`` steps, calling ``flush()`` first (a pipeline's
+        deferred update); returns whether it saved."""
+        if not (self.dir and self.schedule.due(step)):
+            return False
+        if flush is not None:
+            flush()
+        self.save(dmp, opt, step)
+        return True
+
+    def finish(self, dmp, opt, step: int, start: int) -> None:
+        """The end-of-run checkpoint, unless the period saved this step already or no step was trained."""
+        if self.dir and not self.schedule.due(step) and step > start:
+            self.save(dmp, opt, step)
 
 
 def read_checkpoint_meta(path: str) -> dict:

@@ -46,68 +46,35 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fsdata.samples import schema
 from fstrain.data.batch import HISTORY_KEY, TARGET_KEY
+from fstrain.components.ranking import DEFAULT_K, REPORTED_KS, hr_ndcg_sums, mask_scores, mrr_sum, target_ranks
 from fstrain.components.schedule import StepSchedule
 from fstrain.errors import ConfigError
 from fstrain.models.config import NEGATIVE_KEY
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_K = 10
-#: Cutoffs always reported (generative-recommenders reports HR/NDCG@10 and @50, and MRR).
-REPORTED_KS = (10, 50)
 
+@dataclass(kw_only=True, slots=True)
+class EvaluateConfig:
+    """``fstrain evaluate``: HR@K and NDCG@K of a checkpoint (:func:`evaluate_checkpoint`)."""
 
-def target_ranks(scores: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-    """0-based rank of each target among its row's scores (ties count against the target).
+    k: int = DEFAULT_K
+    """Cutoff K of HR@K and NDCG@K."""
+    batch_size: int = 256
+    """Users per scoring batch."""
+    mask_history: bool = True
+    """Mask the user's history items out of the candidates, as SASRec's negatives
+    (``--no-mask-history``: keep them among the candidates)."""
+    padding_id: int = 0
+    """Item id excluded from the candidates (-1: none)."""
+    max_users: int | None = None
+    """Evaluate a fixed seeded sample of this many users (``None``: all)."""
+    backend: str = "auto"
+    """Process-group backend when run under torchrun."""
 
-    Args:
-        scores: ``[U x N]`` float; excluded candidates set to ``-inf``.
-        target_ids: ``[U]`` int64 in ``0..N-1`` (their scores must be finite).
-
-    Returns:
-        ``[U]`` int64: ``#(score > s_t) + #(score == s_t) - 1``.
-    """
-    t = scores.gather(1, target_ids[:, None])
-    return (scores > t).sum(1) + (scores == t).sum(1) - 1
-
-
-def mrr_sum(ranks: torch.Tensor) -> float:
-    """Sum over users of ``1 / (rank + 1)`` for 0-based ``ranks`` ``[U]`` int64 (mean reciprocal rank's numerator)."""
-    return float((1.0 / (ranks.to(torch.float64) + 1.0)).sum())
-
-
-def hr_ndcg_sums(ranks: torch.Tensor, k: int = DEFAULT_K) -> tuple[float, float]:
-    """Sums over users of ``HR@k`` and ``NDCG@k`` terms for 0-based ``ranks`` ``[U]`` int64."""
-    hit = ranks < k
-    ndcg = torch.where(hit, 1.0 / torch.log2(ranks.to(torch.float64) + 2.0), torch.zeros((), dtype=torch.float64))
-    return float(hit.sum()), float(ndcg.sum())
-
-
-def mask_scores(scores: torch.Tensor, target_ids: torch.Tensor, hist_values: torch.Tensor, hist_lengths: torch.Tensor,
-                *, mask_history: bool, padding_id: int) -> torch.Tensor:
-    """Exclude candidates in place (module docstring): the padding id and, optionally, history items.
-
-    Args:
-        scores: ``[U x N]`` float, modified in place.
-        target_ids: ``[U]`` int64.
-        hist_values: ``[T]`` int64 history items of the ``U`` users, concatenated.
-        hist_lengths: ``[U]`` int64.
-        mask_history: set history items (other than the target) to ``-inf``.
-        padding_id: candidate id to exclude (negative: none).
-
-    Returns:
-        ``scores``.
-    """
-    rows = torch.arange(len(target_ids), device=scores.device)
-    keep = scores[rows, target_ids].clone()
-    if padding_id >= 0:
-        scores[:, padding_id] = float("-inf")
-    if mask_history and hist_values.numel():
-        users = torch.repeat_interleave(rows, hist_lengths.to(scores.device))
-        scores[users, hist_values.to(scores.device)] = float("-inf")
-    scores[rows, target_ids] = keep
-    return scores
-
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.batch_size < 1:
+            raise ConfigError(f"--k and --batch-size must be >= 1, got {self.k} and {self.batch_size}")
 
 @dataclass(slots=True)
 class EvalData:
@@ -428,6 +395,15 @@ class Evaluator:
         """Evaluate when :meth:`due`."""
         return self.run(model, step) if self.due(step) else None
 
+    def after_step(self, model, step: int, flush=None) -> dict | None:
+        """The training loop's call after each step: when :meth:`due`, ``flush()`` (a pipeline's
+        deferred update, so the parameters are this step's) and evaluate; else None."""
+        if not self.due(step):
+            return None
+        if flush is not None:
+            flush()
+        return self.run(model, step)
+
     def best(self, metric: str | None = None) -> dict | None:
         """The record with the highest ``metric`` (default ``ndcg@K``; the first one on ties), or None."""
         metric = metric or f"ndcg@{self.kw['k']}"
@@ -443,9 +419,8 @@ class Evaluator:
         pq.write_table(pa.Table.from_pylist(self.records), path)
 
 
-def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None = None, k: int = DEFAULT_K,
-                        batch_size: int = 256, mask_history: bool = True, padding_id: int = 0,
-                        backend: str = "auto", max_users: int | None = None) -> dict:
+def evaluate_checkpoint(checkpoint: str, eval_path: str, config: EvaluateConfig | None = None, *,
+                        model: dict | None = None) -> dict:
     """Evaluate a ``fstrain train`` checkpoint on an evaluation file (``fstrain evaluate``).
 
     The model is rebuilt exactly as in training (:func:`fstrain.distributed.sharding.build_sharded_model`, the
@@ -457,9 +432,8 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
         eval_path: evaluation file.
         model: :class:`fstrain.models.config.Config` keyword arguments; default: the ones recorded in the
             checkpoint's ``fstrain.json`` (checkpoints written before that was recorded need them).
-        k, batch_size, mask_history, padding_id: as :func:`evaluate_model`.
-        backend: as :func:`fstrain.distributed.env.init_distributed`.
-        max_users: evaluate a fixed seeded sample of this many users (:meth:`EvalData.subsample`).
+        config: :class:`EvaluateConfig` (default: its defaults); ``backend`` as
+            :func:`fstrain.distributed.env.init_distributed`, ``max_users`` as :meth:`EvalData.subsample`.
 
     Returns:
         :func:`evaluate_model`'s dict plus ``checkpoint`` and ``step``.
@@ -467,13 +441,18 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
     Raises:
         FstrainError / ConfigError: not a checkpoint, no model config, or a bad evaluation file.
     """
+    from dataclasses import replace
+
     from fstrain.components.checkpoint import load_model_weights, read_checkpoint_meta
     from fstrain.data.manifest import recorded_num_items_of
+    from fstrain.distributed.backends import resolve_backend
     from fstrain.distributed.env import init_distributed
     from fstrain.distributed.optim import OptimConfig
     from fstrain.distributed.sharding import build_sharded_model
     from fstrain.models.config import Config
 
+    config = config or EvaluateConfig()
+    config = replace(config, backend=resolve_backend(config.backend))  # auto decided once, here
     meta = read_checkpoint_meta(checkpoint)
     kw = dict(meta.get("model") or {})
     kw.update(model or {})
@@ -483,16 +462,16 @@ def evaluate_checkpoint(checkpoint: str, eval_path: str, *, model: dict | None =
         raise ConfigError(f"{checkpoint} does not record its model config; pass the training model flags "
                           "(--num-items, --embedding-dim, --num-layers, --num-heads, --max-seq-len)")
     cfg = Config(**kw)
-    data = load_eval_data(eval_path, cfg.action_column if cfg.uses_actions else None).subsample(max_users)
+    data = load_eval_data(eval_path, cfg.action_column if cfg.uses_actions else None).subsample(config.max_users)
     if data.max_item_id() >= kw["num_items"]:  # before any process group or model exists
         raise ConfigError(f"evaluation file {eval_path} has item id {data.max_item_id()} but {checkpoint} has "
                           f"num_items {kw['num_items']}; evaluate it on held-out data of the conversion it was "
                           "trained on")
-    env = init_distributed(backend)
+    env = init_distributed(config.backend)
     torch.manual_seed(0)  # the initial table is overwritten by the checkpoint
     dmp, _ = build_sharded_model(cfg, OptimConfig(), env)
     load_model_weights(dmp, checkpoint, kw)
-    res = evaluate_model(dmp.module, data, num_items=cfg.num_items, k=k, batch_size=batch_size,
-                         mask_history=mask_history, padding_id=padding_id, device=env.device, rank=env.rank,
-                         world_size=env.world_size)
+    res = evaluate_model(dmp.module, data, num_items=cfg.num_items, k=config.k, batch_size=config.batch_size,
+                         mask_history=config.mask_history, padding_id=config.padding_id, device=env.device,
+                         rank=env.rank, world_size=env.world_size)
     return {"checkpoint": checkpoint, "step": meta.get("step"), **res}

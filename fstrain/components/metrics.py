@@ -1,6 +1,6 @@
 """Per-step, per-rank timings and the measured bubble (``fsdata.balancer.bubble.run_bubble``).
 
-A training step is timed in stages (:func:`fstrain.train.measured_step`):
+A training step is timed in stages (:func:`fstrain.pipelines.loop.measured_step`):
 
 * ``sparse_forward_seconds``: input dist, lookup and output dist of the item table (its
   all-to-alls start when every rank has finished the previous step, so they are nearly even).

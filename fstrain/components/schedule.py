@@ -57,6 +57,16 @@ class StepSchedule:
         return e + ((step - first[e]) / span if span else 0.0)
 
     @classmethod
+    def evaluation(cls, epoch_first_steps, *, every_steps: int, every_epochs: int, step_offset: int = 0
+                   ) -> "StepSchedule":
+        """When the training loop evaluates (``--eval-every-epochs``, else ``--eval-every-steps``): at
+        the end of every ``every_epochs``-th epoch of the shards, else every ``every_steps`` global
+        steps (docs/fstrain.md, "Changing the world size"); the epochs known either way (records carry them)."""
+        schedule = cls.epochs(epoch_first_steps, every_epochs, step_offset)
+        return schedule if every_epochs else cls(every_steps=every_steps, step_offset=step_offset,
+                                                 epoch_first_steps=schedule.epoch_first_steps)
+
+    @classmethod
     def epochs(cls, epoch_first_steps, every_epochs: int, step_offset: int = 0) -> "StepSchedule":
         """Due at the end of every ``every_epochs``-th epoch of the shards (their exact boundaries)."""
         first = tuple(int(x) for x in epoch_first_steps)

@@ -411,17 +411,18 @@ def feature_columns(manifest: Manifest) -> list[str]:
     return [str(c) for c in v] if isinstance(v, list) else []
 
 
-def resolve_action_column(manifest: Manifest, model: str, requested: str | None) -> str | None:
+def resolve_action_column(manifest: Manifest, by_default: bool, requested: str | None) -> str | None:
     """The feature column a model reads as its action input (``Config.action_column``).
 
     ``"none"``: None. A named column: checked in rank 0's file (:func:`check_feature_column`).
-    ``None``: for ``hstu``, the manifest's feature column ``action`` if listed, else its first
-    feature column holding integer lists; None for ``sasrec`` or when there is none.
+    ``None``: for a model family that reads actions ``by_default`` (its block class's
+    ``actions_by_default``: ``hstu``), the manifest's feature column ``action`` if listed, else its
+    first feature column holding integer lists; None for the others (``sasrec``) or when there is none.
 
     Raises:
         ShardError: a named column is missing or not a list of integers.
     """
-    if requested == "none" or (requested is None and model != "hstu"):
+    if requested == "none" or (requested is None and not by_default):
         return None
     path = manifest.rank_file(0)
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fstrain.distributed.backends import BACKEND_CHOICES, BACKEND_DEVICES, resolve_backend
+from fstrain.distributed.backends import BACKEND_CHOICES, BACKEND_DEVICES
 from fstrain.errors import ConfigError
 
 
@@ -22,16 +22,16 @@ BACKENDS = BACKEND_CHOICES  # the one table: fstrain.distributed.backends
 def planned_device(backend: str) -> torch.device:
     """The device :func:`init_distributed` will pick for ``backend`` (without initialising anything).
 
+    Args:
+        backend: a concrete name (``auto`` resolved at startup: :meth:`fstrain.distributed.comm.CommConfig.resolved`).
+
     Raises:
-        ConfigError: unknown backend.
+        ConfigError: ``auto`` or an unknown backend.
     """
-    _check_backend(backend)
-    return torch.device(BACKEND_DEVICES[resolve_backend(backend)])
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; use {', '.join(BACKENDS)}")
+    if backend not in BACKEND_DEVICES:
+        raise ConfigError(f"backend {backend!r} is not a resolved backend name; use one of "
+                          f"{', '.join(BACKEND_DEVICES)}")
+    return torch.device(BACKEND_DEVICES[backend])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,8 @@ def init_distributed(backend: str = "auto", timeout_seconds: float = 600, comm=N
         timeout_seconds: collective timeout (process group, and the shm transport's own).
         comm: a :class:`fstrain.distributed.comm.CommConfig` whose transport settings (``shm``,
             ``cuda_ce``) are used; its ``backend`` replaces ``backend``. ``None``: the defaults.
+            ``auto`` is resolved here unless the caller did already, once, at startup
+            (:meth:`fstrain.distributed.comm.CommConfig.resolved`, as :func:`fstrain.train.train` does).
 
     Returns:
         The :class:`DistEnv`.
@@ -78,20 +80,14 @@ def init_distributed(backend: str = "auto", timeout_seconds: float = 600, comm=N
 
     from fstrain.distributed.comm import CommConfig, register_torch_backends
 
-    if comm is not None:
-        backend = comm.backend
-    _check_backend(backend)
-    comm = comm if comm is not None else CommConfig(backend=backend)
-    cuda = torch.cuda.is_available()
-    if backend in ("nccl", "cuda-ce") and not cuda:
-        raise ConfigError(f"--backend {backend} needs a CUDA device and none is visible; use --backend gloo or shm")
-    backend = resolve_backend(backend, cuda=cuda)
-    pg_backend = backend
-    if backend == "shm":  # "fs_shm"; the transport times out with the process group
-        pg_backend = register_torch_backends(replace(comm, backend="shm",
-                                                     shm=replace(comm.shm, timeout_seconds=timeout_seconds)))
-    elif backend == "cuda-ce":
-        pg_backend = register_torch_backends(replace(comm, backend="cuda-ce"))  # "fs_cuda_ce"
+    try:
+        comm = (comm if comm is not None else CommConfig(backend=backend)).resolved()
+    except ValueError as e:  # CommConfig's own check: an unknown name
+        raise ConfigError(str(e)) from None
+    backend = comm.backend
+    if backend == "shm":  # the transport times out with the process group
+        comm = replace(comm, shm=replace(comm.shm, timeout_seconds=timeout_seconds))
+    pg_backend = register_torch_backends(comm)  # "gloo", "nccl", "fs_shm" or "fs_cuda_ce"
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", 0))

@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,12 +27,64 @@ import torch
 from fstrain.data.batch import make_batch
 from fstrain.errors import ConfigError
 from fstrain.models.negatives import attach_negatives
-from fstrain.measure.replay import make_replay_model, resolve_clock, time_forward_backward
+from fstrain.measure.replay import TimingConfig, make_replay_model, resolve_clock, time_forward_backward
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LENGTHS = (4, 16, 48, 96, 160, 256, 384, 512)
 DEFAULT_BATCH_SIZES = (8, 32)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    """``"4,16"`` -> ``(4, 16)``.
+
+    Raises:
+        ConfigError: not comma-separated positive integers.
+    """
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError(f"{flag} needs positive integers, got {text!r}")
+    return vals
+
+
+@dataclass(kw_only=True, slots=True)
+class CalibrateConfig:
+    """``fstrain calibrate``: the grid timed to fit the per-sample cost model (:func:`calibrate`)."""
+
+    lengths: str = ",".join(map(str, DEFAULT_LENGTHS))
+    """Comma-separated grid lengths."""
+    batch_sizes: str = ",".join(map(str, DEFAULT_BATCH_SIZES))
+    """Comma-separated samples per batch."""
+    mixed: int = 12
+    """Extra batches of random grid lengths."""
+    from_shards: str | None = None
+    """Also time the real per-rank batches of this fsdata OUTPUT (best: ``--strategy shuffle``)."""
+    shard_steps: int = 4
+    """Steps of ``--from-shards`` to time."""
+    name: str | None = None
+    """Cost model name recorded in manifests."""
+    timing: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5))
+    """How each batch is timed."""
+
+    def __post_init__(self) -> None:
+        _ = self.length_grid, self.batch_size_grid  # both parse
+        if self.mixed < 0:
+            raise ConfigError(f"--mixed must be >= 0, got {self.mixed}")
+        if self.shard_steps < 1:
+            raise ConfigError(f"--shard-steps must be >= 1, got {self.shard_steps}")
+
+    @property
+    def length_grid(self) -> tuple[int, ...]:
+        """``lengths`` as integers."""
+        return _ints(self.lengths, "--lengths")
+
+    @property
+    def batch_size_grid(self) -> tuple[int, ...]:
+        """``batch_sizes`` as integers."""
+        return _ints(self.batch_sizes, "--batch-sizes")
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -134,27 +186,21 @@ def shard_batches(shards: str, max_steps: int) -> list[np.ndarray]:
     return out
 
 
-def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAULT_LENGTHS,
-              batch_sizes=DEFAULT_BATCH_SIZES, num_mixed: int = 12, extra_batches: list[np.ndarray] | None = None,
-              warmup: int = 3, repeats: int = 3,
-              seed: int = 0, device: str = "cpu", num_threads: int | None = 1, clock: str = "auto",
-              name: str | None = None, progress: Callable[[int, int], None] | None = None) -> dict:
+def calibrate(config: CalibrateConfig | None = None, *, model: dict | None = None, num_items: int = 4000,
+              extra_batches: list[np.ndarray] | None = None, seed: int = 0,
+              progress: Callable[[int, int], None] | None = None) -> dict:
     """Time the grid on ``device`` and fit the cost model.
 
     Args:
+        config: :class:`CalibrateConfig` (default: its defaults): the grid (``lengths``, each <=
+            ``max_seq_len``, x ``batch_sizes``, plus ``mixed`` batches of random grid lengths that
+            check additivity), the batches of ``from_shards`` (:func:`shard_batches`), ``name``
+            (recorded as the cost model's name) and the timing (``timing.repeats`` timed runs per
+            batch, median; ``timing.num_threads``: match what replay / training uses).
         model: :class:`fstrain.models.config.Config` keyword arguments (the model you will train).
         num_items: item table rows (timing barely depends on it).
-        lengths: history lengths of the grid (each <= ``max_seq_len``).
-        batch_sizes: samples per batch of the grid.
-        num_mixed: extra batches of random grid lengths (check additivity).
         extra_batches: more batch compositions to time (e.g. :func:`shard_batches` of real shards).
-        warmup: untimed runs first.
-        repeats: timed runs per batch (median).
         seed: lengths of the mixed batches, ids, init.
-        device: ``cpu`` or ``cuda[:i]``.
-        num_threads: torch CPU threads (match what replay / training uses).
-        clock: ``auto``, ``thread`` or ``wall`` (:func:`fstrain.measure.replay.resolve_clock`).
-        name: recorded as the cost model's name.
         progress: called as ``progress(done, total)`` after each timed batch (``total`` = repeats x
             grid batches), e.g. to move a progress bar; ``None``: nothing.
 
@@ -167,17 +213,20 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
         ConfigError: empty grid, a length above ``max_seq_len``, or a fit where time does not
             grow with length.
     """
-    if not lengths or not batch_sizes or min(lengths) < 1 or min(batch_sizes) < 1:
-        raise ConfigError(f"calibration needs positive lengths and batch sizes, got {lengths} and {batch_sizes}")
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    dev = torch.device(device)
+    config = config or CalibrateConfig()
+    timing = config.timing
+    lengths, warmup, repeats = config.length_grid, timing.warmup, timing.repeats
+    if config.from_shards:
+        extra_batches = shard_batches(config.from_shards, config.shard_steps) + list(extra_batches or [])
+    if timing.num_threads:
+        torch.set_num_threads(timing.num_threads)
+    dev = torch.device(timing.device)
     mdl = make_replay_model(num_items, model, seed, dev)
     cfg = mdl.config
     if max(lengths) > cfg.max_seq_len:
         raise ConfigError(f"calibration length {max(lengths)} exceeds max_seq_len {cfg.max_seq_len}; "
                           f"pass --lengths up to {cfg.max_seq_len}")
-    grid = calibration_grid(lengths, batch_sizes, num_mixed, seed) + list(extra_batches or [])
+    grid = calibration_grid(lengths, config.batch_size_grid, config.mixed, seed) + list(extra_batches or [])
     if max(int(L.max()) for L in grid) > cfg.max_seq_len:
         raise ConfigError(f"a calibration batch has a history longer than max_seq_len {cfg.max_seq_len}; "
                           "raise --max-seq-len")
@@ -189,7 +238,7 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
                        np.arange(n), step, n)
         return attach_negatives(b, cfg, seed).to(dev)
 
-    tick = resolve_clock(clock, dev)
+    tick = resolve_clock(timing.clock, dev)
     for i in range(warmup):
         time_forward_backward(mdl, batch_of(grid[i % len(grid)], i), repeats=1, device=dev, clock=tick)
     batches = [batch_of(L, i) for i, L in enumerate(grid)]
@@ -213,7 +262,8 @@ def calibrate(*, model: dict | None = None, num_items: int = 4000, lengths=DEFAU
     model_desc = {k: getattr(cfg, k) for k in ("embedding_dim", "num_layers", "num_heads", "ffn_multiplier",
                                                  "num_negatives", "attention")}
     dev_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu x{torch.get_num_threads()}"
-    return {"kind": "polynomial", "name": name or f"calibrated:{dev.type}:d{cfg.embedding_dim}l{cfg.num_layers}",
+    name = config.name or f"calibrated:{dev.type}:d{cfg.embedding_dim}l{cfg.num_layers}"
+    return {"kind": "polynomial", "name": name,
             "coefficients": [c0, c1, c2], "units": "seconds", "batch_overhead_seconds": fit.batch_overhead_seconds,
             "fit": {"relative_rms_error": fit.relative_rms_error, "max_relative_error": fit.max_relative_error,
                     "num_measurements": len(grid)},

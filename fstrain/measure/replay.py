@@ -22,6 +22,8 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -46,6 +48,51 @@ def _sync(device: torch.device) -> None:
 
 
 CLOCKS = ("auto", "thread", "wall")
+
+
+@dataclass(kw_only=True, slots=True)
+class TimingConfig:
+    """How ``fstrain replay`` and ``fstrain calibrate`` time a batch on one device."""
+
+    warmup: int = 3
+    """Untimed runs first."""
+    repeats: int = 3
+    """Timed runs per batch."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda[:i]``."""
+    num_threads: int = 1
+    """Torch CPU threads (1: steady timings)."""
+    clock: Literal["auto", "thread", "wall"] = "auto"
+    """``auto``: thread CPU time on CPU with 1 thread, else wall."""
+
+    def __post_init__(self) -> None:
+        for flag, v, low in (("--repeats", self.repeats, 1), ("--warmup", self.warmup, 0),
+                             ("--num-threads", self.num_threads, 0)):
+            if v < low:
+                raise ConfigError(f"{flag} must be >= {low}, got {v}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayConfig:
+    """``fstrain replay``: the bubble R ranks would see, measured on one device (:func:`replay`)."""
+
+    baseline: str | None = None
+    """Another OUTPUT (e.g. ``--strategy shuffle``): report the reduction."""
+    max_steps: int = 4
+    """Replay the first K steps."""
+    statistic: Literal["median", "min"] = "median"
+    """Of the repeats."""
+    null_control: bool = True
+    """Also time rank 0's batch as every rank, the null control (``--no-null-control`` skips it and
+    halves the timed work)."""
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    """How each batch is timed."""
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ConfigError(f"--max-steps must be >= 1, got {self.max_steps}")
+        if self.statistic not in ("median", "min"):
+            raise ConfigError(f"unknown statistic {self.statistic!r}; use median or min")
 
 
 def resolve_clock(clock: str, device: torch.device) -> Callable[[], float]:
@@ -126,26 +173,22 @@ def predicted_costs(shards: str, num_steps: int) -> np.ndarray:
     return c
 
 
-def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats: int = 3,
-           model: dict | None = None, seed: int = 0, device: str = "cpu", num_threads: int | None = 1,
-           clock: str = "auto", statistic: str = "median", progress: Callable[[int, int], None] | None = None,
-           null_control: bool = True) -> dict:
+def replay(shards: str, config: ReplayConfig | None = None, *, model: dict | None = None, seed: int = 0,
+           progress: Callable[[int, int], None] | None = None) -> dict:
     """Measure the bubble of ``shards`` by timing every rank's batch of every step on one device.
 
     Args:
         shards: an ``fsdata balance`` OUTPUT.
-        max_steps: replay the first K steps (``None``: all).
-        warmup: untimed forward + backward runs (of the first batches) before timing.
-        repeats: timed runs per (step, rank); the median is kept.
+        config: :class:`ReplayConfig` (default: its defaults): the first ``max_steps`` steps; per
+            (step, rank) ``timing.repeats`` timed runs after ``timing.warmup`` untimed ones (of the
+            first batches), of which ``statistic`` is kept (``min`` rejects the time other processes
+            steal on a loaded machine; noise only ever adds time); ``timing.num_threads`` torch CPU
+            threads (1 keeps timings steady on shared machines; 0: as is); ``timing.clock`` as
+            :func:`resolve_clock`; ``null_control``: also time rank 0's batch as every rank (doubles
+            the timed work). ``baseline`` is the CLI's (a second call).
         model: :class:`fstrain.models.config.Config` keyword arguments (``num_items`` inferred if absent).
         seed: parameter init and negatives.
-        device: ``cpu`` or ``cuda[:i]``.
-        num_threads: torch CPU threads (1 keeps timings steady on shared machines; ``None``: as is).
-        clock: ``auto``, ``thread`` or ``wall`` (:func:`resolve_clock`).
-        statistic: ``median`` or ``min`` of the repeats (``min`` rejects the time other processes
-            steal on a loaded machine; noise only ever adds time).
         progress: called with ``(steps done, steps total)``.
-        null_control: also time rank 0's batch as every rank (doubles the timed work).
 
     Returns:
         JSON-ready dict: ``measured_bubble``, ``predicted_bubble`` (same steps, from step_stats),
@@ -158,17 +201,16 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
         ``null_slowest_rank_seconds_per_step``.
 
     Raises:
-        ConfigError: ``repeats < 1``, ``warmup < 0`` or ``max_steps < 1``.
+        ShardError: bad shards or step statistics.
     """
-    if statistic not in ("median", "min"):
-        raise ConfigError(f"unknown statistic {statistic!r}; use median or min")
-    if repeats < 1 or warmup < 0 or (max_steps is not None and max_steps < 1):
-        raise ConfigError(f"need repeats >= 1, warmup >= 0, max_steps >= 1; got {repeats}, {warmup}, {max_steps}")
-    if num_threads:
-        torch.set_num_threads(num_threads)
+    config = config or ReplayConfig()
+    timing = config.timing
+    warmup, repeats, statistic, null_control = timing.warmup, timing.repeats, config.statistic, config.null_control
+    if timing.num_threads:
+        torch.set_num_threads(timing.num_threads)
     m = load_manifest(shards)
-    S = m.num_steps if max_steps is None else min(max_steps, m.num_steps)
-    dev = torch.device(device)
+    S = min(config.max_steps, m.num_steps)
+    dev = torch.device(timing.device)
     from fstrain.models.config import objective_for  # noqa: PLC0415
 
     mdl = make_replay_model(resolve_num_items(m)[0], {"objective": objective_for(m), **(model or {})}, seed, dev)
@@ -176,7 +218,7 @@ def replay(shards: str, *, max_steps: int | None = 20, warmup: int = 3, repeats:
     iters = [iter(rd) for rd in readers]
     C = np.zeros((S, m.num_ranks))
     N = np.zeros((S, m.num_ranks))
-    tick = resolve_clock(clock, dev)
+    tick = resolve_clock(timing.clock, dev)
     for s in range(S):
         batches = [attach_negatives(next(it), mdl.config, seed).to(dev)
                    for it in iters]

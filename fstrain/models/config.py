@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdata.common.registry import Registry
 from fstrain.errors import ConfigError
 
 NEGATIVE_KEY = "negative_item_ids"
 TABLE_NAME = "item_table"
 
 
-#: ``Config.model`` names: the transformer families fstrain trains.
-MODELS = ("sasrec", "hstu")
+#: ``Config.model``: the transformer families fstrain trains, each its block class registered under its
+#: name (:class:`fstrain.models.sasrec.Block`, :class:`fstrain.models.hstu.HSTUBlock`, registered when
+#: :mod:`fstrain.models` is imported); iterating it gives the names (``--model``'s choices). A block
+#: class has ``from_config(config)`` (one block), ``check_config(config)`` (its own size rules, run
+#: by :class:`Config`), ``final_norm`` (a LayerNorm after the last block) and ``actions_by_default``
+#: (reads the shards' action column without ``--action-column``).
+MODELS: Registry = Registry("model", "--model")
 #: ``Config.objective`` names; ``fstrain train`` picks one from the manifest's sample kind.
 OBJECTIVES = ("all-positions", "last-position")
 #: ``Config.negatives``: who shares the sampled negatives.
@@ -100,8 +106,7 @@ class Config:
             up = -(-self.embedding_dim // 4) * 4
             raise ConfigError(f"embedding_dim must be a multiple of 4 (fbgemm's table-batched embeddings store rows "
                               f"in 4-float units), got {self.embedding_dim}; use {up}")
-        if self.model == "sasrec" and self.embedding_dim % self.num_heads:
-            raise ConfigError(f"embedding_dim {self.embedding_dim} is not divisible by num_heads {self.num_heads}")
+        MODELS.get(self.model).check_config(self)
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention must be 'bucketed' or 'reference', got {self.attention!r}")
         if self.bucket_ratio < 1.0:

@@ -38,6 +38,7 @@ from torch import nn
 
 from fstrain.models.dropout import KeyedDropout
 from fstrain.errors import ConfigError
+from fstrain.models.config import MODELS
 from fstrain.models.jagged import per_bucket
 
 LAYER_NORM_EPS = 1e-6
@@ -64,6 +65,7 @@ class RelativePositionBias(nn.Module):
         return self.weight[(pos[:, None] - pos[None, :]).clamp(min=0)]
 
 
+@MODELS.register("hstu")
 class HSTUBlock(nn.Module):
     """One HSTU layer on jagged values ``[T x d]`` -> ``[T x d]`` (see the module docstring).
 
@@ -84,6 +86,24 @@ class HSTUBlock(nn.Module):
     Raises:
         ConfigError: a size is < 1 or ``dropout`` is outside ``[0, 1)``.
     """
+
+    #: no LayerNorm after the last layer (each layer normalises its input)
+    final_norm = False
+    #: reads the shards' action column (``action``, else the first integer-list feature column) unless
+    #: ``--action-column none``
+    actions_by_default = True
+
+    @classmethod
+    def from_config(cls, config) -> HSTUBlock:
+        """One layer of ``config``'s (a :class:`fstrain.models.config.Config`) model."""
+        dqk, dv = config.head_dims
+        return cls(embedding_dim=config.embedding_dim, num_heads=config.num_heads, attention_dim=dqk,
+                   linear_dim=dv, max_seq_len=config.max_seq_len, dropout=config.dropout,
+                   reference=config.attention == "reference")
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """HSTU's sizes are checked when a layer is built (any ``num_heads`` divides its head widths)."""
 
     def __init__(self, *, embedding_dim: int, num_heads: int, attention_dim: int, linear_dim: int,
                  max_seq_len: int, dropout: float = 0.0, reference: bool = False) -> None:

@@ -5,7 +5,7 @@ Structure (what torchrec's pipelines expect): :class:`SequentialRecommender` own
 shared negatives; sharded row-wise by :mod:`fstrain.distributed.sharding`) called on ``batch.features`` (a KJT),
 and a purely data-parallel :class:`DenseTower` ``dense``. ``forward(batch)`` returns
 ``(loss, (loss_sum, num_supervised))`` like torchrec's examples, so ``TrainPipelineSparseDist``
-can drive it; ``dense`` is also callable on its own (:func:`fstrain.train.measured_step` splits
+can drive it; ``dense`` is also callable on its own (:func:`fstrain.pipelines.loop.measured_step` splits
 the backward there to time compute apart from waiting).
 
 Models (``Config.model``), both on the jagged values ``[T x d]`` (no padding outside attention):
@@ -65,8 +65,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from fstrain.data.batch import HISTORY_KEY, TARGET_KEY, Batch
 from fstrain.models.dropout import DropoutKeys, KeyedDropout, token_keys
 from fstrain.errors import ConfigError
-from fstrain.models.config import NEGATIVE_KEY, TABLE_NAME, Config
-from fstrain.models.sasrec import Block, length_buckets
+from fstrain.models.config import MODELS, NEGATIVE_KEY, TABLE_NAME, Config
+from fstrain.models.sasrec import length_buckets  # registers "sasrec" in MODELS
+from fstrain.models.hstu import HSTUBlock  # noqa: F401 (registers "hstu" in MODELS)
 
 
 def make_embedding_collection(config: Config, device: torch.device | None = None) -> EmbeddingCollection:
@@ -80,14 +81,7 @@ def make_embedding_collection(config: Config, device: torch.device | None = None
 
 
 def _make_block(config: Config) -> nn.Module:
-    if config.model == "sasrec":
-        return Block(config)
-    from fstrain.models.hstu import HSTUBlock  # noqa: PLC0415
-
-    dqk, dv = config.head_dims
-    return HSTUBlock(embedding_dim=config.embedding_dim, num_heads=config.num_heads, attention_dim=dqk,
-                     linear_dim=dv, max_seq_len=config.max_seq_len, dropout=config.dropout,
-                     reference=config.attention == "reference")
+    return MODELS.get(config.model).from_config(config)  # the registered block of the family
 
 
 @dataclass(slots=True)
@@ -135,7 +129,7 @@ class DenseTower(nn.Module):
         for site, m in enumerate(m for m in self.modules() if isinstance(m, KeyedDropout)):
             m.site, m.source = site, self.dropout_keys
         # generative-recommenders: SASRec ends with a LayerNorm, HSTU does not
-        self.ln_final = nn.LayerNorm(config.embedding_dim) if config.model == "sasrec" else nn.Identity()
+        self.ln_final = nn.LayerNorm(config.embedding_dim) if MODELS.get(config.model).final_norm else nn.Identity()
 
     def layout(self, lengths: torch.Tensor, device: torch.device) -> JaggedLayout:
         """The sorted, bucketed layout of ``lengths`` (``[B]`` int64, each in ``1..max_seq_len``).

@@ -4,6 +4,7 @@ Attention pads only inside power-of-two-like length buckets (:func:`length_bucke
 padding in real jagged kernels.
 """
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,8 @@ from torch import nn
 
 from fstrain.models.dropout import KeyedDropout
 from fstrain.models.jagged import per_bucket
-from fstrain.models.config import Config
+from fstrain.errors import ConfigError
+from fstrain.models.config import MODELS, Config
 
 def length_buckets(lengths: list[int], ratio: float = 1.25) -> list[tuple[int, int, int]]:
     """Contiguous buckets of length-sorted samples, each within a factor ``ratio`` of its shortest.
@@ -72,8 +74,25 @@ class JaggedCausalAttention(nn.Module):
                                    reference=self.reference))
 
 
+@MODELS.register("sasrec")
 class Block(nn.Module):
     """SASRec block: pre-LayerNorm causal attention and feed-forward, dropout on both outputs."""
+
+    #: a LayerNorm after the last block (pre-LayerNorm blocks leave the output unnormalised)
+    final_norm = True
+    #: reads the shards' action column only when ``--action-column`` names it
+    actions_by_default = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> Block:
+        """One block of ``config``'s model."""
+        return cls(config)
+
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """Raises ConfigError: ``embedding_dim`` not divisible by ``num_heads``."""
+        if config.embedding_dim % config.num_heads:
+            raise ConfigError(f"embedding_dim {config.embedding_dim} is not divisible by num_heads {config.num_heads}")
 
     def __init__(self, config: Config) -> None:
         super().__init__()

@@ -52,6 +52,8 @@ from fstrain.pipelines.base import (
     run_steps,
 )
 
+from fstrain.pipelines.loop import LoopPipeline
+
 # imported in the order of the --pipeline choices: each registers itself in PIPELINES
 from fstrain.pipelines.plain import PlainPipeline
 from fstrain.pipelines.torchrec_wrappers import PECPipeline, SparseDistPipeline, pec_unavailable_reason
@@ -74,22 +76,22 @@ def resolve_pipeline_name(name: str, device: torch.device, *, pec_fallback: bool
 
     ``auto`` is ``pec`` where torchrec's PEC pipeline runs (CUDA), else ``prioritized``; ``pec``
     where it cannot run is ``prioritized`` with ``pec_fallback`` (a warning), else an error. Every
-    other name is itself.
+    other name (``none`` too: the loop's own step) is itself.
 
     Args:
-        name: one of :data:`PIPELINE_NAMES`.
+        name: one of :data:`PIPELINE_NAMES` or ``none``.
         device: where the model will run.
         pec_fallback: allow ``pec`` to become ``prioritized``.
 
     Returns:
-        A concrete name: ``plain``, ``sparse-dist``, ``pec`` or ``prioritized``.
+        A concrete name: ``plain``, ``sparse-dist``, ``pec``, ``prioritized`` or ``none``.
 
     Raises:
         PipelineError: unknown name.
         PipelineUnavailableError: ``pec`` without CUDA and without ``pec_fallback``.
     """
-    if name not in PIPELINE_NAMES:
-        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)}")
+    if name not in (*PIPELINE_NAMES, NO_PIPELINE):
+        raise PipelineError(f"unknown pipeline {name!r}; use one of {', '.join(PIPELINE_NAMES)} or {NO_PIPELINE}")
     if name == AUTO:
         return "pec" if pec_runs_on(device) else "prioritized"
     if name == "pec" and not pec_runs_on(device):
@@ -119,9 +121,23 @@ def model_builder(name: str) -> Callable:
     return build_sharded_model
 
 
+def pipeline_for_run(config: PipelineConfig, dmp: DistributedModelParallel, optimizer,
+                     device: torch.device) -> TrainPipeline | LoopPipeline:
+    """What :func:`fstrain.train.train` drives (collective): :func:`make_pipeline`'s pipeline, or for
+    ``none`` the :class:`LoopPipeline` of ``config.step_mode`` (the loop's own step). Every one is
+    driven the same way: ``pipe.steps(batches, rank)``, ``pipe.flush()``, ``pipe.close()``."""
+    if config.name == NO_PIPELINE:
+        return LoopPipeline.from_config(config, dmp, optimizer, device)
+    return make_pipeline(config, dmp, optimizer, device)
+
+
 def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, optimizer,
                   device: torch.device) -> TrainPipeline:
     """Build the pipeline named by ``config`` (collective: call it on every rank).
+
+    ``auto`` and the ``pec``-or-``prioritized`` fallback are decided by :func:`resolve_pipeline_name`
+    alone (a name it returned passes through it unchanged); the model must be built by
+    :func:`model_builder` of that name.
 
     Args:
         config: a :class:`PipelineConfig` or just its ``name``.
@@ -130,31 +146,27 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
         device: where the model runs.
 
     Returns:
-        The pipeline; drive it with ``pipeline.progress(iterator)`` until ``StopIteration``.
+        The pipeline; drive it with ``pipeline.progress(iterator)`` until ``StopIteration``, or
+        ``pipeline.steps(batches, rank)``.
 
     Raises:
         PipelineError: unknown name.
-        PipelineUnavailableError: ``pec`` where it cannot run and ``pec_fallback`` is off.
+        PipelineUnavailableError: ``pec`` where it cannot run (no CUDA and ``pec_fallback`` off, or a
+            model whose table is not PEC-wrapped).
     """
     if isinstance(config, str):
         config = PipelineConfig(name=config)
-    name = config.name
-    if name == NO_PIPELINE:
-        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step; build no pipeline for it")
-    if name in ("pec", AUTO):
-        reason = pec_unavailable_reason(dmp, device)
-        if reason is None:
-            return PECPipeline.from_config(config, dmp, optimizer, device)
-        if name == "pec" and not config.pec_fallback:
-            raise PipelineUnavailableError(reason)
-        logger.warning("pipeline %s: %s; using the prioritized pipeline instead", name, reason)
-        name = "prioritized"
+    if config.name == NO_PIPELINE:
+        raise PipelineError(f"pipeline {NO_PIPELINE!r} is the training loop's own step: pipeline_for_run builds it")
+    # the one decision of auto / pec-or-prioritized (fstrain.train made it already, before the model was built)
+    name = resolve_pipeline_name(config.name, device, pec_fallback=config.pec_fallback)
     if not config.overlap and name != "prioritized":
         logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
     return PIPELINES.get(name).from_config(config, dmp, optimizer, device)
 
 
 __all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names", "STEP_MODES", "PipelineConfig",
-           "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "PlainPipeline",
-           "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline", "model_builder", "pec_runs_on",
-           "pec_unavailable_reason", "pipeline_steps", "resolve_pipeline_name", "run_steps"]
+           "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "LoopPipeline",
+           "PlainPipeline", "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline",
+           "model_builder", "pipeline_for_run", "pec_runs_on", "pec_unavailable_reason", "pipeline_steps",
+           "resolve_pipeline_name", "run_steps"]

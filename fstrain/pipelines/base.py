@@ -164,6 +164,8 @@ class TrainPipeline(abc.ABC):
     """
 
     name: str = ""
+    #: its steps' timings are measurements (recorded and summarised by the training loop)
+    records_timings: bool = True
 
     def __init__(self, dmp: DistributedModelParallel, optimizer, device: torch.device, *,
                  measure_straggler_wait: bool = True) -> None:
@@ -238,6 +240,11 @@ class TrainPipeline(abc.ABC):
             return StepStats(index, step, compute, max(0.0, step - compute - wait), ahead, after, phases, wait)
 
         return StepOutput(output, resolve() if start is None else resolve, *trained)
+
+    def steps(self, batches: Iterator[Batch], rank: int, *, lag: bool = False
+              ) -> Iterator[tuple[int, torch.Tensor, int, int, StepTiming]]:
+        """:func:`pipeline_steps` of this pipeline: what the training loop iterates, for every pipeline."""
+        return pipeline_steps(self, batches, rank, lag=lag)
 
     def _cuda_event(self):
         """CUDA: a timing event recorded on the current stream; CPU: ``None``."""

@@ -26,7 +26,7 @@ class ComputeTimer:
 
     With ``straggler_group``, the end of the dense backward also enters a one-element
     all-reduce on that (dedicated) process group and times it apart: the wait for the slowest
-    rank's compute (the bubble, as :func:`fstrain.train.measured_step` measures it), so that it
+    rank's compute (the bubble, as :func:`fstrain.pipelines.loop.measured_step` measures it), so that it
     is not counted as communication. A dedicated group keeps its order independent of the
     collectives DDP and torchrec issue from inside the backward.
 

@@ -233,6 +233,30 @@ def test_step_schedule_global_period_epoch_ends_and_labels():
     assert e.epoch(13) == 3.0 and e.epoch(0) == 0.0 and e.global_step(3) == 10
     assert sorted(StepSchedule.epochs([0, 3, 8, 13], 2).at_steps) == [8]
     assert sorted(StepSchedule.epochs([0, 4, 8, 12], 1).at_steps) == [4, 8, 12]  # equal epochs: as N * spe
+    by_steps = StepSchedule.evaluation([0, 3, 8, 13], every_steps=2, every_epochs=0, step_offset=7)
+    assert [k for k in range(1, 9) if by_steps.due(k)] == [1, 3, 5, 7] and by_steps.epoch(5) == pytest.approx(1.4)
+    assert StepSchedule.evaluation([0, 3, 8, 13], every_steps=2, every_epochs=1, step_offset=7) == e
+
+
+def test_checkpointer_saves_on_its_period_and_at_the_end(monkeypatch):
+    """The checkpoint schedule lives in the component: due on the global step, flushed first, named by the
+    global step with the shards' step recorded; the end-of-run save only when the period did not save."""
+    import fstrain.components.checkpoint as C
+
+    saved, events = [], []
+    monkeypatch.setattr(C, "save_checkpoint", lambda dmp, opt, d, step, rank, world, extra: saved.append(
+        (d, step, extra["shards_step"], extra["shards"])) or d)
+    ck = C.Checkpointer("ck", 2, step_offset=3, rank=0, world_size=1, extra={"shards": "s"})
+    assert ck.periodic and not C.Checkpointer("ck").periodic and not C.Checkpointer(None, 2).periodic
+    did = [ck.after_step(None, None, k, flush=lambda k=k: events.append(k)) for k in range(1, 5)]
+    assert did == [True, False, True, False] and events == [1, 3]  # global steps 4 and 6
+    assert saved == [("ck", 4, 1, "s"), ("ck", 6, 3, "s")]
+    ck.finish(None, None, 3, start=0)  # step 3 was just saved by the period
+    ck.finish(None, None, 4, start=0)
+    ck.finish(None, None, 4, start=4)  # nothing trained
+    assert saved[2:] == [("ck", 7, 4, "s")]
+    off = C.Checkpointer(None, 2)
+    assert not off.after_step(None, None, 2) and off.finish(None, None, 2, start=0) is None and len(saved) == 3
 
 
 def _schedule_worker(root, ev):

@@ -29,6 +29,35 @@ def test_one_backend_table_everywhere():
     assert fdist.planned_device("cuda-ce").type == "cuda" and fdist.planned_device("shm").type == "cpu"
 
 
+def test_backends_are_one_registry():
+    """``--backend`` names, devices, the torch backend registered and the transport built come from
+    COMM_BACKENDS; a transport registered there is a choice of CommConfig and what build_backend builds."""
+    from fstrain.distributed.comm import COMM_BACKENDS, CommConfig, Transport, build_backend, register_torch_backends
+
+    assert tuple(COMM_BACKENDS) == ("gloo", "nccl", "shm", "cuda-ce")
+    assert {n: COMM_BACKENDS.get(n).device for n in COMM_BACKENDS} == {"gloo": "cpu", "nccl": "cuda", "shm": "cpu",
+                                                                       "cuda-ce": "cuda"}
+    built = []
+
+    @COMM_BACKENDS.register("test-loop")
+    class Loop(Transport):
+        """A test transport."""
+
+        @classmethod
+        def build(cls, config, *, store, rank, world_size, group):
+            built.append((rank, world_size))
+            return "loop"
+
+    try:
+        cfg = CommConfig(backend="test-loop")
+        assert register_torch_backends(cfg) == "test-loop"
+        assert build_backend(cfg, rank=0, world_size=1) == "loop" and built == [(0, 1)]
+    finally:
+        COMM_BACKENDS.unregister("test-loop")
+    with pytest.raises(ValueError, match="unknown comm backend 'test-loop'"):
+        CommConfig(backend="test-loop")
+
+
 def test_register_cuda_ce_is_its_own_process_group_backend():
     from fstrain.distributed.comm import CommConfig, register_torch_backends
 

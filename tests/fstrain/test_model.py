@@ -39,7 +39,7 @@ def test_length_buckets_cover_and_bound_padding():
         assert Lb == lengths[e - 1] and Lb <= max(lengths[s] * 1.25, lengths[s] + 8)
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", MODELS.names())
 @pytest.mark.parametrize("ratio", [1.0, 1.25, 4.0])
 def test_bucketed_attention_equals_reference(ratio, model):
     lengths = [5, 1, 17, 3, 33, 16, 2, 40]
@@ -56,7 +56,7 @@ def test_bucketed_attention_equals_reference(ratio, model):
 
 
 @pytest.mark.parametrize("negatives", ["step", "sample"])
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", MODELS.names())
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_split_batches_sum_to_whole_batch_gradients(objective, model, negatives):
     """Two 'ranks' holding any split of a step's samples give the gradients of the whole step."""
@@ -220,3 +220,31 @@ def test_keyed_dropout_cpu_kernel_has_the_bits_of_the_tensor_expression(p):
         assert got.dtype == torch.bool and got.shape == (2000, width)
         assert torch.equal(got, want)
         assert abs(want.float().mean().item() - (1 - p)) < 0.01
+
+
+def test_a_model_family_is_one_registered_block_class():
+    """``--model`` names, their checks and the block the tower builds come from the MODELS registry:
+    a family registered there is a choice, is checked by its own rule and is what the tower stacks."""
+    from fstrain.models.hstu import HSTUBlock
+    from fstrain.models.sasrec import Block
+
+    assert MODELS.names() == ("sasrec", "hstu") and MODELS.get("sasrec") is Block and MODELS.get("hstu") is HSTUBlock
+    with pytest.raises(ConfigError, match="not divisible by num_heads 3"):
+        Config(embedding_dim=64, num_heads=3)
+    Config(model="hstu", embedding_dim=64, num_heads=3)  # HSTU's head widths need no divisibility
+
+    @MODELS.register("tiny-test")
+    class Tiny(Block):
+        """A test family: SASRec's block without the final LayerNorm."""
+
+        final_norm = False
+
+    try:
+        assert "tiny-test" in list(MODELS)
+        m = SequentialRecommender(Config(num_items=40, embedding_dim=16, num_heads=2, num_layers=2, model="tiny-test",
+                                         num_negatives=6, max_seq_len=64))
+        assert all(type(b) is Tiny for b in m.dense.blocks) and isinstance(m.dense.ln_final, torch.nn.Identity)
+    finally:
+        MODELS.unregister("tiny-test")
+    with pytest.raises(ConfigError, match="unknown model 'tiny-test'; use one of sasrec, hstu"):
+        Config(model="tiny-test")

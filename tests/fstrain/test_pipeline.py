@@ -250,7 +250,7 @@ def test_torchrec_pec_does_not_run_on_cpu(results):
     If this fails because torchrec now runs on CPU, add ``pec`` to the equality test.
     """
     for r in results:
-        assert "needs CUDA" in r["pec_error"]
+        assert "needs a CUDA device" in r["pec_error"]  # resolve_pipeline_name's: the one decision
         assert "Tried to instantiate dummy base class Event" in r["torchrec_pec_error"]
         assert r["pec-fallback"]["class"] == "PrioritizedPipeline"
         _assert_equal_to_plain(r, "pec-fallback")

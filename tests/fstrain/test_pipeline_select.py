@@ -149,3 +149,54 @@ def test_train_with_pec_pipeline_on_one_gpu(tmp_path):
 
     assert isinstance(res.model.module.ec, ShardedPECEmbeddingCollection)
     assert res.summary["num_steps"] >= 1
+
+
+def test_backend_auto_is_resolved_once_at_startup(tmp_path, monkeypatch):
+    """``--backend auto`` is decided by one call (at the start of train); the process group, the device
+    plan and the transports take the concrete name, and refuse an unresolved one."""
+    import torch.distributed as dist
+
+    import fstrain.distributed.comm as comm
+    import fstrain.distributed.comm.transports as transports
+    from fstrain.config import from_dict
+    from fstrain.train import train
+
+    calls = []
+    real = transports.resolve_backend
+    monkeypatch.setattr(transports, "resolve_backend", lambda name, **kw: calls.append(name) or real(name, **kw))
+    shards = write_shards(str(tmp_path / "s"), num_ranks=1, num_steps=2, batch_size_per_rank=2)
+    try:
+        train(from_dict({"shards": shards, "model": MODEL, "comm.backend": "auto", "pipeline.name": "none",
+                         "metrics.log_every_steps": 0}))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    concrete = "nccl" if torch.cuda.is_available() else "gloo"
+    assert calls[0] == "auto" and set(calls[1:]) == {concrete}, calls  # decided once; later code has the name
+    assert comm.CommConfig(backend="auto").resolved().backend == concrete
+    with pytest.raises(ValueError, match="decided once, at startup"):
+        comm.register_torch_backends(comm.CommConfig(backend="auto"))
+
+
+def test_no_pipeline_is_the_loop_pipeline_and_train_has_one_loop_shape():
+    """``--pipeline none`` is a pipeline like the others (the loop's own step, measured or plain):
+    make_pipeline builds it, and train.py drives every pipeline through one loop, with no step of its own."""
+    import inspect
+
+    import fstrain.train
+    from fstrain.pipelines import (LoopPipeline, PipelineConfig, PipelineError, PlainPipeline, make_pipeline,
+                                   pipeline_for_run, resolve_pipeline_name)
+    from fstrain.pipelines.loop import plain_step
+
+    assert resolve_pipeline_name("none", torch.device("cpu")) == "none"
+    for mode, timed in (("measured", True), ("plain", False)):
+        pipe = pipeline_for_run(PipelineConfig(name="none", step_mode=mode), None, None, torch.device("cpu"))
+        assert isinstance(pipe, LoopPipeline) and pipe.step_mode == mode and pipe.records_timings is timed
+    with pytest.raises(PipelineError, match="pipeline_for_run builds it"):
+        make_pipeline("none", None, None, torch.device("cpu"))
+    assert "plain_step" in inspect.getsource(PlainPipeline._progress) and callable(plain_step)
+    source = inspect.getsource(fstrain.train)
+    assert not hasattr(fstrain.train, "measured_step") and not hasattr(fstrain.train, "train_step")
+    for gone in ("step_mode", "if pipe:", " if pipe_name else "):
+        assert gone not in source, gone
+    assert source.count("pipe.steps(") == 1

@@ -9,10 +9,10 @@ import pytest
 
 from fsdata.balancer.bubble import run_bubble
 from fsdata.balancer.cost import load_cost_model
-from fstrain.measure.calibrate import calibrate, fit_batch_times, nnls
+from fstrain.measure.calibrate import CalibrateConfig, calibrate, fit_batch_times, nnls
 from fstrain.cli import main
 from fstrain.errors import ConfigError
-from fstrain.measure.replay import replay
+from fstrain.measure.replay import ReplayConfig, TimingConfig, replay
 from tests.fstrain.shards import write_shards
 
 TINY = dict(embedding_dim=8, num_layers=1, num_heads=1, num_negatives=4, max_seq_len=64)
@@ -54,30 +54,32 @@ def test_calibrate_writes_a_cost_model_fsdata_reads(tmp_path, capsys):
 
 @pytest.mark.parametrize("objective", ["all-positions", "last-position"])
 def test_calibrate_hstu_fits_a_cost_model(objective):
-    res = calibrate(model={**TINY, "model": "hstu", "objective": objective, "max_seq_len": 256}, lengths=(4, 256),
-                    batch_sizes=(2, 8), num_mixed=0, repeats=3, warmup=1)
+    res = calibrate(CalibrateConfig(lengths="4,256", batch_sizes="2,8", mixed=0,
+                                    timing=TimingConfig(repeats=3, warmup=1)),
+                    model={**TINY, "model": "hstu", "objective": objective, "max_seq_len": 256})
     assert len(res["coefficients"]) == 3 and res["fit"]["num_measurements"] == 4
 
 
 def test_calibrate_rejects_lengths_above_max_seq_len():
     with pytest.raises(ConfigError, match="exceeds max_seq_len 64"):
-        calibrate(model=TINY, lengths=(8, 128), batch_sizes=(2,), repeats=1)
+        calibrate(CalibrateConfig(lengths="8,128", batch_sizes="2", timing=TimingConfig(repeats=1)), model=TINY)
 
 
 @pytest.mark.parametrize("model,samples", [("sasrec", None), ("hstu", "per-user"), ("hstu", "per-event")])
 def test_replay_reports_measured_and_predicted(tmp_path, model, samples):
     out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=4, batch_size_per_rank=3, samples=samples)
-    res = replay(out, max_steps=2, warmup=1, repeats=2, model={**TINY, "model": model})
+    res = replay(out, ReplayConfig(max_steps=2, timing=TimingConfig(warmup=1, repeats=2)),
+                 model={**TINY, "model": model})
     assert res["num_ranks"] == 3 and res["num_steps"] == 2
     assert np.asarray(res["compute_seconds"]).shape == (2, 3) and (np.asarray(res["compute_seconds"]) > 0).all()
     assert 0.0 <= res["measured_bubble"] < 1.0 and 0.0 <= res["predicted_bubble"] < 1.0
     with pytest.raises(ConfigError, match="statistic"):
-        replay(out, statistic="mean")
+        ReplayConfig(statistic="mean")
 
 
 def test_replay_null_control_times_rank0_batch_as_every_rank(tmp_path):
     out = write_shards(str(tmp_path / "s"), num_ranks=3, num_steps=3, batch_size_per_rank=3)
-    res = replay(out, max_steps=2, warmup=1, repeats=2, model=TINY)
+    res = replay(out, ReplayConfig(max_steps=2, timing=TimingConfig(warmup=1, repeats=2)), model=TINY)
     C, N = np.asarray(res["compute_seconds"]), np.asarray(res["null_compute_seconds"])
     assert N.shape == C.shape == (2, 3) and (N > 0).all()
     assert res["null_bubble"] == pytest.approx(run_bubble(N)) and 0.0 <= res["null_bubble"] < 1.0
@@ -85,7 +87,8 @@ def test_replay_null_control_times_rank0_batch_as_every_rank(tmp_path):
     assert res["slowest_rank_seconds_per_step"] == pytest.approx(C.max(axis=1).mean())
     assert res["null_slowest_rank_seconds_per_step"] == pytest.approx(N.max(axis=1).mean())
     assert len(res["null_step_bubble"]) == 2
-    off = replay(out, max_steps=1, warmup=0, repeats=1, model=TINY, null_control=False)
+    off = replay(out, ReplayConfig(max_steps=1, null_control=False, timing=TimingConfig(warmup=0, repeats=1)),
+                 model=TINY)
     assert "null_bubble" not in off and "slowest_rank_seconds_per_step" in off
 
 
@@ -136,6 +139,29 @@ def test_calibrate_from_real_shard_batches(tmp_path):
     shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=3, batch_size_per_rank=4, strategy="shuffle")
     batches = shard_batches(shards, 2)
     assert len(batches) == 2 * 2 and all(len(L) == 4 for L in batches)
-    res = calibrate(model=TINY, lengths=(4, 64), batch_sizes=(2, 16), num_mixed=0, extra_batches=batches,
-                    repeats=2, warmup=1)
+    cfg = CalibrateConfig(lengths="4,64", batch_sizes="2,16", mixed=0, timing=TimingConfig(repeats=2, warmup=1))
+    res = calibrate(cfg, model=TINY, extra_batches=batches)
     assert res["fit"]["num_measurements"] == 4 + 4
+    res = calibrate(CalibrateConfig(lengths="4,64", batch_sizes="2,16", mixed=0, from_shards=shards, shard_steps=2,
+                                    timing=TimingConfig(repeats=1, warmup=0)), model=TINY)
+    assert res["fit"]["num_measurements"] == 4 + 4  # --from-shards: the same batches, read by calibrate
+
+
+def test_command_settings_take_their_defaults_from_one_place_and_check_themselves():
+    """The defaults the CLI shows are the dataclasses' (replay: 4 steps x 3 repeats; calibrate: 5
+    repeats), which the functions take; a bad value is refused on construction, naming the flag."""
+    import inspect
+
+    assert ReplayConfig().max_steps == 4 and ReplayConfig().timing.repeats == 3
+    assert CalibrateConfig().timing.repeats == 5
+    assert CalibrateConfig().length_grid == (4, 16, 48, 96, 160, 256, 384, 512)
+    for fn in (replay, calibrate):
+        assert inspect.signature(fn).parameters["config"].default is None  # None: the dataclass's defaults
+    for make, needle in ((lambda: ReplayConfig(max_steps=0), "--max-steps must be >= 1, got 0"),
+                         (lambda: TimingConfig(repeats=0), "--repeats must be >= 1, got 0"),
+                         (lambda: TimingConfig(warmup=-1), "--warmup must be >= 0, got -1"),
+                         (lambda: CalibrateConfig(lengths="4,x"), "--lengths must be comma-separated integers"),
+                         (lambda: CalibrateConfig(batch_sizes="0"), "--batch-sizes needs positive integers"),
+                         (lambda: CalibrateConfig(shard_steps=0), "--shard-steps must be >= 1, got 0")):
+        with pytest.raises(ConfigError, match=needle):
+            make()
