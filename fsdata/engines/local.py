@@ -83,16 +83,24 @@ def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
-    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least)."""
+    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least):
+    the last group as many of the last ranks as fit, then the others cut from the first rank on,
+    so the two groups the write stage holds in memory (:func:`_resident_groups`) are both full
+    and the spilled remainder lies between them (at 20M samples 2.45 GiB spilled, not 3.45)."""
     groups, a = [], 0
     R = len(rank_start) - 1
-    while a < R:
+    if R == 0 or (rank_start[R] - rank_start[0]) * row_bytes <= budget:
+        return [(0, R)] if R else []
+    c = R - 1  # the last group: ranks c .. R-1
+    while c > 1 and (rank_start[R] - rank_start[c - 1]) * row_bytes <= budget:
+        c -= 1
+    while a < c:
         b = a + 1
-        while b < R and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
+        while b < c and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
             b += 1
         groups.append((a, b))
         a = b
-    return groups
+    return [*groups, (c, R)]
 
 
 def _resident_groups(num_groups: int) -> list[int]:
@@ -103,7 +111,8 @@ def _resident_groups(num_groups: int) -> list[int]:
     being written and the next one's spill files read ahead): while the input is read, the two
     resident groups; while they are written, each with the other (or the next spilled group read
     ahead). So the last group's spill (write, compress, read back) is saved for the same peak
-    memory: at 20M samples 0.45 of the 3.5 GiB spilled, at 5M the whole spill
+    memory (:func:`_rank_groups` fills it): at 20M samples 2.45 GiB of the 4.45 GiB held are
+    spilled instead of 3.45, at 5M and 10M the whole spill or all but a remainder
     (docs/results/bench_offline_stage.md).
 
     Returns:

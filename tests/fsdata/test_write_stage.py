@@ -144,6 +144,18 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
     assert not (split / ".buckets").exists()
 
 
+def test_rank_groups_fill_the_last_group_and_fit_the_budget():
+    """The last group takes as many of the last ranks as fit; the others are cut from rank 0 on;
+    every group fits the budget (or is one rank), and together they cover every rank once."""
+    rank_start = np.arange(11) * 10  # 10 ranks of 10 rows
+    assert L._rank_groups(rank_start, 1.0, 25) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    assert L._rank_groups(rank_start, 1.0, 35) == [(0, 3), (3, 6), (6, 7), (7, 10)]
+    assert L._rank_groups(rank_start, 1.0, 100) == [(0, 10)]
+    assert L._rank_groups(rank_start, 1.0, 95) == [(0, 1), (1, 10)]
+    assert L._rank_groups(rank_start, 1.0, 5) == [(r, r + 1) for r in range(10)]
+    assert L._rank_groups(np.array([0, 50]), 1.0, 10) == [(0, 1)]
+
+
 def test_first_and_last_rank_groups_stay_in_memory(samples, tmp_path, monkeypatch):
     """Only the middle rank groups are spilled and read back; the first and the last are written
     from memory first, and the output is the same bytes as one group's."""
