@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 #: memory grows with it and with the plan (28 bytes per input row per epoch): 2.5 GiB peak RSS at
 #: 20M samples (docs/results/bench_offline_stage.md).
 GATHER_BYTES = 1024**3
+#: Fraction of :data:`GATHER_BYTES` the last rank group (held in memory with the first while the
+#: input is read, :func:`_resident_groups`) may take: a whole budget raised the peak RSS at 10M
+#: samples from 3.44 to 4.16 GiB (docs/results/bench_offline_stage.md).
+LAST_GROUP_FRACTION = 0.5
 #: Rows the write stage gathers into rank order at once (:func:`_write_group`): one gather per block
 #: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
 #: 0.5 CPU s against 0.8 for one gather per rank, docs/results/bench_offline_stage.md).
@@ -84,15 +88,16 @@ def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
 
 def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
     """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least):
-    the last group as many of the last ranks as fit, then the others cut from the first rank on,
-    so the two groups the write stage holds in memory (:func:`_resident_groups`) are both full
-    and the spilled remainder lies between them (at 20M samples 2.45 GiB spilled, not 3.45)."""
+    the last group as many of the last ranks as fit :data:`LAST_GROUP_FRACTION` of it, then the
+    others cut from the first rank on, so the two groups the write stage holds in memory
+    (:func:`_resident_groups`) are full and the spilled remainder lies between them (at 20M samples
+    2.95 GiB spilled, not 3.45)."""
     groups, a = [], 0
     R = len(rank_start) - 1
     if R == 0 or (rank_start[R] - rank_start[0]) * row_bytes <= budget:
         return [(0, R)] if R else []
     c = R - 1  # the last group: ranks c .. R-1
-    while c > 1 and (rank_start[R] - rank_start[c - 1]) * row_bytes <= budget:
+    while c > 1 and (rank_start[R] - rank_start[c - 1]) * row_bytes <= budget * LAST_GROUP_FRACTION:
         c -= 1
     while a < c:
         b = a + 1
@@ -111,8 +116,8 @@ def _resident_groups(num_groups: int) -> list[int]:
     being written and the next one's spill files read ahead): while the input is read, the two
     resident groups; while they are written, each with the other (or the next spilled group read
     ahead). So the last group's spill (write, compress, read back) is saved for the same peak
-    memory (:func:`_rank_groups` fills it): at 20M samples 2.45 GiB of the 4.45 GiB held are
-    spilled instead of 3.45, at 5M and 10M the whole spill or all but a remainder
+    memory (:func:`_rank_groups` sizes it): at 20M samples 2.95 GiB of the 4.45 GiB held are
+    spilled instead of 3.45, at 10M 0.7 instead of 1.2, at 5M nothing
     (docs/results/bench_offline_stage.md).
 
     Returns:

@@ -145,13 +145,14 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
 
 
 def test_rank_groups_fill_the_last_group_and_fit_the_budget():
-    """The last group takes as many of the last ranks as fit; the others are cut from rank 0 on;
-    every group fits the budget (or is one rank), and together they cover every rank once."""
+    """The last group takes as many of the last ranks as fit half the budget; the others are cut
+    from rank 0 on; every group fits the budget (or is one rank); together they cover every rank once."""
     rank_start = np.arange(11) * 10  # 10 ranks of 10 rows
-    assert L._rank_groups(rank_start, 1.0, 25) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
-    assert L._rank_groups(rank_start, 1.0, 35) == [(0, 3), (3, 6), (6, 7), (7, 10)]
+    assert L.LAST_GROUP_FRACTION == 0.5
+    assert L._rank_groups(rank_start, 1.0, 50) == [(0, 5), (5, 8), (8, 10)]
+    assert L._rank_groups(rank_start, 1.0, 70) == [(0, 7), (7, 10)]
     assert L._rank_groups(rank_start, 1.0, 100) == [(0, 10)]
-    assert L._rank_groups(rank_start, 1.0, 95) == [(0, 1), (1, 10)]
+    assert L._rank_groups(rank_start, 1.0, 95) == [(0, 6), (6, 10)]
     assert L._rank_groups(rank_start, 1.0, 5) == [(r, r + 1) for r in range(10)]
     assert L._rank_groups(np.array([0, 50]), 1.0, 10) == [(0, 1)]
 
