@@ -9,8 +9,9 @@
    as held (64-bit integer columns whose values fit held as 32-bit ones, :func:`narrow_types`;
    each batch's rows of a group in destination order); the first and the last group stay in
    memory (:func:`_resident_groups`), the others are spilled to temporary Arrow IPC files, one per
-   group and thread (``--bucket-compression`` is their codec, zstd by default; nothing is spilled
-   when the input fits one and a half groups: the last group takes at most half the budget). Then per group (the first, the last, then the spilled ones in
+   group and thread (``--bucket-compression`` is their codec, zstd by default; nothing is
+   spilled when the input fits one and a half groups: the last group takes at most half the
+   budget). Then per group (the first, the last, then the spilled ones in
    rank order): one permutation into (rank, step, position) order from the plan
    (no sort), one gather per block of ranks cast back to the rank-file types, ``step`` and
    ``rank`` from the plan, and each rank file written (threads) by
