@@ -7,10 +7,12 @@
    threads, each reading its units of row groups), and gather every row (once per epoch) to its
    rank group: ranks are cut into contiguous groups whose rows take at most :data:`GATHER_BYTES`
    as held (64-bit integer columns whose values fit held as 32-bit ones, :func:`narrow_types`;
-   each batch's rows of a group in destination order); the first group stays in memory, the
-   others are spilled to temporary Arrow IPC files, one per group and thread
-   (``--bucket-compression`` is their codec, zstd by default; nothing is spilled when the whole
-   input fits). Then per group: one permutation into (rank, step, position) order from the plan
+   each batch's rows of a group in destination order); the first and the last group stay in
+   memory (:func:`_resident_groups`), the others are spilled to temporary Arrow IPC files, one per
+   group and thread (``--bucket-compression`` is their codec, zstd by default; nothing is
+   spilled when the input fits one and a half groups: the last group takes at most half the
+   budget). Then per group (the first, the last, then the spilled ones in
+   rank order): one permutation into (rank, step, position) order from the plan
    (no sort), one gather per block of ranks cast back to the rank-file types, ``step`` and
    ``rank`` from the plan, and each rank file written (threads) by
    :func:`fsdata.shards.writer.write_rank`.
@@ -53,10 +55,15 @@ log = logging.getLogger(__name__)
 
 #: Bytes of input rows as held in memory (Arrow, integer columns narrowed where they fit) gathered
 #: at a time by the local engine's write stage (:func:`write_ranks`): ranks are written in groups
-#: whose rows fit it; the first group stays in memory, the others are spilled to temporary Arrow IPC
-#: files during the single read of the input. Peak memory grows with it and with the plan (28 bytes
-#: per input row per epoch): 2.5 GiB peak RSS at 20M samples (docs/results/bench_offline_stage.md).
+#: whose rows fit it; the first and the last group stay in memory, the others are spilled to
+#: temporary Arrow IPC files during the single read of the input (:func:`_resident_groups`). Peak
+#: memory grows with it and with the plan (28 bytes per input row per epoch): 2.5 GiB peak RSS at
+#: 20M samples (docs/results/bench_offline_stage.md).
 GATHER_BYTES = 1024**3
+#: Fraction of :data:`GATHER_BYTES` the last rank group (held in memory with the first while the
+#: input is read, :func:`_resident_groups`) may take: a whole budget raised the peak RSS at 10M
+#: samples from 3.44 to 4.16 GiB (docs/results/bench_offline_stage.md).
+LAST_GROUP_FRACTION = 0.5
 #: Rows the write stage gathers into rank order at once (:func:`_write_group`): one gather per block
 #: of consecutive whole ranks, each rank's rows a zero-copy slice of it (at 1M samples, R=256:
 #: 0.5 CPU s against 0.8 for one gather per rank, docs/results/bench_offline_stage.md).
@@ -81,16 +88,46 @@ def _destinations(plan: PlanTable) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> list[tuple[int, int]]:
-    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least)."""
+    """Contiguous rank ranges ``[a, b)`` whose rows take at most ``budget`` bytes (one rank at least):
+    the last group as many of the last ranks as fit :data:`LAST_GROUP_FRACTION` of it, then the
+    others cut from the first rank on, so the two groups the write stage holds in memory
+    (:func:`_resident_groups`) are full and the spilled remainder lies between them (at 20M samples
+    2.95 GiB spilled, not 3.45)."""
     groups, a = [], 0
     R = len(rank_start) - 1
-    while a < R:
+    if R == 0 or (rank_start[R] - rank_start[0]) * row_bytes <= budget:
+        return [(0, R)] if R else []
+    c = R - 1  # the last group: ranks c .. R-1
+    while c > 1 and (rank_start[R] - rank_start[c - 1]) * row_bytes <= budget * LAST_GROUP_FRACTION:
+        c -= 1
+    while a < c:
         b = a + 1
-        while b < R and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
+        while b < c and (rank_start[b + 1] - rank_start[a]) * row_bytes <= budget:
             b += 1
         groups.append((a, b))
         a = b
-    return groups
+    return [*groups, (c, R)]
+
+
+def _resident_groups(num_groups: int) -> list[int]:
+    """The order the write stage writes its rank groups in, the groups held in memory first: the
+    first group and the last (a remainder, often small), then the spilled ones in rank order.
+
+    At most two groups are held at any time, as when only the first stayed in memory (a group
+    being written and the next one's spill files read ahead): while the input is read, the two
+    resident groups; while they are written, each with the other (or the next spilled group read
+    ahead). So the last group's spill (write, compress, read back) is saved for the same peak
+    memory (:func:`_rank_groups` sizes it): at 20M samples 2.95 GiB of the 4.45 GiB held are
+    spilled instead of 3.45, at 10M 0.7 instead of 1.2, at 5M nothing
+    (docs/results/bench_offline_stage.md).
+
+    Returns:
+        Group indices ``0, G-1, 1, 2, ..., G-2`` (``[0]`` for one group); the first
+        ``min(2, G)`` are the resident ones.
+    """
+    if num_groups <= 2:
+        return list(range(num_groups))
+    return [0, num_groups - 1, *range(1, num_groups - 1)]
 
 
 def _read_units(src: SampleSource) -> tuple[list[Chunk], int]:
@@ -103,11 +140,12 @@ def _read_units(src: SampleSource) -> tuple[list[Chunk], int]:
 
 def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: pa.Schema, dest: np.ndarray,
             group_start: np.ndarray, spill_dir: Path | None, progress: bool, compression: str | None,
-            num_threads: int = 1) -> list[pa.Table]:
+            num_threads: int = 1, keep: tuple[int, ...] = (0,)) -> dict[int, list[pa.Table]]:
     """Read the input once: every kept row (once per epoch) with its destination
     (:func:`_destinations`), in ``held_schema`` (the input columns, 64-bit integer columns that fit
-    narrowed to 32 bits, :func:`narrow_types`); group 0's rows are returned, the others' appended
-    to ``spill_dir/group-XXXXX-T.arrow`` (one file per group and gather thread). ``step`` and
+    narrowed to 32 bits, :func:`narrow_types`); the rows of the groups in ``keep`` are returned (by
+    group), the others' appended to ``spill_dir/group-XXXXX-T.arrow`` (one file per group and
+    gather thread). ``step`` and
     ``rank`` are not carried: the plan gives them again from the destination.
 
     ``num_threads`` threads read units of row groups (:func:`_read_units`) side by side (Arrow's
@@ -126,7 +164,7 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
                          "made from another input: rerun 'fsdata plan' on this input")
     T = max(1, min(num_threads, len(units)))
     writers: list[dict[int, pa.ipc.RecordBatchFileWriter]] = [{} for _ in range(T)]
-    resident: list[pa.Table] = []
+    resident: dict[int, list[pa.Table]] = {k: [] for k in keep}
     stop = threading.Event()
     bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
     input_types = [held_schema.field(i).type for i in range(len(held_schema) - 1)]
@@ -149,8 +187,8 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
                         for k, piece in enumerate(pieces):
                             if piece is None:
                                 continue
-                            if k == 0:
-                                resident.append(piece)  # list.append is atomic
+                            if k in resident:
+                                resident[k].append(piece)  # list.append is atomic
                                 continue
                             w = writers[t].get(k)
                             if w is None:
@@ -263,7 +301,9 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike,
     group_start = np.array([rank_start[a] for a, _ in groups] + [rank_start[-1]], dtype=np.int64)
     spill_dir: Path | None = None
     _clean_stale_bucket_dirs()  # a killed run's scratch in TMPDIR, whether or not this run spills
-    if len(groups) > 1:
+    order = _resident_groups(len(groups))
+    keep = tuple(order[:2])
+    if len(groups) > len(keep):
         if remote:  # object stores have no place for scratch files: the spill goes to local TMPDIR
             spill_dir = Path(tempfile.mkdtemp(prefix=f"{_BUCKETS_PREFIX}{os.getpid()}-"))
         else:
@@ -271,7 +311,7 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike,
             spill_dir.mkdir()
     try:
         resident = _gather(src, plan, schema, held, dest, group_start, spill_dir, settings.progress,
-                           settings.bucket_compression, settings.num_threads)
+                           settings.bucket_compression, settings.num_threads, keep)
         del dest
         digest = plan_digest(plan)
         counts, _ = plan.counts_and_loads()
@@ -280,19 +320,21 @@ def write_ranks(src: SampleSource, plan: PlanTable, output: str | os.PathLike,
         with ThreadPoolExecutor(max_workers=max(1, settings.num_threads)) as ex:
             pending: list = []  # the previous group's block futures
             reads: list = []
-            for k, ranks in enumerate(groups):
-                # group k's spill files were queued behind group k-1's blocks: they are read while
-                # its last blocks finish, and its permutation is built before they are collected
-                batches = resident if k == 0 else [f.result() for f in reads]
-                block = group_writer(batches, ranks, rank_start, counts, plan.num_steps, out, schema, digest)
+            for m, k in enumerate(order):
+                # a spilled group's files were queued behind the previous group's blocks: they are
+                # read while its last blocks finish, and its permutation is built before they are collected
+                batches = resident.pop(k) if k in resident else [f.result() for f in reads]
+                block = group_writer(batches, groups[k], rank_start, counts, plan.num_steps, out, schema, digest)
                 del batches
                 files += _collect(pending, bar)
-                pending = [ex.submit(block, br) for br in rank_blocks(rank_start, *ranks, GATHER_BLOCK_ROWS)]
+                pending = [ex.submit(block, br) for br in rank_blocks(rank_start, *groups[k], GATHER_BLOCK_ROWS)]
                 del block
                 # each gather thread's file of the next group read (and decompressed) on its own thread
-                reads = ([ex.submit(_read_spill, path) for path in sorted(spill_dir.glob(_spill_name(k + 1, "*")))]
-                         if k + 1 < len(groups) else [])
+                nxt = order[m + 1] if m + 1 < len(order) else None
+                reads = ([ex.submit(_read_spill, path) for path in sorted(spill_dir.glob(_spill_name(nxt, "*")))]
+                         if nxt is not None and nxt not in keep else [])
             files += _collect(pending, bar)
+        files.sort(key=lambda f: f.rank)
         bar.close()
     finally:
         if spill_dir is not None:

@@ -144,6 +144,41 @@ def test_spilled_rank_groups_write_the_same_bytes(samples, tmp_path, monkeypatch
     assert not (split / ".buckets").exists()
 
 
+def test_rank_groups_fill_the_last_group_and_fit_the_budget():
+    """The last group takes as many of the last ranks as fit half the budget; the others are cut
+    from rank 0 on; every group fits the budget (or is one rank); together they cover every rank once."""
+    rank_start = np.arange(11) * 10  # 10 ranks of 10 rows
+    assert L.LAST_GROUP_FRACTION == 0.5
+    assert L._rank_groups(rank_start, 1.0, 50) == [(0, 5), (5, 8), (8, 10)]
+    assert L._rank_groups(rank_start, 1.0, 70) == [(0, 7), (7, 10)]
+    assert L._rank_groups(rank_start, 1.0, 100) == [(0, 10)]
+    assert L._rank_groups(rank_start, 1.0, 95) == [(0, 6), (6, 10)]
+    assert L._rank_groups(rank_start, 1.0, 5) == [(r, r + 1) for r in range(10)]
+    assert L._rank_groups(np.array([0, 50]), 1.0, 10) == [(0, 1)]
+
+
+def test_first_and_last_rank_groups_stay_in_memory(samples, tmp_path, monkeypatch):
+    """Only the middle rank groups are spilled and read back; the first and the last are written
+    from memory first, and the output is the same bytes as one group's."""
+    assert L._resident_groups(1) == [0] and L._resident_groups(2) == [0, 1]
+    assert L._resident_groups(5) == [0, 4, 1, 2, 3]
+    whole = tmp_path / "whole"
+    fsdata.balance(samples, whole, _settings(num_threads=1))
+    seen: list[int] = []
+    groups, read_spill = L._rank_groups, L._read_spill
+    spilled: list[str] = []
+    monkeypatch.setattr(L, "_rank_groups", lambda *a: seen.append(len(g := groups(*a))) or g)
+    monkeypatch.setattr(L, "_read_spill", lambda path: spilled.append(path.name) or read_spill(path))
+    monkeypatch.setattr(L, "GATHER_BYTES", 20_000)
+    split = tmp_path / "split"
+    fsdata.balance(samples, split, _settings(num_threads=2))
+    G = seen[0]
+    assert G >= 3
+    assert sorted({int(n.split("-")[1]) for n in spilled}) == list(range(1, G - 1))
+    assert _digests(split) == _digests(whole)
+    assert not (split / ".buckets").exists()
+
+
 def test_counts_and_loads_sum_costs_in_position_order(samples):
     plan = make_plan_table(open_samples(samples), _settings(batch_policy="cost-budget"))
     counts, loads = plan.counts_and_loads()
