@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 #: at a time by the local engine's write stage (:func:`write_ranks`): ranks are written in groups
 #: whose rows fit it; the first and the last group stay in memory, the others are spilled to
 #: temporary Arrow IPC files during the single read of the input (:func:`_resident_groups`). Peak
-#: memory grows with it and with the plan (28 bytes per input row per epoch): 2.5 GiB peak RSS at
+#: memory grows with it and with the plan (28 bytes per input row per epoch): 3.40 GiB peak RSS at
 #: 20M samples (docs/results/bench_offline_stage.md).
 GATHER_BYTES = 1024**3
 #: Fraction of :data:`GATHER_BYTES` the last rank group (held in memory with the first while the
@@ -111,7 +111,7 @@ def _rank_groups(rank_start: np.ndarray, row_bytes: float, budget: float) -> lis
 
 def _resident_groups(num_groups: int) -> list[int]:
     """The order the write stage writes its rank groups in, the groups held in memory first: the
-    first group and the last (a remainder, often small), then the spilled ones in rank order.
+    first group and the last (sized by :func:`_rank_groups`), then the spilled ones in rank order.
 
     At most two groups are held at any time, as when only the first stayed in memory (a group
     being written and the next one's spill files read ahead): while the input is read, the two
