@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -169,9 +170,18 @@ def _gather(src: SampleSource, plan: PlanTable, schema: pa.Schema, held_schema: 
     bar = tqdm(total=src.num_rows, unit="row", desc="gather rows by rank", disable=not progress)
     input_types = [held_schema.field(i).type for i in range(len(held_schema) - 1)]
 
+    # threads take the next unit when they finish one (largest first), so a thread never idles
+    # while the other reads many units: an OUTPUT read as INPUT has a long and a short unit per
+    # rank file, which a fixed ``units[t::T]`` split handed all long ones to one thread
+    todo: queue.SimpleQueue[Chunk] = queue.SimpleQueue()
+    for unit in sorted(units, key=lambda u: -u.num_rows):
+        todo.put(unit)
+
     def read(t: int) -> None:
-        for unit in units[t::T]:
-            if stop.is_set():
+        while not stop.is_set():
+            try:
+                unit = todo.get_nowait()
+            except queue.Empty:
                 return
             path, offset = unit.path, unit.offset
             try:

@@ -211,3 +211,39 @@ def test_gather_threads_over_row_group_units_write_the_same_bytes(samples, tmp_p
         out = tmp_path / f"t{threads}"
         fsdata.balance(one.parent, out, _settings(num_threads=threads))
         assert _digests(out) == _digests(ref)
+
+
+def test_gather_threads_take_the_next_unit_when_free(samples, tmp_path, monkeypatch):
+    """Gather threads take units from one queue (largest first), not a fixed split: with one thread
+    slowed, the other reads most units, each unit is read once, and the bytes stay the same. (An
+    OUTPUT read as INPUT has a long and a short unit per rank file: a ``units[t::T]`` split gave one
+    thread 16.8M of 20M rows.)"""
+    import threading
+    import time
+
+    one = tmp_path / "in" / "part.parquet"
+    one.parent.mkdir()
+    pq.write_table(pq.read_table(sorted(samples.glob("*.parquet"))), one, row_group_size=100)
+    ref = tmp_path / "ref"
+    fsdata.balance(one.parent, ref, _settings(num_threads=1))
+    monkeypatch.setattr(L, "GATHER_UNIT_ROWS", 100)  # 15 units
+    reads: list[tuple[str, int]] = []
+    slow: list[str] = []
+    batches = L.chunk_batches
+
+    def chunk_batches(unit, size):
+        me = threading.current_thread().name
+        if not slow:
+            slow.append(me)  # the first thread to read is slowed
+        if me == slow[0]:
+            time.sleep(0.3)
+        reads.append((me, unit.offset))
+        yield from batches(unit, size)
+
+    monkeypatch.setattr(L, "chunk_batches", chunk_batches)
+    out = tmp_path / "out"
+    fsdata.balance(one.parent, out, _settings(num_threads=2))
+    assert sorted(o for _, o in reads) == list(range(0, 1500, 100))  # every unit once
+    slowed = sum(1 for name, _ in reads if name == slow[0])
+    assert slowed < len(reads) - slowed  # a static split would give each thread 7 or 8 units
+    assert _digests(out) == _digests(ref)
