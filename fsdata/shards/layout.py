@@ -7,10 +7,11 @@ written by :func:`write_step_stats`) and the dropped samples (:data:`DROPPED_NAM
 manifest records the SHA-256 of each file (:func:`sha256_file`). :mod:`fsdata.shards.manifest`
 re-exports every name here: it is the format's one import.
 
-Versions: format_version 3 (written today) has version 2's names and columns; only the rank
-files' Parquet encoding differs (:data:`fsdata.shards.writer.RANK_FILE_PARQUET_OPTIONS`: LZ4
-instead of zstd; a rank file of either version reads with any Parquet
-reader). Version 2 (still read) names the root metadata ``_manifest.json``,
+Versions: format_version 4 (written today) and 3 have version 2's names and columns; only the rank
+files' Parquet encoding differs (:func:`fsdata.shards.writer.rank_file_options`: version 4
+delta-encodes integer-list columns without a codec, version 3 writes LZ4 with dictionary pages,
+version 2 zstd; a rank file of any version reads with any Parquet reader). Version 2 (still
+read) names the root metadata ``_manifest.json``,
 ``_step_stats.parquet`` and ``_dropped.parquet`` and the rank folders ``rank-00000``; version 1
 (still read) named them ``manifest.json``, ``step_stats.parquet``, ``dropped.parquet`` and
 ``rank=00000``. Readers take every path from the manifest, never from a glob.
@@ -26,11 +27,12 @@ from typing import Any
 from fsdata import fsio
 
 #: Version written by this fsdata; :data:`READ_VERSIONS` are the versions it reads.
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
-MANIFEST_NAMES = {3: "_manifest.json", 2: "_manifest.json", 1: "manifest.json"}
-STEP_STATS_NAMES = {3: "_step_stats.parquet", 2: "_step_stats.parquet", 1: "step_stats.parquet"}
-DROPPED_NAMES = {3: "_dropped.parquet", 2: "_dropped.parquet", 1: "dropped.parquet"}
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
+MANIFEST_NAMES = {4: "_manifest.json", 3: "_manifest.json", 2: "_manifest.json", 1: "manifest.json"}
+STEP_STATS_NAMES = {4: "_step_stats.parquet", 3: "_step_stats.parquet", 2: "_step_stats.parquet",
+                    1: "step_stats.parquet"}
+DROPPED_NAMES = {4: "_dropped.parquet", 3: "_dropped.parquet", 2: "_dropped.parquet", 1: "dropped.parquet"}
 #: The root file names that this version writes.
 MANIFEST_NAME = MANIFEST_NAMES[FORMAT_VERSION]
 STEP_STATS_NAME = STEP_STATS_NAMES[FORMAT_VERSION]

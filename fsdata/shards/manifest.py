@@ -140,7 +140,7 @@ class Manifest:
 
     Attributes:
         path: the OUTPUT folder (not stored in the file).
-        format_version: 1, 2 or 3 (:data:`READ_VERSIONS`).
+        format_version: 1, 2, 3 or 4 (:data:`READ_VERSIONS`).
         num_ranks: R, the world size the shards are for.
         num_steps: steps per rank (equal on every rank).
         batch_size_per_rank: B (fixed policy) or the nominal B (cost-budget).

@@ -1,4 +1,4 @@
-"""Reading one rank's shard of an ``fsdata balance`` output (docs/format.md, format_version 3, 2 and 1).
+"""Reading one rank's shard of an ``fsdata balance`` output (docs/format.md, format_version 4, 3, 2 and 1).
 
 :class:`ShardReader` opens the rank's file listed in the manifest (v2: ``rank-XXXXX/part-00000.parquet``),
 checks it against ``_manifest.json`` and ``_step_stats.parquet`` (v1: ``manifest.json``,

@@ -210,7 +210,7 @@ def test_python_entry_point(good, tmp_path):
     inp, out = good
     m = fsdata.balance(inp, tmp_path / "py", fsdata.BalanceSettings(num_ranks=R, batch_size_per_rank=B,
                                                                     partitioner="lpt-swap", progress=False))
-    assert isinstance(m, fsdata.Manifest) and m.format_version == FORMAT_VERSION == 3
+    assert isinstance(m, fsdata.Manifest) and m.format_version == FORMAT_VERSION == 4
     assert (tmp_path / "py" / "_manifest.json").read_bytes() == (out / "_manifest.json").read_bytes()
     assert m.fsdata_version == fsdata.__version__ and m.input_digest.startswith("sha256-footers:")
     assert m.settings["num_ranks"] == R and m.settings["strategy"] == "balanced"
@@ -256,7 +256,7 @@ def test_write_rank_is_order_independent(good, tmp_path):
 def test_good_output_verifies(good):
     inp, out = good
     r = verify(out, inp)
-    assert r["checked_input"] and r["format_version"] == FORMAT_VERSION == 3
+    assert r["checked_input"] and r["format_version"] == FORMAT_VERSION == 4
 
 
 def test_extra_part_file(good, tmp_path):

@@ -1,5 +1,6 @@
-"""Format v3 (issue 20): the rank files' Parquet settings (LZ4, dictionary pages, statistics)
-and read compatibility with format v2 outputs (fsdata verify, the manifest reader, fstrain)."""
+"""Format v3 (issue 20; still read since format v4): the rank files' Parquet settings (LZ4,
+dictionary pages, statistics) and read compatibility with format v2 and v3 outputs (fsdata verify,
+the manifest reader, fstrain)."""
 
 from __future__ import annotations
 
@@ -37,15 +38,15 @@ def good(tmp_path_factory):
     return inp, out
 
 
-def to_v2(inp: Path, src: Path, dst: Path, monkeypatch) -> None:
-    """Rewrite a v3 OUTPUT as format_version 2: every rank file written again by
-    :func:`fsdata.shards.writer.write_rank` with version 2's Parquet settings (zstd, dictionary
-    pages; the bytes the previous release wrote), its manifest entry (bytes, SHA-256) and
-    ``format_version`` updated; nothing else differs between the two versions."""
+def to_v2(inp: Path, src: Path, dst: Path, monkeypatch, version: int = 2) -> None:
+    """Rewrite an OUTPUT as format_version ``version`` (2 or 3): every rank file written again by
+    :func:`fsdata.shards.writer.write_rank` with that version's Parquet settings (2: zstd, 3: LZ4,
+    both with dictionary pages; the bytes those releases wrote), its manifest entry (bytes,
+    SHA-256) and ``format_version`` updated; nothing else differs between the versions."""
     shutil.copytree(src, dst)
     m = json.loads((dst / "_manifest.json").read_text())
     schema = writer.output_schema(open_samples(inp))
-    monkeypatch.setattr(writer, "FORMAT_VERSION", 2)
+    monkeypatch.setattr(writer, "FORMAT_VERSION", version)
     for f in m["files"]:
         pf = pq.ParquetFile(src / f["path"])
         digest = pf.schema_arrow.metadata[PLAN_DIGEST_KEY].decode()
@@ -54,14 +55,17 @@ def to_v2(inp: Path, src: Path, dst: Path, monkeypatch) -> None:
         assert rec.path == f["path"] and rec.num_rows == f["num_rows"]
         f.update(num_bytes=rec.num_bytes, sha256=rec.sha256)
     monkeypatch.undo()
-    m["format_version"] = 2
+    m["format_version"] = version
     (dst / "_manifest.json").write_text(json.dumps(m, indent=2))
 
 
-def test_rank_files_have_the_v3_parquet_settings(good):
-    _, out = good
+def test_rank_files_have_the_v3_parquet_settings(good, tmp_path, monkeypatch):
+    inp, v4 = good
+    out = tmp_path / "v3"
+    to_v2(inp, v4, out, monkeypatch, version=3)
     m = Manifest.read(out)
-    assert FORMAT_VERSION == 3 and m.format_version == 3
+    assert FORMAT_VERSION == 4 and m.format_version == 3
+    assert verify(out, inp)["checked_input"]
     assert RANK_FILE_PARQUET_OPTIONS[3] == {"compression": "lz4", "use_dictionary": True, "write_statistics": True,
                                             "dictionary_pagesize_limit": 256 * 1024}
     for r in range(R):
@@ -70,7 +74,7 @@ def test_rank_files_have_the_v3_parquet_settings(good):
         for g in range(md.num_row_groups):
             for j in range(md.num_columns):
                 c = md.row_group(g).column(j)
-                if c.path_in_schema in ("step", "rank", "user_id"):  # few distinct values: dictionary pages
+                if c.path_in_schema in ("step", "rank", "user_id", "item_ids.list.element"):  # dictionary pages
                     assert c.has_dictionary_page and "RLE_DICTIONARY" in c.encodings, (r, g, c.path_in_schema)
                 assert c.compression == "LZ4", (r, g, c.path_in_schema, c.compression)  # PyArrow's name
                 # readers need these: resume at a step (step), the item vocabulary (fstrain)
@@ -102,7 +106,8 @@ def test_v2_output_still_verifies_and_reads(good, tmp_path, monkeypatch):
         verify(v2)
 
 
-def test_fstrain_reads_v2_and_v3_alike(good, tmp_path, monkeypatch):
+@pytest.mark.parametrize("version", [2, 3])
+def test_fstrain_reads_older_versions_alike(good, tmp_path, monkeypatch, version):
     pytest.importorskip("torchrec")
     from fstrain.data import ShardReader
     from fstrain.data.manifest import infer_num_items, load_manifest
@@ -162,6 +167,7 @@ def test_dictionary_pages_stop_at_256_kib(tmp_path, monkeypatch):
     """A row group with more distinct item ids than fit 256 KiB: its dictionary page stops there
     and the rest of the column chunk is written as plain pages (Parquet's fallback); the rows
     read back unchanged. With PyArrow's 1 MiB default the same page is larger (control)."""
+    monkeypatch.setattr(writer, "FORMAT_VERSION", 3)  # version 4 writes item_ids without a dictionary
     assert writer.DICTIONARY_PAGE_BYTES == 256 * 1024
     rng = np.random.default_rng(0)
     steps, rows, per_row = 2, 8000, 10  # 80,000 ids per row group, nearly all distinct
@@ -186,7 +192,9 @@ def test_real_vocabularies_keep_the_bytes_of_a_1_mib_dictionary(tmp_path, monkey
     """The real datasets here (ml-1m: 3.7K items; Amazon Beauty, Toys and Games: 12K; Sports and
     Outdoors: 18K, the largest) give the same rank-file bytes with the 256 KiB dictionary limit as
     with PyArrow's 1 MiB default: every row group keeps its whole dictionary. Rows are drawn at
-    random from all users, as balance mixes them, so a row group sees most of the vocabulary."""
+    random from all users, as balance mixes them, so a row group sees most of the vocabulary.
+    (Version 3's item_ids; version 4 delta-encodes them.)"""
+    monkeypatch.setattr(writer, "FORMAT_VERSION", 3)
     src = dataset_path(rel)
     samples = tmp_path / "samples.parquet"
     assert main(["convert", str(src), str(samples), "--format", fmt, "--samples", "per-event",
