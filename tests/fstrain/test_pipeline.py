@@ -70,14 +70,14 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
     in_forward, seen = threading.Event(), threading.Event()
     log: list[dict] = []
 
-    def probed_prefetch(batch, prev, t0):
+    def probed_prefetch(batch, prev, held, t0):
         record = {"event": "prefetch", "main_thread": threading.current_thread() is threading.main_thread(),
                   "fill": prev is None, "saw_forward": None}
         if overlap and prev is not None:  # submitted by a step, before its dense forward
             record["saw_forward"] = in_forward.wait(HANDSHAKE_TIMEOUT_SECONDS)
             seen.set()
         log.append(record)
-        return inner(batch, prev, t0)
+        return inner(batch, prev, held, t0)
 
     def forward_pre_hook(*_):
         record = {"event": "forward", "saw_prefetch": None}
