@@ -60,6 +60,8 @@ class _Exchange:
     About the *previous* batch (``None`` for a batch without one): ``prev_keep [U_prev]`` its
     rows that this batch also touches (their gradient is applied in the previous step, before
     this batch's OL fetch; the others are deferred), ``prev_recv_keep [M_prev]`` the owner's view.
+    ``seconds``: the job's time; ``parts``: seconds of its steps (ids exchange, held update,
+    lookup, replies exchange).
     """
 
     batch: Batch
@@ -74,6 +76,7 @@ class _Exchange:
     prev_keep: torch.Tensor | None
     prev_recv_keep: torch.Tensor | None
     seconds: float
+    parts: dict[str, float]
 
 
 @PIPELINES.register("prioritized")
@@ -157,6 +160,8 @@ class PrioritizedPipeline(TrainPipeline):
             raise PipelineError(f"{table_name}: row shards are placed on ranks {owners}; the prioritized pipeline "
                                 f"expects shard r on rank r (ROW_WISE over all {self.world_size} ranks)")
         self._boundaries = torch.tensor(self.row_offsets[1:-1], dtype=torch.int64)
+        #: (this rank's rows, the TBE tensor they alias, its storage address), read without the TBE; or None
+        self._weight = _aliased_shard(weight, self._lookup)
         self._my_offset = self.row_offsets[self.rank]
         self._touched = torch.zeros(self.row_offsets[self.rank + 1] - self._my_offset, dtype=torch.bool)
         self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
@@ -184,10 +189,16 @@ class PrioritizedPipeline(TrainPipeline):
                                  lengths=lengths.to(self.device), stride=1)
 
     def _lookup_rows(self, local: torch.Tensor) -> torch.Tensor:
-        """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient)."""
+        """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient).
+
+        A gather from the table's own weights where the local shard is a view of them (fbgemm's
+        TBE: no kernel launch, no KJT; the same values); else a lookup through the TBE.
+        """
         if local.numel() == 0:
             return torch.zeros(0, self.embedding_dim, device=self.device)
         with self._tbe_lock, torch.no_grad():
+            if self._weight is not None and self._weight[1].untyped_storage().data_ptr() == self._weight[2]:
+                return self._weight[0].index_select(0, local.to(self._weight[0].device))
             return self._lookup(self._rows(local)).view(-1, self.embedding_dim)
 
     def _all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int], group=None) -> torch.Tensor:
@@ -221,6 +232,13 @@ class PrioritizedPipeline(TrainPipeline):
         return torch.cuda.stream(self._side_stream)
 
     def _prefetch_on_stream(self, batch: Batch, prev: _Exchange | None, held, t0: float) -> _Exchange:
+        parts, tick = {}, [time.perf_counter()]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            parts[f"background_prefetch.{name}"] = now - tick[0]
+            tick[0] = now
+
         with torch.no_grad(), record_function("## prefetch_nol ##"):
             a2a = functools.partial(self._all_to_all, group=self._group)
             ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
@@ -231,8 +249,10 @@ class PrioritizedPipeline(TrainPipeline):
             grad, grad_send, grad_recv, grad_local = held
             # one all-to-all: counts (headers), ids, and the held gradient of the step before last
             send, recv, recv_ids, recv_grad = self._ids.exchange(a2a, ids, owner, grad, grad_send, grad_recv)
+            lap("ids")
             if grad_local is not None:  # those rows' update, before anything below reads them
                 self._update_rows(grad_local, recv_grad)
+            lap("held_update")
             recv_local = recv_ids.cpu() - self._my_offset
             if prev is None:
                 recv_ol = torch.zeros(recv_local.numel(), dtype=torch.bool)
@@ -241,13 +261,15 @@ class PrioritizedPipeline(TrainPipeline):
             self._touched.zero_()
             self._touched[recv_local] = True
             rows = self._lookup_rows(recv_local)  # all requested rows; the OL ones are re-read after the update
+            lap("lookup")
             prev_recv_keep = None if prev is None else self._touched[prev.recv_local]  # backward split of prev
             buf, sizes = pack_replies(recv_ol, recv, prev_recv_keep, prev and prev.recv_counts, rows)
             # one all-to-all: this batch's OL flags, the previous batch's keep flags, the rows
             ol_mask, prev_keep, rows = unpack_replies(a2a, buf, sizes, send, prev and prev.send_counts,
                                                       self.embedding_dim)
+            lap("replies")
         return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, rows, recv, recv_local, recv_ol,
-                         prev_keep, prev_recv_keep, time.perf_counter() - t0)
+                         prev_keep, prev_recv_keep, time.perf_counter() - t0, parts)
 
     def _ready_event(self) -> torch.cuda.Event | None:
         """CUDA: an event on the main stream after everything issued so far; CPU: ``None``."""
@@ -411,6 +433,7 @@ class PrioritizedPipeline(TrainPipeline):
         else:
             self.flush()  # last batch: the held gradient of the step before, so the table is complete
         self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
+        self._phases.update(ex.parts)
         if self.gate.enabled:  # collectives between steps (logging, checkpoint) come after the step's jobs
             with self._phase("wait_background_issue"):
                 self.gate.before_collective()
@@ -425,6 +448,19 @@ class PrioritizedPipeline(TrainPipeline):
         if self._group is not None:
             dist.destroy_process_group(self._group)  # local; no collective is in flight here
             self._group = None
+
+
+def _aliased_shard(weight, lookup) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """This rank's shard ``[rows x d]`` of the sharded ``weight`` if it is the storage ``lookup``
+    reads and updates (a parameter or buffer of it shares its memory): ``(shard, that tensor,
+    storage address)`` (the reader checks the address is still the TBE's), else ``None``."""
+    shards = weight.local_shards()
+    if len(shards) != 1:
+        return None
+    t = shards[0].tensor
+    ptr = t.untyped_storage().data_ptr()
+    same = [x for x in [*lookup.parameters(), *lookup.buffers()] if x.numel() and x.untyped_storage().data_ptr() == ptr]
+    return (t, same[0], ptr) if t.dim() == 2 and same else None
 
 
 def _done(value) -> concurrent.futures.Future:
