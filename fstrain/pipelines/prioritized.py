@@ -11,14 +11,18 @@ Mechanism (implemented here, not torchrec's code): a rank deduplicates the ids o
 (``torch.unique``; sorted ids are already grouped by owner under row-wise sharding), sends them
 to the owning ranks, and the owner classifies each requested row against the set of rows
 requested from it by *all* ranks in the previous batch (a boolean row mask). Everything on the
-way (id all-to-all, classification, NOL lookup, one all-to-all for the OL mask of this batch and
-the keep mask of the previous one, NOL row all-to-all) runs on one
-background thread over a second gloo/NCCL process group, so its collectives never interleave
-with the main thread's. After the update of batch N the main thread fetches the OL rows of
-batch N+1 (one all-to-all) and runs the dense step. Gradients are re-split: rows that batch N+2
-also touches are sent to their owners at once and applied through the table's fused optimizer (a
-re-lookup whose backward runs fbgemm's fused update); the others on the background thread, before
-its next prefetch, the first job that can read them again. Then the dense all-reduce and step.
+way runs on one background thread over a second gloo/NCCL process group, so its collectives
+never interleave with the main thread's, in two all-to-alls (:mod:`fstrain.pipelines.exchange`):
+counts, ids and the held gradient of the step before last in one fixed-capacity message; then,
+after classification, the held update and the lookup, the OL flags of this batch, the keep flags
+of the previous one and the rows read ahead in another. After the update of batch N the main
+thread fetches the OL rows of batch N+1 (one all-to-all) and runs the dense step. Gradients are
+re-split: rows that batch N+2 also touches are sent to their owners at once and applied through
+the table's fused optimizer (a re-lookup whose backward runs fbgemm's fused update, one all-to-all);
+the others are held and travel with the next prefetch's ids, which applies them before it reads
+anything. Then the dense all-reduce and step: four all-to-alls per step in all (one more when
+the id capacity overflows). Rows are read by a gather from the table's weights; the TBE runs only
+for the two fused updates.
 
 Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` world size,
 ``M`` ids requested from this rank by all ranks (with repeats across ranks).
@@ -86,10 +90,11 @@ class PrioritizedPipeline(TrainPipeline):
     Threads and process groups:
 
     * background thread, second process group, one job at a time in submission order:
-      ``## prefetch_nol ##`` for batch N+1 while batch N computes (id all-to-all, OL/NOL split
-      on the owner, NOL lookup, mask and NOL row all-to-alls, and the mask of batch N's rows
-      that N+1 touches), then ``## deferred_sparse_update ##`` of batch N (gradient all-to-all
-      and fused update of the rows N+1 does not touch), which runs before the prefetch of N+2.
+      ``## prefetch_nol ##`` for batch N+1 while batch N computes: one all-to-all of counts, ids
+      and the held gradient of batch N-1 (the rows N does not touch), their fused update, the
+      OL/NOL split on the owner and the keep flags of batch N's rows that N+1 touches, the
+      lookup, one all-to-all of flags and rows. ``## deferred_sparse_update ##`` only at
+      :meth:`flush` (the held gradient without a next prefetch: one all-to-all).
     * main thread, default process group: ``## fetch_ol ##`` (OL lookup + all-to-all, after
       N-1's update), ``## dense_forward_backward ##`` (with the straggler barrier on a third
       group), ``## dense_allreduce ##`` (started asynchronously), ``## wait_prefetch ##`` (the
@@ -100,9 +105,9 @@ class PrioritizedPipeline(TrainPipeline):
     driven from two threads must see their operations issued in the same order on every rank
     (NCCL User Guide, "Using multiple NCCL communicators concurrently"). The gate makes each
     background job issue all its collectives between its submission and the main thread's next
-    collective: per step ``fetch_ol`` (main) -> the prefetch of N+1 (background) -> straggler
-    all-reduce, dense all-reduce, sparse update (main) -> the deferred update of N (background),
-    which the step waits for before returning. On gloo / ``fs_shm`` the gate is off by default.
+    collective: per step ``fetch_ol`` (main) -> the prefetch of N+1 (background: 2 all-to-alls,
+    3 on an id overflow) -> straggler all-reduce, dense all-reduce, sparse update (main); the
+    last step then flushes (background). On gloo / ``fs_shm`` the gate is off by default.
 
     CUDA: the background jobs run on a side stream that waits for an event recorded on the main
     stream at submission; the main stream waits for the side stream before it uses their
@@ -263,10 +268,10 @@ class PrioritizedPipeline(TrainPipeline):
             rows = self._lookup_rows(recv_local)  # all requested rows; the OL ones are re-read after the update
             lap("lookup")
             prev_recv_keep = None if prev is None else self._touched[prev.recv_local]  # backward split of prev
-            buf, sizes = pack_replies(recv_ol, recv, prev_recv_keep, prev and prev.recv_counts, rows)
+            prev_recv, prev_send = (None, None) if prev is None else (prev.recv_counts, prev.send_counts)
+            buf, sizes = pack_replies(recv_ol, recv, prev_recv_keep, prev_recv, rows)
             # one all-to-all: this batch's OL flags, the previous batch's keep flags, the rows
-            ol_mask, prev_keep, rows = unpack_replies(a2a, buf, sizes, send, prev and prev.send_counts,
-                                                      self.embedding_dim)
+            ol_mask, prev_keep, rows = unpack_replies(a2a, buf, sizes, send, prev_send, self.embedding_dim)
             lap("replies")
         return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, rows, recv, recv_local, recv_ol,
                          prev_keep, prev_recv_keep, time.perf_counter() - t0, parts)
@@ -300,7 +305,8 @@ class PrioritizedPipeline(TrainPipeline):
     def _apply_held(self, held, ready: torch.cuda.Event | None) -> None:
         """Send the held gradient to its owners (one all-to-all, background group) and apply it."""
         with self._on_side_stream(ready), record_function("## deferred_sparse_update ##"):
-            self._apply_grad(*held, group=self._group)
+            grad, send, recv, local = held
+            self._apply_grad(grad, send, recv, local, group=self._group)
 
     def flush(self) -> None:
         """Apply the last step's held gradient now (call before a checkpoint; collective: every rank).
@@ -369,6 +375,7 @@ class PrioritizedPipeline(TrainPipeline):
                 self._apply_grad(grad, ex.send_counts, ex.recv_counts, ex.recv_local)
                 return
             keep, recv_keep = nxt.prev_keep, nxt.prev_recv_keep
+            assert keep is not None and recv_keep is not None  # nxt was prefetched with ex as its previous batch
             self._apply_grad(grad[keep.to(grad.device)], _segment_counts(keep, ex.send_counts),
                              _segment_counts(recv_keep, ex.recv_counts), ex.recv_local[recv_keep])
             held = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
@@ -441,7 +448,7 @@ class PrioritizedPipeline(TrainPipeline):
         return output, ex.ids.numel() - num_ol, num_ol
 
     def close(self) -> None:
-        """Stop the background thread (waits for a running job)."""
+        """Apply the held gradient (:meth:`flush`, collective) and stop the background thread."""
         self.flush()
         super().close()
         self._pool.shutdown(wait=True)

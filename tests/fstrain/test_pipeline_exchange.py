@@ -64,7 +64,7 @@ def test_id_exchange_delivers_ids_and_gradients_with_one_call_per_step_once_capa
 
     def rank_fn(rank, a2a):
         ex = IdExchange(R)
-        got, calls, prev_recv = [], [], [0] * R
+        got, calls = [], []
         for step, per_rank in enumerate(batches):
             ids = torch.tensor(per_rank[rank], dtype=torch.int64)
             # gradient rows: rank sends step*100 + rank*10 + j to every peer j, (j + 1) rows each

@@ -101,6 +101,9 @@ def _train(shards, env, ordered: bool, record: bool):
             return originals[name](*args, group=group, **kwargs)
         return call
 
+    from fstrain.pipelines.prioritized import PrioritizedPipeline
+
+    assert isinstance(pipe, PrioritizedPipeline)
     overflows: list[bool] = []
     exchange = pipe._ids.exchange
 
@@ -110,7 +113,7 @@ def _train(shards, env, ordered: bool, record: bool):
         overflows.append(pipe._ids.num_overflows > before)
         return out
 
-    pipe._ids.exchange = recorded_exchange
+    pipe._ids.exchange = recorded_exchange  # type: ignore[method-assign]
     if record:
         for name in originals:
             setattr(dist, name, recorded(name))
