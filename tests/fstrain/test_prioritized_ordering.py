@@ -20,6 +20,9 @@ from tests.fstrain.shards import write_shards
 
 MODEL = dict(num_items=40, embedding_dim=8, num_negatives=6, num_layers=1, num_heads=2)
 NUM_STEPS = 10
+RECORDED = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+            "reduce_scatter_tensor", "broadcast", "reduce", "gather", "scatter", "barrier", "send", "recv",
+            "isend", "irecv", "batch_isend_irecv")
 
 
 def test_gate_holds_main_thread_collectives_until_submitted_jobs_returned():
@@ -86,7 +89,8 @@ def _train(shards, env, ordered: bool, record: bool):
     pipe = make_pipeline(PipelineConfig(name="prioritized", ordered_collectives=ordered), dmp, opt, env.device)
     log: list[tuple[str, str, str]] = []
     lock = threading.Lock()
-    originals = {name: getattr(dist, name) for name in ("all_to_all_single", "all_reduce")}
+    # every collective torch.distributed offers, so a new one (of any kind) shows up in the sequence
+    originals = {name: getattr(dist, name) for name in RECORDED}
 
     def label(group) -> str:
         if group is None or group is dist.group.WORLD:
@@ -94,11 +98,11 @@ def _train(shards, env, ordered: bool, record: bool):
         return {id(pipe._group): "background", id(pipe._straggler_group): "straggler"}.get(id(group), "other")
 
     def recorded(name):
-        def call(*args, group=None, **kwargs):
+        def call(*args, **kwargs):
             thread = "main" if threading.current_thread() is threading.main_thread() else "bg"
             with lock:
-                log.append((thread, label(group), name))
-            return originals[name](*args, group=group, **kwargs)
+                log.append((thread, label(kwargs.get("group")), name))
+            return originals[name](*args, **kwargs)
         return call
 
     from fstrain.pipelines.prioritized import PrioritizedPipeline
