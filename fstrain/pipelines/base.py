@@ -102,8 +102,9 @@ class StepStats:
             the rows both batches touch; other pipelines: 0).
         phase_seconds: main-thread time per communication phase where the pipeline measures it
             directly (``prioritized``: ``wait_prefetch``, ``fetch_ol``, ``sparse_update``,
-            ``dense_allreduce``, and ``background_prefetch``: the background thread's time on this
-            batch's NOL exchange, not main-thread time); empty otherwise.
+            ``dense_allreduce``, ``flush_deferred_update``, and ``background_prefetch``: the
+            background thread's time on this batch's exchange, not main-thread time, split into
+            ``background_prefetch.ids`` / ``.held_update`` / ``.lookup`` / ``.replies``); empty otherwise.
         straggler_wait_seconds: wait for the slowest rank after the dense backward (this rank's
             share of the bubble; 0 when not measured).
     """

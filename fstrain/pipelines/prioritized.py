@@ -11,14 +11,18 @@ Mechanism (implemented here, not torchrec's code): a rank deduplicates the ids o
 (``torch.unique``; sorted ids are already grouped by owner under row-wise sharding), sends them
 to the owning ranks, and the owner classifies each requested row against the set of rows
 requested from it by *all* ranks in the previous batch (a boolean row mask). Everything on the
-way (id all-to-all, classification, NOL lookup, one all-to-all for the OL mask of this batch and
-the keep mask of the previous one, NOL row all-to-all) runs on one
-background thread over a second gloo/NCCL process group, so its collectives never interleave
-with the main thread's. After the update of batch N the main thread fetches the OL rows of
-batch N+1 (one all-to-all) and runs the dense step. Gradients are re-split: rows that batch N+2
-also touches are sent to their owners at once and applied through the table's fused optimizer (a
-re-lookup whose backward runs fbgemm's fused update); the others on the background thread, before
-its next prefetch, the first job that can read them again. Then the dense all-reduce and step.
+way runs on one background thread over a second gloo/NCCL process group, so its collectives
+never interleave with the main thread's, in two all-to-alls (:mod:`fstrain.pipelines.exchange`):
+counts, ids and the held gradient of the step before last in one fixed-capacity message; then,
+after classification, the held update and the lookup, the OL flags of this batch, the keep flags
+of the previous one and the rows read ahead in another. After the update of batch N the main
+thread fetches the OL rows of batch N+1 (one all-to-all) and runs the dense step. Gradients are
+re-split: rows that batch N+2 also touches are sent to their owners at once and applied through
+the table's fused optimizer (a re-lookup whose backward runs fbgemm's fused update, one all-to-all);
+the others are held and travel with the next prefetch's ids, which applies them before it reads
+anything. Then the dense all-reduce and step: four all-to-alls per step in all (one more when
+the id capacity overflows). Rows are read by a gather from the table's weights; the TBE runs only
+for the two fused updates.
 
 Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` world size,
 ``M`` ids requested from this rank by all ranks (with repeats across ranks).
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +47,7 @@ from fstrain.distributed.sharding import dense_parameters
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.recommender import objective_inputs
 from fstrain.pipelines.base import PIPELINES, PipelineConfig, PipelineError, TrainPipeline
+from fstrain.pipelines.exchange import IdExchange, pack_replies, segment_counts as _segment_counts, unpack_replies
 from fstrain.pipelines.ordering import CollectiveOrderGate, needs_ordered_collectives
 
 
@@ -51,12 +57,15 @@ class _Exchange:
 
     Requester side (this rank's batch): ``ids [U]`` sorted unique ids, ``inverse [n]`` position
     of each KJT value in ``ids``, ``send_counts [R]`` ids sent to each owner, ``ol_mask [U]``
-    rows to fetch after the update, ``nol_rows [U - sum(ol_mask) x d]`` rows fetched ahead.
+    rows to fetch after the update, ``rows [U x d]`` every row as read ahead (the NOL rows are
+    final; the OL ones are replaced by the fetch after the update).
     Owner side (requests of all ranks to this rank): ``recv_counts [R]``, ``recv_local [M]``
     local row indices, ``recv_ol [M]`` the OL flags.
     About the *previous* batch (``None`` for a batch without one): ``prev_keep [U_prev]`` its
     rows that this batch also touches (their gradient is applied in the previous step, before
     this batch's OL fetch; the others are deferred), ``prev_recv_keep [M_prev]`` the owner's view.
+    ``seconds``: the job's time; ``parts``: seconds of its steps (ids exchange, held update,
+    lookup, replies exchange).
     """
 
     batch: Batch
@@ -64,18 +73,14 @@ class _Exchange:
     inverse: torch.Tensor
     send_counts: list[int]
     ol_mask: torch.Tensor
-    nol_rows: torch.Tensor
+    rows: torch.Tensor
     recv_counts: list[int]
     recv_local: torch.Tensor
     recv_ol: torch.Tensor
     prev_keep: torch.Tensor | None
     prev_recv_keep: torch.Tensor | None
     seconds: float
-
-
-def _segment_counts(flags: torch.Tensor, counts: list[int]) -> list[int]:
-    """Number of True ``flags`` in each consecutive segment of sizes ``counts``."""
-    return [int(s.sum()) for s in torch.split(flags, counts)] if flags.numel() else [0] * len(counts)
+    parts: dict[str, float]
 
 
 @PIPELINES.register("prioritized")
@@ -85,10 +90,11 @@ class PrioritizedPipeline(TrainPipeline):
     Threads and process groups:
 
     * background thread, second process group, one job at a time in submission order:
-      ``## prefetch_nol ##`` for batch N+1 while batch N computes (id all-to-all, OL/NOL split
-      on the owner, NOL lookup, mask and NOL row all-to-alls, and the mask of batch N's rows
-      that N+1 touches), then ``## deferred_sparse_update ##`` of batch N (gradient all-to-all
-      and fused update of the rows N+1 does not touch), which runs before the prefetch of N+2.
+      ``## prefetch_nol ##`` for batch N+1 while batch N computes: one all-to-all of counts, ids
+      and the held gradient of batch N-1 (the rows N does not touch), their fused update, the
+      OL/NOL split on the owner and the keep flags of batch N's rows that N+1 touches, the
+      lookup, one all-to-all of flags and rows. ``## deferred_sparse_update ##`` only at
+      :meth:`flush` (the held gradient without a next prefetch: one all-to-all).
     * main thread, default process group: ``## fetch_ol ##`` (OL lookup + all-to-all, after
       N-1's update), ``## dense_forward_backward ##`` (with the straggler barrier on a third
       group), ``## dense_allreduce ##`` (started asynchronously), ``## wait_prefetch ##`` (the
@@ -99,9 +105,9 @@ class PrioritizedPipeline(TrainPipeline):
     driven from two threads must see their operations issued in the same order on every rank
     (NCCL User Guide, "Using multiple NCCL communicators concurrently"). The gate makes each
     background job issue all its collectives between its submission and the main thread's next
-    collective: per step ``fetch_ol`` (main) -> the prefetch of N+1 (background) -> straggler
-    all-reduce, dense all-reduce, sparse update (main) -> the deferred update of N (background),
-    which the step waits for before returning. On gloo / ``fs_shm`` the gate is off by default.
+    collective: per step ``fetch_ol`` (main) -> the prefetch of N+1 (background: 2 all-to-alls,
+    3 on an id overflow) -> straggler all-reduce, dense all-reduce, sparse update (main); the
+    last step then flushes (background). On gloo / ``fs_shm`` the gate is off by default.
 
     CUDA: the background jobs run on a side stream that waits for an event recorded on the main
     stream at submission; the main stream waits for the side stream before it uses their
@@ -159,12 +165,18 @@ class PrioritizedPipeline(TrainPipeline):
             raise PipelineError(f"{table_name}: row shards are placed on ranks {owners}; the prioritized pipeline "
                                 f"expects shard r on rank r (ROW_WISE over all {self.world_size} ranks)")
         self._boundaries = torch.tensor(self.row_offsets[1:-1], dtype=torch.int64)
+        #: (this rank's rows, the TBE tensor they alias, its storage address), read without the TBE; or None
+        self._weight = _aliased_shard(weight, self._lookup)
         self._my_offset = self.row_offsets[self.rank]
         self._touched = torch.zeros(self.row_offsets[self.rank + 1] - self._my_offset, dtype=torch.bool)
         self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
         self._pending: concurrent.futures.Future | None = None
-        self._deferred: concurrent.futures.Future | None = None
+        #: ids (+ held gradient) to their owners: one all-to-all with a fixed, shared capacity per peer
+        self._ids = IdExchange(self.world_size)
+        #: the previous step's gradient of rows the next batch does not touch: ``(grad, send, recv, local)``,
+        #: sent with the next prefetch's ids (or by :meth:`flush`)
+        self._held: tuple[torch.Tensor, list[int], list[int], torch.Tensor] | None = None
         # table accesses from the two threads touch disjoint rows; the lock keeps the fused
         # kernels themselves from running concurrently (never held across a collective)
         self._tbe_lock = threading.Lock()
@@ -182,10 +194,16 @@ class PrioritizedPipeline(TrainPipeline):
                                  lengths=lengths.to(self.device), stride=1)
 
     def _lookup_rows(self, local: torch.Tensor) -> torch.Tensor:
-        """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient)."""
+        """Current values of this rank's rows ``local [k]`` -> ``[k x d]`` (no gradient).
+
+        A gather from the table's own weights where the local shard is a view of them (fbgemm's
+        TBE: no kernel launch, no KJT; the same values); else a lookup through the TBE.
+        """
         if local.numel() == 0:
             return torch.zeros(0, self.embedding_dim, device=self.device)
         with self._tbe_lock, torch.no_grad():
+            if self._weight is not None and self._weight[1].untyped_storage().data_ptr() == self._weight[2]:
+                return self._weight[0].index_select(0, local.to(self._weight[0].device))
             return self._lookup(self._rows(local)).view(-1, self.embedding_dim)
 
     def _all_to_all(self, x: torch.Tensor, send: list[int], recv: list[int], group=None) -> torch.Tensor:
@@ -199,34 +217,17 @@ class PrioritizedPipeline(TrainPipeline):
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out
 
-    def _all_to_all_masks(self, masks: list[tuple[torch.Tensor, list[int], list[int]]], group
-                          ) -> list[torch.Tensor]:
-        """Several boolean all-to-alls in one: ``masks[i] = (flags, send, recv)`` as for
-        :meth:`_all_to_all`; each rank's segments for a peer travel together as uint8.
-
-        Returns:
-            The received flags of each entry (bool, on the CPU), as separate all-to-alls would give.
-        """
-        R = self.world_size
-        segs = [torch.split(flags.to(torch.uint8), send) for flags, send, _ in masks]
-        buf = torch.cat([seg[r] for r in range(R) for seg in segs])
-        send = [sum(m[1][r] for m in masks) for r in range(R)]
-        recv = [sum(m[2][r] for m in masks) for r in range(R)]
-        got = torch.split(self._all_to_all(buf.to(self.device), send, recv, group).cpu().bool(),
-                          [m[2][r] for r in range(R) for m in masks])
-        k = len(masks)
-        return [torch.cat([got[r * k + i] for r in range(R)]) for i in range(k)]
-
     # ------------------------------------------------------------- background job
-    def _prefetch(self, batch: Batch, prev: _Exchange | None, ready: torch.cuda.Event | None) -> _Exchange:
-        """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc).
+    def _prefetch(self, batch: Batch, prev: _Exchange | None, held, ready: torch.cuda.Event | None) -> _Exchange:
+        """Background thread: exchange ids of ``batch`` and fetch its NOL rows (see the class doc),
+        applying first the ``held`` gradient of the step before ``prev`` (sent with the ids).
 
         ``ready`` (CUDA): recorded on the main stream at submission; the side stream waits on it
         so the lookup reads the table after the previous update.
         """
         t0 = time.perf_counter()
         with self._on_side_stream(ready):
-            return self._prefetch_on_stream(batch, prev, t0)
+            return self._prefetch_on_stream(batch, prev, held, t0)
 
     def _on_side_stream(self, ready: torch.cuda.Event | None):
         """CUDA: run on the side stream after ``ready``; CPU: nothing."""
@@ -235,16 +236,28 @@ class PrioritizedPipeline(TrainPipeline):
         self._side_stream.wait_event(ready)
         return torch.cuda.stream(self._side_stream)
 
-    def _prefetch_on_stream(self, batch: Batch, prev: _Exchange | None, t0: float) -> _Exchange:
+    def _prefetch_on_stream(self, batch: Batch, prev: _Exchange | None, held, t0: float) -> _Exchange:
+        parts, tick = {}, [time.perf_counter()]
+
+        def lap(name: str) -> None:
+            now = time.perf_counter()
+            parts[f"background_prefetch.{name}"] = now - tick[0]
+            tick[0] = now
+
         with torch.no_grad(), record_function("## prefetch_nol ##"):
-            g = self._group
+            a2a = functools.partial(self._all_to_all, group=self._group)
             ids, inverse = torch.unique(batch.features.values(), sorted=True, return_inverse=True)
             owner = torch.bucketize(ids.cpu(), self._boundaries, right=True)
-            send_counts = torch.bincount(owner, minlength=self.world_size)
-            recv_counts_t = self._all_to_all(send_counts.to(self.device), [1] * self.world_size,
-                                             [1] * self.world_size, g).cpu()
-            send, recv = send_counts.tolist(), recv_counts_t.tolist()
-            recv_ids = self._all_to_all(ids, send, recv, g)
+            if held is None:
+                zeros = [0] * self.world_size
+                held = (torch.zeros(0, self.embedding_dim, device=self.device), zeros, zeros, None)
+            grad, grad_send, grad_recv, grad_local = held
+            # one all-to-all: counts (headers), ids, and the held gradient of the step before last
+            send, recv, recv_ids, recv_grad = self._ids.exchange(a2a, ids, owner, grad, grad_send, grad_recv)
+            lap("ids")
+            if grad_local is not None:  # those rows' update, before anything below reads them
+                self._update_rows(grad_local, recv_grad)
+            lap("held_update")
             recv_local = recv_ids.cpu() - self._my_offset
             if prev is None:
                 recv_ol = torch.zeros(recv_local.numel(), dtype=torch.bool)
@@ -252,17 +265,16 @@ class PrioritizedPipeline(TrainPipeline):
                 recv_ol = self._touched[recv_local]  # rows the previous batch (any rank) updates
             self._touched.zero_()
             self._touched[recv_local] = True
-            nol_rows = self._lookup_rows(recv_local[~recv_ol])
-            masks = [(recv_ol, recv, send)]  # owner -> requester: this batch's OL flags
-            prev_recv_keep = None
-            if prev is not None:  # which rows of the previous batch this one touches (backward split)
-                prev_recv_keep = self._touched[prev.recv_local]
-                masks.append((prev_recv_keep, prev.recv_counts, prev.send_counts))
-            ol_mask, *rest = self._all_to_all_masks(masks, g)  # both masks in one all-to-all
-            prev_keep = rest[0] if rest else None
-            nol_rows = self._all_to_all(nol_rows, _segment_counts(~recv_ol, recv), _segment_counts(~ol_mask, send), g)
-        return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, nol_rows, recv, recv_local, recv_ol,
-                         prev_keep, prev_recv_keep, time.perf_counter() - t0)
+            rows = self._lookup_rows(recv_local)  # all requested rows; the OL ones are re-read after the update
+            lap("lookup")
+            prev_recv_keep = None if prev is None else self._touched[prev.recv_local]  # backward split of prev
+            prev_recv, prev_send = (None, None) if prev is None else (prev.recv_counts, prev.send_counts)
+            buf, sizes = pack_replies(recv_ol, recv, prev_recv_keep, prev_recv, rows)
+            # one all-to-all: this batch's OL flags, the previous batch's keep flags, the rows
+            ol_mask, prev_keep, rows = unpack_replies(a2a, buf, sizes, send, prev_send, self.embedding_dim)
+            lap("replies")
+        return _Exchange(batch, ids, inverse.to(self.device), send, ol_mask, rows, recv, recv_local, recv_ol,
+                         prev_keep, prev_recv_keep, time.perf_counter() - t0, parts)
 
     def _ready_event(self) -> torch.cuda.Event | None:
         """CUDA: an event on the main stream after everything issued so far; CPU: ``None``."""
@@ -283,27 +295,36 @@ class PrioritizedPipeline(TrainPipeline):
 
     def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
         self._to_side(batch)  # copied to the device on the main stream, read by the background job
+        held, self._held = self._held, None
         if self.overlap:
-            self._pending = self.gate.submit(self._pool, self._prefetch, batch, prev, self._ready_event())
+            self._pending = self.gate.submit(self._pool, self._prefetch, batch, prev, held, self._ready_event())
         else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
             with self._phase("prefetch_inline"):
-                self._pending = _done(self._prefetch(batch, prev, self._ready_event()))
+                self._pending = _done(self._prefetch(batch, prev, held, self._ready_event()))
 
-    def _deferred_update(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
-                         ready: torch.cuda.Event | None) -> float:
-        """Background thread: gradient all-to-all + fused update of rows the next batch does not touch."""
-        t0 = time.perf_counter()
+    def _apply_held(self, held, ready: torch.cuda.Event | None) -> None:
+        """Send the held gradient to its owners (one all-to-all, background group) and apply it."""
         with self._on_side_stream(ready), record_function("## deferred_sparse_update ##"):
-            self._apply_grad(grad, send, recv, local, self._group)
-        return time.perf_counter() - t0
+            grad, send, recv, local = held
+            self._apply_grad(grad, send, recv, local, group=self._group)
 
     def flush(self) -> None:
-        """Wait until the deferred gradient of the last step is applied (call before a checkpoint)."""
-        if self._deferred is not None:
-            self._phases["background_deferred_update"] = self._deferred.result()
-            if self._side_stream is not None:
-                torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
-            self._deferred = None
+        """Apply the last step's held gradient now (call before a checkpoint; collective: every rank).
+
+        A step keeps the gradient of rows the next batch does not touch and sends it with the next
+        prefetch's ids; until then the table lacks it. Without a held gradient this does nothing.
+        """
+        held, self._held = self._held, None
+        if held is None:
+            return
+        t0 = time.perf_counter()
+        if self.overlap:  # the background group belongs to the background thread
+            self.gate.submit(self._pool, self._apply_held, held, self._ready_event()).result()
+        else:
+            self._apply_held(held, self._ready_event())
+        if self._side_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side_stream)
+        self._phases["flush_deferred_update"] = time.perf_counter() - t0
 
     def _wait(self) -> _Exchange:
         with self._phase("wait_prefetch"):
@@ -311,7 +332,7 @@ class PrioritizedPipeline(TrainPipeline):
             if self._side_stream is not None:  # the job's kernels were issued, not necessarily done
                 main = torch.cuda.current_stream(self.device)
                 main.wait_stream(self._side_stream)
-                for t in (ex.nol_rows, ex.inverse, ex.ids):  # made on the side stream, used on the main one
+                for t in (ex.rows, ex.inverse, ex.ids):  # made on the side stream, used on the main one
                     if t.is_cuda:
                         t.record_stream(main)
         self._pending = None
@@ -319,15 +340,13 @@ class PrioritizedPipeline(TrainPipeline):
 
     # --------------------------------------------------------------- main thread
     def _fetch_ol(self, ex: _Exchange) -> torch.Tensor:
-        """OL rows (after the previous update) merged with the NOL rows: ``[U x d]``."""
+        """OL rows (after the previous update) written over their early reads: ``[U x d]``."""
         with self._phase("fetch_ol"):
             ol_rows_out = self._lookup_rows(ex.recv_local[ex.recv_ol])
             ol_rows = self._all_to_all(ol_rows_out, _segment_counts(ex.recv_ol, ex.recv_counts),
                                        _segment_counts(ex.ol_mask, ex.send_counts))
-            emb = torch.empty(ex.ids.numel(), self.embedding_dim, device=self.device)
-            mask = ex.ol_mask.to(self.device)
-            emb[mask] = ol_rows
-            emb[~mask] = ex.nol_rows
+            emb = ex.rows
+            emb[ex.ol_mask.to(self.device)] = ol_rows
         return emb
 
     def _apply_grad(self, grad: torch.Tensor, send: list[int], recv: list[int], local: torch.Tensor,
@@ -335,34 +354,34 @@ class PrioritizedPipeline(TrainPipeline):
         """Send row gradients ``grad [sum(send) x d]`` to their owners; the owner applies the received
         ``[sum(recv) x d]`` to its rows ``local`` in one fused update (a re-lookup whose backward runs
         the table's fused optimizer; fbgemm sums repeated rows first)."""
-        recv_grad = self._all_to_all(grad, send, recv, group)
+        self._update_rows(local, self._all_to_all(grad, send, recv, group))
+
+    def _update_rows(self, local: torch.Tensor, grad: torch.Tensor) -> None:
+        """Apply ``grad [k x d]`` to this rank's rows ``local [k]``: one fused update (re-lookup + backward)."""
         if local.numel():
             with self._tbe_lock, torch.enable_grad():
                 out = self._lookup(self._rows(local)).view(-1, self.embedding_dim)
-                out.backward(recv_grad)
+                out.backward(grad)
 
     def _sparse_update(self, ex: _Exchange, grad: torch.Tensor, nxt: _Exchange | None) -> None:
-        """Apply now the gradient of rows the next batch touches; defer the rest to the background thread.
+        """Apply now the gradient of rows the next batch touches; hold the rest for the next prefetch.
 
         Every row still gets its whole step gradient in one update, before anything reads it again:
-        rows the next batch touches before its OL fetch, the others before the background thread's
-        next job (the prefetch of the batch after next), which is queued behind it.
+        rows the next batch touches before its OL fetch, the others at the start of the next
+        prefetch (of the batch after next), which sends them with its ids (or at :meth:`flush`).
         """
         with self._phase("sparse_update"):
             if nxt is None:  # last batch: nothing to defer
                 self._apply_grad(grad, ex.send_counts, ex.recv_counts, ex.recv_local)
                 return
             keep, recv_keep = nxt.prev_keep, nxt.prev_recv_keep
+            assert keep is not None and recv_keep is not None  # nxt was prefetched with ex as its previous batch
             self._apply_grad(grad[keep.to(grad.device)], _segment_counts(keep, ex.send_counts),
                              _segment_counts(recv_keep, ex.recv_counts), ex.recv_local[recv_keep])
-            args = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
+            held = (grad[~keep.to(grad.device)], _segment_counts(~keep, ex.send_counts),
                     _segment_counts(~recv_keep, ex.recv_counts), ex.recv_local[~recv_keep])
-        self._to_side(*args)  # gradient slices made on the main stream, sent by the background job
-        if self.overlap:
-            self._deferred = self.gate.submit(self._pool, self._deferred_update, *args, self._ready_event())
-        else:
-            with self._phase("deferred_update_inline"):
-                self._deferred = _done(self._deferred_update(*args, self._ready_event()))
+        self._to_side(held[0])  # a gradient slice made on the main stream, sent by the background job
+        self._held = held
 
     def _start_dense_allreduce(self):
         """Start the SUM all-reduce of the dense gradients (one flat buffer, asynchronous)."""
@@ -410,7 +429,6 @@ class PrioritizedPipeline(TrainPipeline):
         with self._phase("dense_allreduce"):
             pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below
         nxt_ex = self._wait() if nxt is not None else None  # table writes below must not race the lookup
-        self.flush()  # the previous step's deferred update: done already (queued before that prefetch)
         self._sparse_update(ex, leaf.grad, nxt_ex)
         with self._phase("dense_allreduce"):
             self._finish_dense_allreduce(pending_allreduce)
@@ -420,8 +438,9 @@ class PrioritizedPipeline(TrainPipeline):
         if nxt_ex is not None:
             self._pending = _done(nxt_ex)
         else:
-            self.flush()  # last batch: leave the table complete
+            self.flush()  # last batch: the held gradient of the step before, so the table is complete
         self._phases["background_prefetch"] = ex.seconds  # hidden work, not main-thread time
+        self._phases.update(ex.parts)
         if self.gate.enabled:  # collectives between steps (logging, checkpoint) come after the step's jobs
             with self._phase("wait_background_issue"):
                 self.gate.before_collective()
@@ -429,13 +448,26 @@ class PrioritizedPipeline(TrainPipeline):
         return output, ex.ids.numel() - num_ol, num_ol
 
     def close(self) -> None:
-        """Stop the background thread (waits for a running job)."""
+        """Apply the held gradient (:meth:`flush`, collective) and stop the background thread."""
         self.flush()
         super().close()
         self._pool.shutdown(wait=True)
         if self._group is not None:
             dist.destroy_process_group(self._group)  # local; no collective is in flight here
             self._group = None
+
+
+def _aliased_shard(weight, lookup) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """This rank's shard ``[rows x d]`` of the sharded ``weight`` if it is the storage ``lookup``
+    reads and updates (a parameter or buffer of it shares its memory): ``(shard, that tensor,
+    storage address)`` (the reader checks the address is still the TBE's), else ``None``."""
+    shards = weight.local_shards()
+    if len(shards) != 1:
+        return None
+    t = shards[0].tensor
+    ptr = t.untyped_storage().data_ptr()
+    same = [x for x in [*lookup.parameters(), *lookup.buffers()] if x.numel() and x.untyped_storage().data_ptr() == ptr]
+    return (t, same[0], ptr) if t.dim() == 2 and same else None
 
 
 def _done(value) -> concurrent.futures.Future:

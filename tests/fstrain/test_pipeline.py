@@ -39,8 +39,10 @@ def _train(shards, config, env, build=None, max_steps=None):
     outs = run_steps(pipe, _batches(shards, env.rank, env.world_size), max_steps)
     pipe.flush()  # mid-run: the state a checkpoint would save
     state = local_state(dmp)
+    gather = getattr(pipe, "_weight", None) is not None  # prioritized: reads are gathers from the TBE's weights
     pipe.close()
-    return {"state": state, "stats": [o.stats for o in outs], "loss": [float(o.output[0]) for o in outs],
+    return {"state": state, "gather": gather, "stats": [o.stats for o in outs],
+            "loss": [float(o.output[0]) for o in outs],
             "class": type(pipe).__name__, "steps": [o.step for o in outs], "tokens": [o.num_tokens for o in outs],
             "true_tokens": [int(b.lengths.sum()) for b in _batches(shards, env.rank, env.world_size)]}
 
@@ -70,14 +72,14 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
     in_forward, seen = threading.Event(), threading.Event()
     log: list[dict] = []
 
-    def probed_prefetch(batch, prev, t0):
+    def probed_prefetch(batch, prev, held, t0):
         record = {"event": "prefetch", "main_thread": threading.current_thread() is threading.main_thread(),
                   "fill": prev is None, "saw_forward": None}
         if overlap and prev is not None:  # submitted by a step, before its dense forward
             record["saw_forward"] = in_forward.wait(HANDSHAKE_TIMEOUT_SECONDS)
             seen.set()
         log.append(record)
-        return inner(batch, prev, t0)
+        return inner(batch, prev, held, t0)
 
     def forward_pre_hook(*_):
         record = {"event": "forward", "saw_prefetch": None}
@@ -235,6 +237,9 @@ def test_prioritized_splits_rows_and_reports_times(results):
         assert all(s.num_rows_after_update > 0 for s in stats[1:])  # tiny vocabulary: batches share rows
         assert sum(s.num_rows_ahead for s in stats[1:]) > 0
         assert "background_prefetch" in stats[1].phase_seconds
+        parts = ("ids", "held_update", "lookup", "replies")
+        assert all(f"background_prefetch.{p}" in stats[1].phase_seconds for p in parts)
+        assert r["prioritized"]["gather"] and r["prioritized-no-overlap"]["gather"]  # the local shard aliases the TBE
         assert "prefetch_inline" in r["prioritized-no-overlap"]["stats"][1].phase_seconds
         for name in ["plain", *PIPELINED]:
             for s in r[name]["stats"]:

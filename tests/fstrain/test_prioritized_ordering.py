@@ -20,6 +20,9 @@ from tests.fstrain.shards import write_shards
 
 MODEL = dict(num_items=40, embedding_dim=8, num_negatives=6, num_layers=1, num_heads=2)
 NUM_STEPS = 10
+RECORDED = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+            "reduce_scatter_tensor", "broadcast", "reduce", "gather", "scatter", "barrier", "send", "recv",
+            "isend", "irecv", "batch_isend_irecv")
 
 
 def test_gate_holds_main_thread_collectives_until_submitted_jobs_returned():
@@ -50,18 +53,25 @@ def test_gate_is_on_for_nccl_backends_only():
     assert not needs_ordered_collectives("gloo") and not needs_ordered_collectives("fs_shm")
 
 
-def _expected_sequence(num_steps: int) -> list[tuple[str, str, str]]:
-    """The documented issue order (fstrain.pipelines.prioritized, class doc) for ``num_steps`` batches."""
+def _expected_sequence(num_steps: int, overflows: list[bool]) -> list[tuple[str, str, str]]:
+    """The documented issue order (fstrain.pipelines.prioritized, class doc) for ``num_steps`` batches.
+
+    ``overflows[i]``: whether prefetch i needed the id overflow round (one more all-to-all).
+    """
     a2a, ar = "all_to_all_single", "all_reduce"
-    seq = [("bg", "background", a2a)] * 4  # fill: prefetch of batch 0 (no previous batch, no keep mask)
+
+    def prefetch(i):  # counts + ids + held gradient; [overflow ids]; flags + rows
+        return [("bg", "background", a2a)] * (3 if overflows[i] else 2)
+
+    seq = prefetch(0)  # fill: prefetch of batch 0
     for step in range(num_steps):
         last = step == num_steps - 1
         seq.append(("main", "default", a2a))  # fetch_ol
         if not last:
-            seq += [("bg", "background", a2a)] * 4  # prefetch of the next batch: counts, ids, masks, NOL rows
-        seq += [("main", "straggler", ar), ("main", "default", ar), ("main", "default", a2a)]
-        if not last:
-            seq.append(("bg", "background", a2a))  # deferred sparse update
+            seq += prefetch(step + 1)
+        seq += [("main", "straggler", ar), ("main", "default", ar), ("main", "default", a2a)]  # ..., sparse update
+        if last and num_steps > 1:
+            seq.append(("bg", "background", a2a))  # flush: the held gradient of the step before
     return seq
 
 
@@ -79,7 +89,8 @@ def _train(shards, env, ordered: bool, record: bool):
     pipe = make_pipeline(PipelineConfig(name="prioritized", ordered_collectives=ordered), dmp, opt, env.device)
     log: list[tuple[str, str, str]] = []
     lock = threading.Lock()
-    originals = {name: getattr(dist, name) for name in ("all_to_all_single", "all_reduce")}
+    # every collective torch.distributed offers, so a new one (of any kind) shows up in the sequence
+    originals = {name: getattr(dist, name) for name in RECORDED}
 
     def label(group) -> str:
         if group is None or group is dist.group.WORLD:
@@ -87,13 +98,26 @@ def _train(shards, env, ordered: bool, record: bool):
         return {id(pipe._group): "background", id(pipe._straggler_group): "straggler"}.get(id(group), "other")
 
     def recorded(name):
-        def call(*args, group=None, **kwargs):
+        def call(*args, **kwargs):
             thread = "main" if threading.current_thread() is threading.main_thread() else "bg"
             with lock:
-                log.append((thread, label(group), name))
-            return originals[name](*args, group=group, **kwargs)
+                log.append((thread, label(kwargs.get("group")), name))
+            return originals[name](*args, **kwargs)
         return call
 
+    from fstrain.pipelines.prioritized import PrioritizedPipeline
+
+    assert isinstance(pipe, PrioritizedPipeline)
+    overflows: list[bool] = []
+    exchange = pipe._ids.exchange
+
+    def recorded_exchange(*args, **kwargs):
+        before = pipe._ids.num_overflows
+        out = exchange(*args, **kwargs)
+        overflows.append(pipe._ids.num_overflows > before)
+        return out
+
+    pipe._ids.exchange = recorded_exchange  # type: ignore[method-assign]
     if record:
         for name in originals:
             setattr(dist, name, recorded(name))
@@ -109,7 +133,7 @@ def _train(shards, env, ordered: bool, record: bool):
     enabled, waits = pipe.gate.enabled, pipe.gate.num_waits
     pipe.close()
     return {"loss": [float(o.output[0]) for o in outs], "state": state, "log": log, "gate": enabled,
-            "waits": waits}
+            "waits": waits, "overflows": overflows, "capacity": pipe._ids.capacity}
 
 
 def _worker(shards):
@@ -126,8 +150,14 @@ def test_ordered_collectives_identical_on_every_rank_and_training_bit_identical(
     shards = write_shards(str(tmp_path / "s"), num_ranks=2, num_steps=NUM_STEPS, batch_size_per_rank=4, seed=11,
                           num_items=MODEL["num_items"])
     results = run_ranks(_worker, 2, shards)
-    expected = _expected_sequence(NUM_STEPS)
     for rank, r in enumerate(results):
+        overflows = r["ordered"]["overflows"]
+        assert len(overflows) == NUM_STEPS and overflows[0]  # one prefetch per batch; capacity 0 at first
+        assert sum(overflows) <= 2, overflows  # then the shared capacity holds (headroom over the largest count)
+        assert overflows == results[0]["ordered"]["overflows"]  # every rank decides the same
+        expected = _expected_sequence(NUM_STEPS, overflows)
+        # 4 all-to-alls per step once the capacity holds (fetch_ol, 2 for the prefetch, sparse update)
+        assert sum(e[2] == "all_to_all_single" for e in expected) <= 4 * NUM_STEPS + 1 + sum(overflows)
         assert r["ordered"]["gate"] is True and r["default"]["gate"] is False  # gloo: off unless asked
         assert r["ordered"]["log"] == expected, f"rank {rank}: issue order differs from the documented one"
         assert len(r["ordered"]["loss"]) == NUM_STEPS
