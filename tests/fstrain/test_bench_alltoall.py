@@ -10,7 +10,14 @@ def test_rows_carry_memcpy_next_to_shm_and_gloo():
     from benchmarks.bench_alltoall import _cpu_worker, _spawn
 
     rows = _spawn(_cpu_worker, 2, [4 << 10], True, {"spin_us": 10}, 1)
-    assert sorted(r["backend"] for r in rows) == ["gloo", "memcpy", "shm"]
+    shm = next(r for r in rows if r["backend"] == "shm")
+    # Where shm reads peers in one copy, the rings alone ("shm-copy") are timed in the same run.
+    rings = ["shm-copy"] if shm["data_path"] == "cma" else []
+    assert sorted(r["backend"] for r in rows) == sorted(["gloo", "memcpy", "shm", *rings])
+    assert all(r["data_path"] == "copy" for r in rows if r["backend"] == "shm-copy")
+    off = _spawn(_cpu_worker, 2, [4 << 10], True, {"cma": False}, 1)
+    assert sorted(r["backend"] for r in off) == ["gloo", "memcpy", "shm"]
+    assert next(r for r in off if r["backend"] == "shm")["cma_reason"] == "rank 0: disabled (ShmBackend.Config.cma=False)"
     assert all(r["bytes_per_rank"] == 4 << 10 and r["latency_us"] > 0 for r in rows)
     assert all(r["calls_per_sample"] == 1 for r in rows)
     one = _spawn(_cpu_worker, 1, [4 << 10], True, {}, 1)

@@ -107,11 +107,14 @@ def probe_peer(pid: int, description: str) -> str | None:
 
     Args:
         pid: the peer's process id.
-        description: the peer's :meth:`CmaProbe.describe`.
+        description: the peer's :meth:`CmaProbe.describe`, or ``"off"`` (it cannot use CMA itself).
 
     Returns:
-        ``None`` when the read returned the nonce, else the reason it cannot be used (one line).
+        ``None`` when the read returned the nonce (or the peer is "off": it reports its own
+        reason), else the reason it cannot be used (one line).
     """
+    if description == "off":
+        return None
     address, nonce_hex = description.split(":")
     got = ctypes.create_string_buffer(_NONCE_BYTES)
     try:
