@@ -411,9 +411,6 @@ class ShmBackend(CommBackend):
                     to_ring.add(p)
                 if st[0] == st[1]:
                     del sends[p]
-            if own_rows:  # a plain local copy, once the peers have what they need to start
-                dst[recv_off[rank]:recv_off[rank + 1]] = src[send_off[rank]:send_off[rank + 1]]
-                own_rows, progressed = False, True
             for p in list(recvs):
                 st = recvs[p]
                 k = _ring_index(p, rank)
@@ -462,6 +459,10 @@ class ShmBackend(CommBackend):
                 progressed = True
             for p in to_ring:
                 self._ring(p)
+            if own_rows and not progressed:  # my own rows: a local copy, while the peers copy
+                _t = time.perf_counter()
+                dst[recv_off[rank]:recv_off[rank + 1]] = src[send_off[rank]:send_off[rank + 1]]
+                own_rows, progressed = False, True
             if progressed:
                 idle_since = None
                 last_progress = time.monotonic()
