@@ -34,3 +34,17 @@ def test_calls_per_sample_times_back_to_back_calls():
     assert {r["calls_per_sample"] for r in rows} == {4}
     with pytest.raises(SystemExit):
         bench_alltoall.main(["--calls-per-sample", "0"])
+
+
+def test_bench_cma_times_both_copies_in_two_processes(tmp_path):
+    """``benchmarks.bench_cma``: a local memcpy and a process_vm_readv of the same bytes, per size."""
+    import json
+
+    from benchmarks import bench_cma
+
+    assert bench_cma.main(["--sizes-mb", "1", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "bench_cma.json").read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [1 << 20]
+    assert rows[0]["memcpy_ms"] > 0 and rows[0]["process_vm_readv_ms"] > 0
+    with pytest.raises(SystemExit):
+        bench_cma.main(["--rounds", "0"])
