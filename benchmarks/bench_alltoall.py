@@ -89,6 +89,7 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
     shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
+    assert isinstance(shm, ShmBackend)
     gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
     # The rings alone (copy-in/copy-out, the path before single copy) in the same run, when shm reads peers.
     rings = (build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**{**shm_cfg, "cma": False})))
@@ -111,8 +112,8 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
                          "bytes_per_rank": x.numel() * 4, "iterations": iters, "calls_per_sample": calls,
                          "latency_us": seconds * 1e6,
                          "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
-            if name.startswith("shm"):
-                comm = shm if name == "shm" else rings
+            comm = shm if name == "shm" else rings if name == "shm-copy" else None
+            if isinstance(comm, ShmBackend):
                 rows[-1].update(data_path=comm.data_path, cma_reason=comm.cma_reason,
                                 cma_min_bytes=comm.config.cma_min_bytes)
     for comm in (shm, rings):

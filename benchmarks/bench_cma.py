@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{load_after:.1f} after, {os.cpu_count()} cores")
     print(f"{'MB':>4} | {'memcpy ms':>10} {'process_vm_readv ms':>20} | {'readv/memcpy':>12}")
     for r in rows:
-        print(f"{r['bytes'] >> 20:>4} | {r['memcpy_ms']:>10.2f} {r['process_vm_readv_ms']:>20.2f} | {r['ratio']:>11.2f}x")
+        print(f"{r['bytes'] >> 20:>4} | {r['memcpy_ms']:>10.2f} {r['process_vm_readv_ms']:>20.2f} | "
+              f"{r['ratio']:>11.2f}x")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bench_cma.json")

@@ -17,7 +17,8 @@ def test_rows_carry_memcpy_next_to_shm_and_gloo():
     assert all(r["data_path"] == "copy" for r in rows if r["backend"] == "shm-copy")
     off = _spawn(_cpu_worker, 2, [4 << 10], True, {"cma": False}, 1)
     assert sorted(r["backend"] for r in off) == ["gloo", "memcpy", "shm"]
-    assert next(r for r in off if r["backend"] == "shm")["cma_reason"] == "rank 0: disabled (ShmBackend.Config.cma=False)"
+    reason = next(r for r in off if r["backend"] == "shm")["cma_reason"]
+    assert reason == "rank 0: disabled (ShmBackend.Config.cma=False)"
     assert all(r["bytes_per_rank"] == 4 << 10 and r["latency_us"] > 0 for r in rows)
     assert all(r["calls_per_sample"] == 1 for r in rows)
     one = _spawn(_cpu_worker, 1, [4 << 10], True, {}, 1)

@@ -40,8 +40,8 @@ raises, and releases the segments and file descriptors itself (closing a descrip
 running call could let its number be reused by another group's doorbell or a gloo socket, and the
 call's doorbell writes would then land there).
 
-Segments are unlinked as soon as every rank has mapped them, so nothing is left in ``/dev/shm``
-after the processes exit, even after a crash (except a crash inside the rendezvous itself).
+Segments are unlinked once every rank has mapped them: nothing is left in ``/dev/shm`` after the
+processes exit, even after a crash (except a crash inside the rendezvous itself).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -70,8 +71,7 @@ from fsdata.guards import process_alive
 from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend, CommError, ConcurrentCollectiveError,
                                            PeerExitedError, PeerTimeoutError, SplitMismatchError, allocate_output,
                                            check_splits)
-
-from fstrain.distributed.comm.shm_cma import agree, probe_peer, start_probe
+from fstrain.distributed.comm.shm_cma import PeerReader, agree, probe_peer, start_probe
 from fstrain.distributed.comm.shm_segment import (_MAGIC, _H_MAGIC, _H_ABORTED, _profiling, segment_bytes, num_chunks,
                                                   _ring_index, _node_id, _Segment, wait_for_bell)
 
@@ -383,7 +383,7 @@ class ShmBackend(CommBackend):
         pulls: dict[int, list[int]] = {}  # peer -> [address in the peer, bytes read so far, ring seq]
         recvs = {p: [0, num_chunks(int(recv_off[p + 1] - recv_off[p]), chunk),
                      int(recv_off[p + 1] - recv_off[p])] for p in range(world) if p != rank}
-        own = self._own
+        own, reader = self._own, cast(PeerReader, self._reader)  # a reader whenever pull_min is set
         idle_since, own_rows = None, True
         last_progress = last_liveness = time.monotonic()
         while sends or recvs or acks or own_rows:
@@ -398,7 +398,7 @@ class ShmBackend(CommBackend):
                     slot = seq % slots
                     lo = int(send_off[p]) + st[0] * chunk
                     if pull_min is not None and st[2] >= max(pull_min, 1):
-                        seg.slot_header[k][slot] = (op, st[2], _PULL, src_addr + lo)
+                        seg.slot_header[k][slot] = (op, st[2], _PULL, src_addr + lo)  # type: ignore[union-attr]
                         acks[p] = seq + 1
                     else:
                         n = min(chunk, st[2] - st[0] * chunk)
@@ -419,7 +419,7 @@ class ShmBackend(CommBackend):
                 if p in pulls:  # one piece of ``chunk`` bytes per pass: other peers are served between
                     pull = pulls[p]
                     n = min(chunk, st[2] - pull[1])
-                    self._reader.pull(self._peer_pids[p], pull[0] + pull[1], dst_addr + int(recv_off[p]) + pull[1], n,
+                    reader.pull(self._peer_pids[p], pull[0] + pull[1], dst_addr + int(recv_off[p]) + pull[1], n,
                                       f"rank {rank} from rank {p} in collective #{op}")
                     pull[1] += n
                     progressed = True
@@ -454,9 +454,9 @@ class ShmBackend(CommBackend):
                     to_ring.add(p)
                 if st[0] == st[1]:
                     del recvs[p]
-            for p in [p for p, seq in acks.items() if p not in sends and int(self._peers[p].ctrl[
-                    _ring_index(rank, p)][8]) >= seq]:
-                del acks[p]  # peer ``p`` has read my input: it may change or be freed
+            for p in [p for p, seq in acks.items()  # the peer's read_seq of my ring: it has read my input
+                      if int(self._peers[p].ctrl[_ring_index(rank, p)][8]) >= seq]:  # type: ignore[union-attr]
+                del acks[p]  # my input may change or be freed now
                 progressed = True
             for p in to_ring:
                 self._ring(p)

@@ -126,7 +126,8 @@ def probe_peer(pid: int, description: str) -> str | None:
     return None
 
 
-def start_probe(store, key: str, world_size: int, enabled: bool) -> tuple[PeerReader | None, CmaProbe | None, str | None]:
+def start_probe(store, key: str, world_size: int,
+                enabled: bool) -> tuple[PeerReader | None, CmaProbe | None, str | None]:
     """Publish this rank's probe nonce under ``key`` in ``store`` (``"off"`` when it cannot run).
 
     Returns:
@@ -143,7 +144,7 @@ def start_probe(store, key: str, world_size: int, enabled: bool) -> tuple[PeerRe
             reader, probe = PeerReader(), CmaProbe()
         except OSError as e:
             reason = str(e)
-    store.set(key, "off" if reason else probe.describe())
+    store.set(key, probe.describe() if probe is not None else "off")
     return reader, probe, reason
 
 
