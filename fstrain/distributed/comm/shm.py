@@ -369,15 +369,13 @@ class ShmBackend(CommBackend):
                 raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an "
                                       "earlier error")
         chunk, slots = cfg.chunk_bytes, cfg.num_slots
-        pull_min = cfg.cma_min_bytes if self.cma else None
+        pull_min = max(cfg.cma_min_bytes, 1) if self.cma else None  # an empty message is never pulled
         # Per-peer progress: [next chunk index, chunk count, total bytes]. A message of at least
         # ``pull_min`` bytes is one header-only "pull" chunk carrying its address: the receiver reads
         # it from this process with process_vm_readv and acknowledges by advancing its read_seq.
-        sends = {}
-        for p in range(world):
-            if p != rank:
-                n = int(send_off[p + 1] - send_off[p])
-                sends[p] = [0, 1 if pull_min is not None and n >= max(pull_min, 1) else num_chunks(n, chunk), n]
+        sizes = {p: int(send_off[p + 1] - send_off[p]) for p in range(world) if p != rank}
+        sends = {p: [0, 1 if pull_min is not None and n >= pull_min else num_chunks(n, chunk), n]
+                 for p, n in sizes.items()}
         acks: dict[int, int] = {}  # peer -> its read_seq that says it has read my input (pulls)
         src_addr, dst_addr = src.ctypes.data, dst.ctypes.data
         pulls: dict[int, list[int]] = {}  # peer -> [address in the peer, bytes read so far, ring seq]
@@ -397,7 +395,7 @@ class ShmBackend(CommBackend):
                     seq = self._sent[p]
                     slot = seq % slots
                     lo = int(send_off[p]) + st[0] * chunk
-                    if pull_min is not None and st[2] >= max(pull_min, 1):
+                    if pull_min is not None and st[2] >= pull_min:
                         seg.slot_header[k][slot] = (op, st[2], _PULL, src_addr + lo)  # type: ignore[union-attr]
                         acks[p] = seq + 1
                     else:
@@ -420,10 +418,13 @@ class ShmBackend(CommBackend):
                     pull = pulls[p]
                     n = min(chunk, st[2] - pull[1])
                     reader.pull(self._peer_pids[p], pull[0] + pull[1], dst_addr + int(recv_off[p]) + pull[1], n,
-                                      f"rank {rank} from rank {p} in collective #{op}")
+                                f"rank {rank} from rank {p} in collective #{op}")
                     pull[1] += n
                     progressed = True
                     if pull[1] == st[2]:
+                        if self._peers[p].header[_H_ABORTED]:  # type: ignore[union-attr]
+                            raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport while "
+                                                  "this rank read its input (the rows may be stale)")
                         ctrl[8] = pull[2] + 1  # acknowledge: the sender may return and reuse its input
                         self._received[p] = pull[2] + 1
                         del pulls[p], recvs[p]
@@ -461,7 +462,6 @@ class ShmBackend(CommBackend):
             for p in to_ring:
                 self._ring(p)
             if own_rows and not progressed:  # my own rows: a local copy, while the peers copy
-                _t = time.perf_counter()
                 dst[recv_off[rank]:recv_off[rank + 1]] = src[send_off[rank]:send_off[rank + 1]]
                 own_rows, progressed = False, True
             if progressed:
