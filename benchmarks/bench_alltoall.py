@@ -8,8 +8,11 @@ once through memory on this machine. Each iteration starts after a barrier; its 
 slowest rank's; the table gives the median over iterations, the bus bandwidth (bytes leaving one
 rank for other ranks / time; for memcpy, the bytes copied / time) and ``shm/memcpy``: the memcpy
 time divided by the shm time, i.e. the share of memcpy's speed shm reaches on the same bytes per
-rank (a copy-in/copy-out transport tops out near 50%). ``--fixed-cost`` also times shm with one
-rank (no peer: the call's own fixed cost). The load average is recorded before and after.
+rank (a copy-in/copy-out transport tops out near 50%). Where shm runs its single-copy path (the
+receiver reads each peer's rows from the peer's input with ``process_vm_readv``, ``data_path`` "cma"
+in the JSON), the same iterations also time the rings alone (``shm-copy``, ``cma=False``: the
+copy-in/copy-out path), so before and after come from one run. ``--fixed-cost`` also times shm with
+one rank (no peer: the call's own fixed cost). The load average is recorded before and after.
 
 ``--calls-per-sample K`` times K calls back to back after each barrier and divides by K: ranks
 leave a barrier up to a scheduler wake-up apart, and with K = 1 that skew is inside every small
@@ -86,7 +89,11 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
     shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
+    assert isinstance(shm, ShmBackend)
     gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
+    # The rings alone (copy-in/copy-out, the path before single copy) in the same run, when shm reads peers.
+    rings = (build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**{**shm_cfg, "cma": False})))
+             if shm.cma else None)
     rows = []
     for size in sizes:
         per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
@@ -95,7 +102,7 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
         out = torch.empty_like(x)
         iters = _iterations(size, quick)
         fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
-               for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
+               for name, comm in (("shm", shm), ("shm-copy", rings), ("gloo", gloo)) if comm is not None}
         if world_size > 1:
             fns["memcpy"] = (lambda: out.copy_(x)) if rank == 0 else (lambda: None)
         medians = _time(fns, iters, calls=calls)
@@ -105,7 +112,13 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
                          "bytes_per_rank": x.numel() * 4, "iterations": iters, "calls_per_sample": calls,
                          "latency_us": seconds * 1e6,
                          "bus_bandwidth_gbps": cross_bytes / seconds / 1e9})
-    shm.close()
+            comm = shm if name == "shm" else rings if name == "shm-copy" else None
+            if isinstance(comm, ShmBackend):
+                rows[-1].update(data_path=comm.data_path, cma_reason=comm.cma_reason,
+                                cma_min_bytes=comm.config.cma_min_bytes)
+    for comm in (shm, rings):
+        if comm is not None:
+            comm.close()
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(rows, f)
@@ -180,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shm-chunk-bytes", type=int, default=None, help="ShmBackend.Config.chunk_bytes")
     parser.add_argument("--shm-spin-us", type=int, default=None, help="ShmBackend.Config.spin_us")
     parser.add_argument("--shm-num-slots", type=int, default=None, help="ShmBackend.Config.num_slots")
+    parser.add_argument("--shm-cma-min-bytes", type=int, default=None, help="ShmBackend.Config.cma_min_bytes")
+    parser.add_argument("--shm-no-cma", action="store_true",
+                        help="ShmBackend.Config.cma=False: the rings only (no single copy, no shm-copy rows)")
     parser.add_argument("--calls-per-sample", type=int, default=1, metavar="K",
                         help="calls timed back to back after each barrier (time per call = total / K; default 1)")
     args = parser.parse_args(argv)
@@ -190,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     sizes = _QUICK_SIZES if args.quick else _FULL_SIZES
     shm_cfg = {k: v for k, v in (("chunk_bytes", args.shm_chunk_bytes), ("spin_us", args.shm_spin_us),
-                                 ("num_slots", args.shm_num_slots)) if v is not None}
+                                 ("num_slots", args.shm_num_slots), ("cma_min_bytes", args.shm_cma_min_bytes),
+                                 ("cma", False if args.shm_no_cma else None)) if v is not None}
     load_before = os.getloadavg()
     cpu_rows: list[dict] = []
     for w in ([1] if args.fixed_cost else []) + args.ranks:
@@ -201,18 +218,23 @@ def main(argv: list[str] | None = None) -> int:
           f"times per call, {args.calls_per_sample} call(s) per barrier; torch threads = 1 per rank; "
           f"1-minute load average {load_before[0]:.1f} before, "
           f"{load_after[0]:.1f} after, on {os.cpu_count()} cores; shm settings {shm_cfg or 'default'})")
-    print(f"{'ranks':>5} {'bytes/rank':>10} | {'memcpy us':>10} {'shm us':>10} {'gloo us':>10} | "
-          f"{'memcpy GB/s':>11} {'shm GB/s':>9} {'gloo GB/s':>9} | {'shm/memcpy':>10} {'shm/gloo':>8}"
-          f" {'shm 1 rank us':>13}")
+    paths = sorted({f"{r['backend']}: {r['data_path']}" + (f" ({r['cma_reason']})" if r["cma_reason"] else "")
+                    for r in cpu_rows if r["backend"] in ("shm", "shm-copy")})
+    print(f"shm data paths: {'; '.join(paths)} (cma: single copy for messages >= cma_min_bytes, copy: the rings)")
+    print(f"{'ranks':>5} {'bytes/rank':>10} | {'memcpy us':>10} {'shm us':>10} {'shm-copy us':>11} {'gloo us':>10} | "
+          f"{'memcpy GB/s':>11} {'shm GB/s':>9} {'gloo GB/s':>9} | {'shm/memcpy':>10} {'copy/memcpy':>11} "
+          f"{'shm/gloo':>8} {'shm 1 rank us':>13}")
     by_key = {(r["backend"], r["world_size"], r["bytes_per_rank"]): r for r in cpu_rows}
+    nan = {"latency_us": float("nan")}
     for w in args.ranks:
         for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["world_size"] == w}):
             s, g, m = by_key[("shm", w, size)], by_key[("gloo", w, size)], by_key[("memcpy", w, size)]
-            one = by_key.get(("shm-1rank", 1, size))
+            c, one = by_key.get(("shm-copy", w, size), nan), by_key.get(("shm-1rank", 1, size), nan)
             print(f"{w:>5} {_fmt_bytes(size):>10} | {m['latency_us']:>10.1f} {s['latency_us']:>10.1f} "
-                  f"{g['latency_us']:>10.1f} | {m['bus_bandwidth_gbps']:>11.2f} {s['bus_bandwidth_gbps']:>9.2f} "
-                  f"{g['bus_bandwidth_gbps']:>9.2f} | {m['latency_us'] / s['latency_us']:>9.0%} "
-                  f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us'] if one else float('nan'):>13.1f}")
+                  f"{c['latency_us']:>11.1f} {g['latency_us']:>10.1f} | {m['bus_bandwidth_gbps']:>11.2f} "
+                  f"{s['bus_bandwidth_gbps']:>9.2f} {g['bus_bandwidth_gbps']:>9.2f} | "
+                  f"{m['latency_us'] / s['latency_us']:>9.0%} {m['latency_us'] / c['latency_us']:>10.0%} "
+                  f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us']:>13.1f}")
     gpu_rows: list[dict] | str
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         gpu_rows = _spawn(_gpu_worker, torch.cuda.device_count(), args.quick)

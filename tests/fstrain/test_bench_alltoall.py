@@ -10,7 +10,15 @@ def test_rows_carry_memcpy_next_to_shm_and_gloo():
     from benchmarks.bench_alltoall import _cpu_worker, _spawn
 
     rows = _spawn(_cpu_worker, 2, [4 << 10], True, {"spin_us": 10}, 1)
-    assert sorted(r["backend"] for r in rows) == ["gloo", "memcpy", "shm"]
+    shm = next(r for r in rows if r["backend"] == "shm")
+    # Where shm reads peers in one copy, the rings alone ("shm-copy") are timed in the same run.
+    rings = ["shm-copy"] if shm["data_path"] == "cma" else []
+    assert sorted(r["backend"] for r in rows) == sorted(["gloo", "memcpy", "shm", *rings])
+    assert all(r["data_path"] == "copy" for r in rows if r["backend"] == "shm-copy")
+    off = _spawn(_cpu_worker, 2, [4 << 10], True, {"cma": False}, 1)
+    assert sorted(r["backend"] for r in off) == ["gloo", "memcpy", "shm"]
+    reason = next(r for r in off if r["backend"] == "shm")["cma_reason"]
+    assert reason == "rank 0: disabled (ShmBackend.Config.cma=False)"
     assert all(r["bytes_per_rank"] == 4 << 10 and r["latency_us"] > 0 for r in rows)
     assert all(r["calls_per_sample"] == 1 for r in rows)
     one = _spawn(_cpu_worker, 1, [4 << 10], True, {}, 1)
@@ -27,3 +35,17 @@ def test_calls_per_sample_times_back_to_back_calls():
     assert {r["calls_per_sample"] for r in rows} == {4}
     with pytest.raises(SystemExit):
         bench_alltoall.main(["--calls-per-sample", "0"])
+
+
+def test_bench_cma_times_both_copies_in_two_processes(tmp_path):
+    """``benchmarks.bench_cma``: a local memcpy and a process_vm_readv of the same bytes, per size."""
+    import json
+
+    from benchmarks import bench_cma
+
+    assert bench_cma.main(["--sizes-mb", "1", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "bench_cma.json").read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [1 << 20]
+    assert rows[0]["memcpy_ms"] > 0 and rows[0]["process_vm_readv_ms"] > 0
+    with pytest.raises(SystemExit):
+        bench_cma.main(["--rounds", "0"])

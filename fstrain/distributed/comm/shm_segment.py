@@ -48,6 +48,16 @@ def num_chunks(total_bytes: int, chunk_bytes: int) -> int:
     return max(1, -(-total_bytes // chunk_bytes))
 
 
+def wait_for_bell(poller, fd: int, timeout_seconds: float) -> None:
+    """Block until the doorbell FIFO ``fd`` (registered in ``poller``) has a byte, or the timeout; drain it."""
+    if poller.poll(max(1, int(timeout_seconds * 1000))):
+        try:
+            while os.read(fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
 def _ring_index(sender: int, receiver: int) -> int:
     """Index of ``sender``'s ring inside ``receiver``'s segment (no ring for itself)."""
     return sender if sender < receiver else sender - 1
