@@ -55,6 +55,50 @@ def xdist_group(nodeid: str) -> str:
     return "ray" if path in RAY_MODULES else "multiproc" if path in MULTIPROC_MODULES else path
 
 
+#: fsdata's Numba kernels, compiled once: a profile and the balance variants on 600 samples (``_warm_numba_cache``).
+_WARM_NUMBA = """
+import sys, tempfile
+from pathlib import Path
+from fsdata.cli import main
+from tests.fsdata.helpers import write_samples
+with tempfile.TemporaryDirectory(prefix="fsdata-numba-warm-") as d:
+    inp = str(write_samples(Path(d) / "in.parquet", n=600, seed=2))
+    common = ["--ranks", "2", "--batch-size-per-rank", "8", "--no-progress"]
+    rcs = [main(["profile", inp, *common])]
+    for i, extra in enumerate(([], ["--partitioner", "lpt-swap"], ["--batch-policy", "cost-budget"],
+                               ["--strategy", "shuffle"])):
+        rcs.append(main(["balance", inp, f"{d}/out{i}", *common, *extra]))
+sys.exit(max(rcs))
+"""
+
+
+def _numba_cache_is_cold() -> bool:
+    """No compiled fsdata kernel on disk yet (a fresh clone), where Numba caches them (``NUMBA_CACHE_DIR`` or
+    ``__pycache__`` beside the sources)."""
+    where = Path(os.environ["NUMBA_CACHE_DIR"]) if os.environ.get("NUMBA_CACHE_DIR") else REPO_ROOT / "fsdata"
+    return not any(where.rglob("*.nbi"))
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist, on a cold Numba cache, compile fsdata's kernels once before the workers start.
+
+    ``@njit(cache=True)`` writes each kernel to disk when it is first compiled, but on a fresh clone every process
+    that reaches a kernel before that compiles it too (about 30 CPU s for the profile and balance kernels): both
+    workers and their early subprocesses did. One process compiles here first; the others load the cache.
+    """
+    config = session.config
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None) or not _numba_cache_is_cold():
+        return
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-c", _WARM_NUMBA], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                       timeout=600, check=False)
+    if r.returncode != 0:  # the tests that balance will show why; the warm-up only saves time
+        print(f"compiling the Numba kernels up front failed (exit {r.returncode}): {r.stderr[-1000:]}")
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` by the groups above: pytest-xdist's own reading of ``xdist_group`` marks renames test ids,
