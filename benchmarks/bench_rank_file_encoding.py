@@ -39,14 +39,15 @@ def _encode(table: pa.Table, version: int) -> pa.Buffer:
     with pq.ParquetWriter(sink, table.schema, **rank_file_options(table.schema, version)) as w:
         start = 0
         while start < table.num_rows:
-            stop = int(ends[min(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"), len(ends) - 1)])
+            j = int(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"))
+            stop = int(ends[min(j, len(ends) - 1)])
             w.write_table(table.slice(start, stop - start), row_group_size=stop - start)
             start = stop
     return sink.getvalue()
 
 
-def _min_cpu(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def _min_cpu(fn, repeats: int) -> tuple[float, list]:
+    best, out = float("inf"), []
     for _ in range(repeats):
         t0 = time.process_time()
         out = fn()
