@@ -46,7 +46,8 @@ RAY_MODULES = {"tests/fsdata/test_engine_ray.py", "tests/fsdata/test_engine_ray_
                "tests/fsdata/test_reshard_ray.py", "tests/fsdata/test_object_store.py"}
 MULTIPROC_MODULES = {"tests/fstrain/test_peer_failure.py", "tests/fstrain/test_torchrun_errors.py",
                      "tests/fstrain/test_comm_shm.py", "tests/fstrain/test_comm_shm_threads.py",
-                     "tests/fstrain/test_comm_hierarchical.py", "tests/fstrain/test_comm_torchrec.py"}
+                     "tests/fstrain/test_comm_hierarchical.py", "tests/fstrain/test_comm_torchrec.py",
+                     "tests/fstrain/test_comm_shm_cma.py"}  # the shm tests count /dev/shm/fsc-* segments: one at a time
 
 
 def xdist_group(nodeid: str) -> str:
