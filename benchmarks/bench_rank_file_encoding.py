@@ -27,22 +27,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fsdata.shards.manifest import Manifest
-from fsdata.shards.writer import ROW_GROUP_ROWS, rank_file_options
+from fsdata.shards.writer import _write_whole_steps, rank_file_options
 
 
 def _encode(table: pa.Table, version: int) -> pa.Buffer:
-    """``table`` (one rank's rows, step-sorted) as a rank file of ``version``, in memory."""
+    """``table`` (one rank's rows, step-sorted) as a rank file of ``version``, in memory, in the row
+    groups :func:`fsdata.shards.writer.write_rank` cuts."""
     sink = pa.BufferOutputStream()
     steps = table.column("step").to_numpy()
-    ends = np.flatnonzero(np.diff(steps)) + 1 if len(steps) else np.array([], dtype=np.int64)
-    ends = np.append(ends, len(steps))
+    ends = np.cumsum(np.bincount(steps - steps.min())) if len(steps) else np.zeros(0, dtype=np.int64)
     with pq.ParquetWriter(sink, table.schema, **rank_file_options(table.schema, version)) as w:
-        start = 0
-        while start < table.num_rows:
-            j = int(np.searchsorted(ends, start + ROW_GROUP_ROWS, side="left"))
-            stop = int(ends[min(j, len(ends) - 1)])
-            w.write_table(table.slice(start, stop - start), row_group_size=stop - start)
-            start = stop
+        _write_whole_steps(w, table, ends)
     return sink.getvalue()
 
 
