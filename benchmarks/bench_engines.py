@@ -30,7 +30,10 @@ Polars copy of the input (``pl.scan_parquet(INPUT).sink_parquet(OUT)``) and ``fs
 
 ``--engines reshard`` (docs/results/bench_reshard.md) times ``fsdata balance OLD NEW --ranks R/2
 --from-step 0`` (OLD: the input balanced for ``--ranks``) against ``fsdata balance INPUT NEW --ranks
-R/2`` from the samples' Parquet, ``--rounds`` times alternated; writes ``OUT/bench_reshard.json``.
+R/2`` from the samples' Parquet, ``--rounds`` times, the order alternating each round and each run
+after the load settles (as ``copy,local``; a round with either run above ``--max-load`` is marked and
+left out of ``ratio_of_record``, the median of the unmarked rounds' ratios); writes
+``OUT/bench_reshard.json``.
 """
 
 from __future__ import annotations
@@ -271,20 +274,32 @@ def bench_reshard(n: int, a: argparse.Namespace, work: Path) -> dict:
                        check=True, env=env, capture_output=True)
     new_ranks = max(1, a.ranks // 2)
     row: dict = {"num_samples": n, "old_ranks": a.ranks, "new_ranks": new_ranks, "from_step": 0, "rounds": []}
-    for _ in range(a.rounds):
-        r = {}
-        for name, src, extra in (("balance", inp, []), ("reshard", old, ["--from-step", "0"])):
+    runs = (("balance", inp, []), ("reshard", old, ["--from-step", "0"]))
+    for i in range(a.rounds):
+        r: dict = {"order": []}
+        # the order alternates (balance first in odd rounds, reshard first in even ones): neither run
+        # always starts at the load its predecessor left; each waits for --max-load first
+        for name, src, extra in (runs if i % 2 == 0 else runs[::-1]):
             out = work / f"reshard-{name}-{n}"
+            before = offline_stage.settle(a.max_load, a.settle_seconds)
+            r["order"].append(name)
             r[f"{name}_load_average_before"] = os.getloadavg()  # a shared machine: how loaded each run started
+            r[f"{name}_settle_seconds"] = before["settle_seconds"]
+            r[f"{name}_loaded"] = before["load_average_1m"] > a.max_load
             r[name] = run_measured([py, "-m", "fsdata", "balance", str(src), str(out), "--ranks", str(new_ranks),
                                     *flags, *extra], env)
             shutil.rmtree(out, ignore_errors=True)
         r["reshard_over_balance_wall"] = r["reshard"]["wall_seconds"] / r["balance"]["wall_seconds"]
+        r["loaded"] = r["balance_loaded"] or r["reshard_loaded"]
         row["rounds"].append(r)
-        print(f"  {n:,} balance {r['balance']['wall_seconds']:.1f} s, reshard {r['reshard']['wall_seconds']:.1f} s",
-              flush=True)
+        print(f"  {n:,} round {i + 1} ({' then '.join(r['order'])}): balance {r['balance']['wall_seconds']:.1f} s, "
+              f"reshard {r['reshard']['wall_seconds']:.1f} s{' (loaded)' if r['loaded'] else ''}", flush=True)
     walls = {k: statistics.median(r[k]["wall_seconds"] for r in row["rounds"]) for k in ("balance", "reshard")}
-    row.update(median_wall_seconds=walls, reshard_over_balance_wall=walls["reshard"] / walls["balance"])
+    quiet = [r["reshard_over_balance_wall"] for r in row["rounds"] if not r["loaded"]]
+    row.update(median_wall_seconds=walls, reshard_over_balance_wall=walls["reshard"] / walls["balance"],
+               max_load=a.max_load, quiet_rounds=len(quiet),
+               # the median of the per-round ratios over rounds whose two runs both started at most --max-load
+               ratio_of_record=statistics.median(quiet) if len(quiet) >= a.min_quiet_rounds else None)
     if not a.keep_outputs:
         shutil.rmtree(old, ignore_errors=True)
     return row
@@ -316,13 +331,14 @@ def main(argv: list[str] | None = None) -> int:
                         "reshard (balance OLD --from-step against balance from the samples' Parquet)")
     p.add_argument("--rounds", type=int, default=3, help="copy,local: copy and balance alternated this many times")
     p.add_argument("--max-load", type=float, default=0.5,
-                   help="copy,local: a round whose 1-minute load average before it exceeds this is marked and left "
-                        "out of the ratio of record (default 0.5, for a 2-core machine)")
+                   help="copy,local and reshard: a round whose 1-minute load average before it (reshard: before "
+                        "either run) exceeds this is marked and left out of the ratio of record (default 0.5, for a "
+                        "2-core machine)")
     p.add_argument("--settle-seconds", type=float, default=180.0,
-                   help="copy,local: wait up to this long before each round for the load average to fall to "
-                        "--max-load (default 180)")
+                   help="copy,local: before each round, reshard: before each run, wait up to this long for the "
+                        "load average to fall to --max-load (default 180)")
     p.add_argument("--min-quiet-rounds", type=int, default=3,
-                   help="copy,local: unmarked rounds needed for a ratio of record (default 3)")
+                   help="copy,local and reshard: unmarked rounds needed for a ratio of record (default 3)")
     p.add_argument("--quick", action="store_true",
                    help="copy,local: a tiny run that exercises every part (%s where not given)"
                         % ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in offline_stage.QUICK.items()))
@@ -340,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(f"{r['num_samples']:>11,} R {r['old_ranks']} -> {r['new_ranks']}: balance "
                   f"{r['median_wall_seconds']['balance']:.1f} s, reshard {r['median_wall_seconds']['reshard']:.1f} s "
-                  f"({r['reshard_over_balance_wall']:.2f}x)")
+                  f"({r['reshard_over_balance_wall']:.2f}x on medians); ratio of record "
+                  + (f"{r['ratio_of_record']:.3f} over {r['quiet_rounds']} quiet rounds" if r["ratio_of_record"]
+                     else f"none ({r['quiet_rounds']} rounds started at most --max-load {a.max_load})"))
         print(f"JSON: {out / 'bench_reshard.json'}")
         return 0
     if a.engines == "copy,local":

@@ -56,3 +56,22 @@ def test_quick_run_reports_rounds_cpu_and_load(tmp_path):
         assert set(r["balance"]["stage_seconds"]) >= {"plan", "write_ranks"}
     assert res["ratio_of_record"] == pytest.approx(sorted(res["ratio_per_round"])[1])
     assert not list((tmp_path / "work").glob("out-local-*")) and not list((tmp_path / "work").glob("copy-*"))
+
+
+def test_reshard_rounds_alternate_the_order_and_mark_loaded_rounds(tmp_path):
+    """``--engines reshard``: the run order flips every round; a round is of record only when both of
+    its runs started at most ``--max-load`` (a negative bound marks every round: no ratio of record)."""
+    (tmp_path / "work").mkdir()
+    write_samples(tmp_path / "work" / "synth-2000-L64.parquet", n=2000, seed=1)
+    common = ["--engines", "reshard", "--sizes", "2000", "--ranks", "4", "--batch-size-per-rank", "8",
+              "--work", str(tmp_path / "work"), "--keep-outputs", "--ray-cpus", "1", "--settle-seconds", "0"]
+    assert bench_engines.main(common + ["--rounds", "2", "--min-quiet-rounds", "2", "--max-load", "1e9",
+                                        "--out", str(tmp_path / "quiet")]) == 0
+    res = json.loads((tmp_path / "quiet" / "bench_reshard.json").read_text())["results"][0]
+    assert [r["order"] for r in res["rounds"]] == [["balance", "reshard"], ["reshard", "balance"]]
+    ratios = [r["reshard"]["wall_seconds"] / r["balance"]["wall_seconds"] for r in res["rounds"]]
+    assert res["quiet_rounds"] == 2 and res["ratio_of_record"] == pytest.approx(sum(ratios) / 2)
+    assert bench_engines.main(common + ["--rounds", "1", "--min-quiet-rounds", "1", "--max-load", "-1",
+                                        "--out", str(tmp_path / "loaded")]) == 0
+    res = json.loads((tmp_path / "loaded" / "bench_reshard.json").read_text())["results"][0]
+    assert res["rounds"][0]["loaded"] is True and res["quiet_rounds"] == 0 and res["ratio_of_record"] is None

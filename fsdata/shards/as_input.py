@@ -308,7 +308,7 @@ def suffix_row_starts(m: Manifest, from_step: int | None) -> list[int] | None:
     """
     if m.epochs > 1 and (from_step is None or int(m.epoch_of_step(from_step)) != m.epochs - 1):
         return None
-    if from_step is None:
+    if from_step is None or from_step == 0:  # every row: no footer to open
         return [0] * m.num_ranks
     return [_first_row_at(m, r, int(from_step)) for r in range(m.num_ranks)]
 

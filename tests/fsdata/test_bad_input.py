@@ -1,5 +1,6 @@
 """Every bad input: one clear error line naming the fix, exit 2, nothing written."""
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -121,3 +122,22 @@ def test_bad_cost_model_file(tmp_path, capsys):
 def test_verify_not_an_output(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 2
     assert "_manifest.json not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["dense", "offset", "negative", "wide", "repeats", "tiny"])
+def test_num_duplicates_counts_what_a_sort_counts(case):
+    """The bitmap count (ids within 4N values) and the sort fallback (wider spans) agree with
+    :func:`sorted_unique` on shuffled, shifted, negative, sparse and heavily repeated ids."""
+    from fsdata.samples.io import DENSE_ID_SPAN, num_duplicates, sorted_unique
+
+    rng = np.random.default_rng(7)
+    n = 10_000
+    ids = {"dense": rng.permutation(n), "offset": rng.permutation(n) + 10**12,
+           "negative": rng.permutation(n) - n // 2, "wide": rng.choice(10**15, n, replace=False),
+           "repeats": rng.integers(0, n // 3, n), "tiny": np.array([5, 5])}[case].astype(np.int64)
+    if case in ("dense", "offset", "negative", "repeats"):
+        assert int(ids.max()) - int(ids.min()) < DENSE_ID_SPAN * len(ids)  # the bitmap path is the one tested
+    ids[: n // 100] = ids[n // 100: 2 * (n // 100)] if case != "tiny" else ids[:1]  # some repeats in every case
+    assert num_duplicates(ids) == sorted_unique(ids)[1]
+    assert num_duplicates(ids) > 0
+    assert num_duplicates(np.unique(ids)) == 0
