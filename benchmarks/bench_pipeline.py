@@ -97,6 +97,51 @@ def make_batches(cfg: BenchConfig, rank: int, num_steps: int, seed: int = 0) -> 
     return out
 
 
+def cpu_clocks() -> dict[str, float]:
+    """Seconds on this rank's clocks: wall, the process's CPU (every thread: main, the prefetch
+    thread, gloo's), the main thread's CPU, and the machine's busy and total CPU time over all cores
+    (``psutil.cpu_times``; absent without psutil)."""
+    import time
+
+    out = {"wall": time.perf_counter(), "process_cpu": time.process_time(), "main_thread_cpu": time.thread_time()}
+    try:
+        import psutil
+    except ImportError:
+        return out
+    t = psutil.cpu_times()
+    out["machine_total"] = sum(t)
+    out["machine_busy"] = out["machine_total"] - t.idle - getattr(t, "iowait", 0.0)
+    return out
+
+
+def add_cpu(acc: dict[str, float], before: dict[str, float], after: dict[str, float]) -> None:
+    """Add the clocks' advance from ``before`` to ``after`` into ``acc`` (seconds per key)."""
+    for k in after:
+        acc[k] = acc.get(k, 0.0) + after[k] - before[k]
+
+
+def cpu_profile(per_rank_cpu: list[dict[str, float]], num_steps: int, num_cpus: int) -> dict:
+    """Where a pipeline's CPU time went, per step (ms), from each rank's :func:`add_cpu` totals.
+
+    Returns:
+        ``wall_ms`` (the rank's own clock, mean over ranks), ``process_cpu_ms`` and
+        ``main_thread_cpu_ms`` (means over ranks), ``other_threads_cpu_ms`` (their difference: the
+        prefetch thread and the backend's threads), ``cores_busy`` (the ranks' CPU over their wall
+        time, summed over ranks: 2.0 = both cores of a 2-core machine), and ``machine_busy_share``
+        (the whole machine's non-idle share during these steps, rank 0's reading; None without
+        psutil).
+    """
+    n = max(1, num_steps)
+    mean = lambda k: 1e3 * statistics.fmean(c[k] for c in per_rank_cpu) / n  # noqa: E731
+    r0 = per_rank_cpu[0]
+    return {"wall_ms": mean("wall"), "process_cpu_ms": mean("process_cpu"),
+            "main_thread_cpu_ms": mean("main_thread_cpu"),
+            "other_threads_cpu_ms": mean("process_cpu") - mean("main_thread_cpu"),
+            "cores_busy": sum(c["process_cpu"] / c["wall"] for c in per_rank_cpu if c["wall"] > 0),
+            "machine_busy_share": (r0["machine_busy"] / r0["machine_total"]
+                                   if r0.get("machine_total") else None), "num_cpus": num_cpus}
+
+
 def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir: str) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(cfg.num_ranks), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
@@ -134,7 +179,9 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
         for start in range(0, cfg.num_steps, cfg.steps_per_round):
             for name, pipe in pipes.items():
                 dist.barrier()
+                before = cpu_clocks()
                 outs = run_steps(pipe, iters[name], min(cfg.steps_per_round, cfg.num_steps - start))
+                add_cpu(result[name].setdefault("cpu", {}), before, cpu_clocks())
                 result[name]["stats"].extend(asdict(o.stats) for o in outs)
         for pipe in pipes.values():
             pipe.close()
@@ -196,13 +243,33 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
             "rows_ahead_share": ahead / (ahead + after) if ahead + after else None,
             "phase_ms": {k: 1e3 * sum(s["phase_seconds"].get(k, 0.0) for s in stats) / len(stats)
                          for k in sorted({k for s in stats for k in s["phase_seconds"]})},
+            "cpu": cpu_profile([r[name]["cpu"] for r in per_rank], num_steps, os.cpu_count() or 1),
         }
     import torch
     import torchrec
 
     machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0],
                "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": "gloo"}
-    return {"config": asdict(cfg), "machine": machine, "pipelines": summary}
+    return {"config": asdict(cfg), "machine": machine, "pipelines": summary,
+            "idle_core_estimate": idle_core_estimate(summary)}
+
+
+def idle_core_estimate(summary: dict) -> dict | None:
+    """What an idle core for the prefetch thread would give ``prioritized``: its step less the
+    compute its background thread took from the main thread's core (overlapped compute minus the
+    inline control's compute, at least 0). An estimate from this run's figures, not a measurement.
+
+    Returns:
+        ``{"step_ms", "compute_inflation_ms", "over_better_stock"}`` (the last against the better of
+        ``plain`` and ``sparse-dist``), or None when a pipeline it needs did not run.
+    """
+    need = ("prioritized", "prioritized-no-overlap")
+    stock = [summary[n]["step_ms"] for n in ("plain", "sparse-dist") if "step_ms" in summary.get(n, {})]
+    if not stock or any("step_ms" not in summary.get(n, {}) for n in need):
+        return None
+    inflation = max(0.0, summary["prioritized"]["compute_ms"] - summary["prioritized-no-overlap"]["compute_ms"])
+    step = summary["prioritized"]["step_ms"] - inflation
+    return {"step_ms": step, "compute_inflation_ms": inflation, "over_better_stock": step / min(stock)}
 
 
 def format_table(result: dict) -> str:
@@ -217,6 +284,19 @@ def format_table(result: dict) -> str:
         lines.append(f"| {name} | {s['step_ms']:.1f} | {s['compute_ms']:.1f} | {s['straggler_wait_ms']:.1f} "
                      f"| {s['exposed_comm_ms']:.1f} "
                      f"({s['exposed_comm_ms_median']:.1f}) | {100 * s['exposed_share']:.0f}% | {ahead} |")
+    lines += ["", "| pipeline | rank wall ms | process CPU ms | main thread CPU ms | other threads CPU ms "
+              "| cores busy (ranks) | machine busy |", "|---|---|---|---|---|---|---|"]
+    for name, s in result["pipelines"].items():
+        c = s.get("cpu")
+        if c:
+            busy = "-" if c["machine_busy_share"] is None else f"{100 * c['machine_busy_share']:.0f}%"
+            lines.append(f"| {name} | {c['wall_ms']:.1f} | {c['process_cpu_ms']:.1f} | {c['main_thread_cpu_ms']:.1f} "
+                         f"| {c['other_threads_cpu_ms']:.1f} | {c['cores_busy']:.2f} of {c['num_cpus']} | {busy} |")
+    est = result.get("idle_core_estimate")
+    if est:
+        lines.append(f"\nidle core for the prefetch thread (estimate): prioritized step {est['step_ms']:.1f} ms "
+                     f"(compute inflation {est['compute_inflation_ms']:.1f} ms removed), "
+                     f"{est['over_better_stock']:.2f}x the better of plain and sparse-dist")
     for name, s in result["pipelines"].items():
         if s.get("phase_ms"):
             phases = ", ".join(f"{k} {v:.1f}" for k, v in s["phase_ms"].items())
@@ -255,4 +335,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-__all__ = ["BenchConfig", "QUICK", "make_batches", "run", "format_table", "main"]
+__all__ = ["BenchConfig", "QUICK", "make_batches", "run", "format_table", "cpu_clocks", "add_cpu", "cpu_profile",
+           "idle_core_estimate", "main"]
