@@ -142,7 +142,7 @@ def cpu_profile(per_rank_cpu: list[dict[str, float]], num_steps: int, num_cpus: 
                                    if r0.get("machine_total") else None), "num_cpus": num_cpus}
 
 
-def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir: str) -> None:
+def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir: str, backend: str = "gloo") -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(cfg.num_ranks), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
     logging.disable(logging.WARNING)
@@ -159,7 +159,7 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
         from fstrain.distributed.optim import OptimConfig
         from fstrain.pipelines import PipelineUnavailableError, make_pipeline, model_builder, run_steps
 
-        env = init_distributed("gloo")
+        env = init_distributed(backend)
         total = cfg.num_warmup_steps + cfg.num_steps
         batches = make_batches(cfg, rank, total)
         pipes, iters = {}, {}
@@ -195,8 +195,10 @@ def _run_rank(rank: int, cfg: BenchConfig, names: list[str], port: int, out_dir:
         pickle.dump(result, f)
 
 
-def run(cfg: BenchConfig, names: list[str]) -> dict:
-    """Run every pipeline in ``names`` on ``cfg.num_ranks`` spawned gloo processes.
+def run(cfg: BenchConfig, names: list[str], backend: str = "gloo") -> dict:
+    """Run every pipeline in ``names`` on ``cfg.num_ranks`` spawned processes, every collective of
+    every pipeline on ``backend`` (``gloo``: torchrec's stock CPU path; ``shm``: fstrain's shared-memory
+    all-to-all as the default process group, :func:`fstrain.distributed.env.init_distributed`).
 
     Returns:
         ``{"config", "machine", "pipelines": {name: summary}}``; a summary has ``step_ms`` (the
@@ -214,7 +216,8 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_run_rank, args=(cfg, names, port, d), nprocs=cfg.num_ranks, start_method="spawn")
+        mp.start_processes(_run_rank, args=(cfg, names, port, d, backend), nprocs=cfg.num_ranks,
+                           start_method="spawn")
         per_rank = []
         for r in range(cfg.num_ranks):
             with open(os.path.join(d, f"{r}.pkl"), "rb") as f:
@@ -249,7 +252,7 @@ def run(cfg: BenchConfig, names: list[str]) -> dict:
     import torchrec
 
     machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0],
-               "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": "gloo"}
+               "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": backend}
     return {"config": asdict(cfg), "machine": machine, "pipelines": summary,
             "idle_core_estimate": idle_core_estimate(summary)}
 
@@ -311,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="folder for bench_pipeline.json (written atomically)")
     parser.add_argument("--pipelines", default=",".join(PIPELINES), help="comma-separated names (default: all)")
     parser.add_argument("--steps", type=int, help="measured steps per pipeline (overrides the preset)")
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "shm"],
+                        help="every pipeline's collectives on gloo (default, torchrec's stock CPU path) or on "
+                             "fstrain's shared-memory all-to-all (--backend shm of fstrain train)")
     args = parser.parse_args(argv)
     names = [n for n in args.pipelines.split(",") if n]
     unknown = sorted(set(names) - set(PIPELINES))
@@ -321,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps < 1:
             parser.error(f"--steps must be >= 1, got {args.steps}")
         cfg = replace(cfg, num_steps=args.steps)
-    result = run(cfg, names)
+    result = run(cfg, names, args.backend)
     print(format_table(result))
     if args.out:
         from fstrain.components.metrics import write_json
