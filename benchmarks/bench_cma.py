@@ -5,7 +5,9 @@ out of it) with one ``process_vm_readv``; it can only win if that read costs les
 memcpys. Two processes (a fork) each time, in the same rounds, (a) a local copy of ``N`` MB
 between two of their own buffers and (b) a read of ``N`` MB from the other process's buffer into
 their own with ``process_vm_readv``, both processes at once as in a 2-rank all-to-all. Prints the
-median milliseconds per process and the ratio read / memcpy; ``--out`` writes JSON.
+median milliseconds per process and the ratio read / memcpy, and (c) the same memcpy with the other
+process idle (``memcpy_alone``): ``both/alone`` is how much two ranks copying at once slow each
+other (the memory's ceiling for a 2-rank exchange); ``--out`` writes JSON.
 
 Examples:
     python -m benchmarks.bench_cma --sizes-mb 1 8 32
@@ -23,7 +25,7 @@ import time
 import numpy as np
 
 
-def _measure(size: int, rounds: int, inp: int, outp: int) -> dict[str, float]:
+def _measure(size: int, rounds: int, inp: int, outp: int, first: bool) -> dict[str, float]:
     from fstrain.distributed.comm.shm_cma import PeerReader
 
     src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
@@ -31,14 +33,16 @@ def _measure(size: int, rounds: int, inp: int, outp: int) -> dict[str, float]:
     os.write(outp, f"{src.ctypes.data:020d}|{os.getpid():010d}".encode())
     peer_addr, peer_pid = map(int, os.read(inp, 31).decode().split("|"))
     reader = PeerReader()
-    times: dict[str, list[float]] = {"memcpy": [], "process_vm_readv": []}
+    times: dict[str, list[float]] = {"memcpy": [], "process_vm_readv": [], "memcpy_alone": []}
     for _ in range(rounds):
         for mode in times:
             os.write(outp, b"x")  # both processes start each copy together
             os.read(inp, 1)
             t = time.perf_counter()
-            if mode == "memcpy":
+            if mode == "memcpy" or (mode == "memcpy_alone" and first):  # alone: the peer does not copy
                 dst[:] = mine
+            elif mode == "memcpy_alone":
+                pass
             else:
                 reader.read(peer_pid, peer_addr, dst.ctypes.data, size)
             times[mode].append(time.perf_counter() - t)
@@ -53,16 +57,18 @@ def run(size: int, rounds: int) -> dict:
     pid = os.fork()
     if pid == 0:
         try:
-            _measure(size, rounds, a2b[0], b2a[1])
+            _measure(size, rounds, a2b[0], b2a[1], False)
         finally:
             os._exit(0)
     try:
-        medians = _measure(size, rounds, b2a[0], a2b[1])
+        medians = _measure(size, rounds, b2a[0], a2b[1], True)
     finally:
         os.waitpid(pid, 0)
     return {"bytes": size, "rounds": rounds, "memcpy_ms": medians["memcpy"] * 1e3,
             "process_vm_readv_ms": medians["process_vm_readv"] * 1e3,
-            "ratio": medians["process_vm_readv"] / medians["memcpy"]}
+            "ratio": medians["process_vm_readv"] / medians["memcpy"],
+            "memcpy_alone_ms": medians["memcpy_alone"] * 1e3,
+            "concurrent_over_alone": medians["memcpy"] / medians["memcpy_alone"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()[0]
     print(f"two processes at once, median ms per process; 1-minute load average {load_before:.1f} before, "
           f"{load_after:.1f} after, {os.cpu_count()} cores")
-    print(f"{'MB':>4} | {'memcpy ms':>10} {'process_vm_readv ms':>20} | {'readv/memcpy':>12}")
+    print(f"{'MB':>4} | {'memcpy ms':>10} {'process_vm_readv ms':>20} {'memcpy alone ms':>16} | "
+          f"{'readv/memcpy':>12} {'both/alone':>10}")
     for r in rows:
-        print(f"{r['bytes'] >> 20:>4} | {r['memcpy_ms']:>10.2f} {r['process_vm_readv_ms']:>20.2f} | "
-              f"{r['ratio']:>11.2f}x")
+        print(f"{r['bytes'] >> 20:>4} | {r['memcpy_ms']:>10.2f} {r['process_vm_readv_ms']:>20.2f} "
+              f"{r['memcpy_alone_ms']:>16.2f} | {r['ratio']:>11.2f}x {r['concurrent_over_alone']:>9.2f}x")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bench_cma.json")

@@ -38,7 +38,13 @@ def test_idle_core_estimate_removes_the_compute_the_prefetch_thread_took():
                "prioritized-no-overlap": _s(70.0, 43.0), "prioritized": _s(72.0, 50.0)}
     est = idle_core_estimate(summary)
     assert est["compute_inflation_ms"] == pytest.approx(7.0) and est["step_ms"] == pytest.approx(65.0)
-    assert est["over_better_stock"] == pytest.approx(65.0 / 64.0)
+    assert est["step_over_better_stock"] == pytest.approx(65.0 / 64.0) and "floor_ms" not in est  # no CPU profile
+    summary["prioritized"] = {**_s(72.0, 50.0), "straggler_wait_ms": 5.0,
+                              "cpu": {"process_cpu_ms": 55.0, "main_thread_cpu_ms": 48.0}}
+    est = idle_core_estimate(summary)
+    assert est["floor_ms"] == pytest.approx(60.0) and est["idle_core_floor_ms"] == pytest.approx(53.0)
+    assert est["floor_over_better_stock"] == pytest.approx(60.0 / 64.0)
+    assert est["idle_core_floor_over_better_stock"] == pytest.approx(53.0 / 64.0)
     summary["prioritized"] = _s(72.0, 40.0)  # less compute than inline: nothing to remove
     assert idle_core_estimate(summary)["step_ms"] == pytest.approx(72.0)
     assert idle_core_estimate({"plain": _s(1, 1), "prioritized": _s(1, 1)}) is None
@@ -46,4 +52,4 @@ def test_idle_core_estimate_removes_the_compute_the_prefetch_thread_took():
                                            "exposed_comm_ms_median": 0, "exposed_share": 0, "rows_ahead_share": None}
                                         for k, v in summary.items()},
                           "idle_core_estimate": idle_core_estimate(summary)})
-    assert "idle core for the prefetch thread (estimate)" in table
+    assert "idle core for the prefetch thread (estimate)" in table and "floor on this machine" not in table

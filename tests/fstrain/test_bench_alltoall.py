@@ -46,6 +46,7 @@ def test_bench_cma_times_both_copies_in_two_processes(tmp_path):
     assert bench_cma.main(["--sizes-mb", "1", "--rounds", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench_cma.json").read_text())["rows"]
     assert [r["bytes"] for r in rows] == [1 << 20]
-    assert rows[0]["memcpy_ms"] > 0 and rows[0]["process_vm_readv_ms"] > 0
+    assert rows[0]["memcpy_ms"] > 0 and rows[0]["process_vm_readv_ms"] > 0 and rows[0]["memcpy_alone_ms"] > 0
+    assert rows[0]["concurrent_over_alone"] == pytest.approx(rows[0]["memcpy_ms"] / rows[0]["memcpy_alone_ms"])
     with pytest.raises(SystemExit):
         bench_cma.main(["--rounds", "0"])
