@@ -274,7 +274,7 @@ def bench_reshard(n: int, a: argparse.Namespace, work: Path) -> dict:
                        check=True, env=env, capture_output=True)
     new_ranks = max(1, a.ranks // 2)
     row: dict = {"num_samples": n, "old_ranks": a.ranks, "new_ranks": new_ranks, "from_step": 0, "rounds": []}
-    runs = (("balance", inp, []), ("reshard", old, ["--from-step", "0"]))
+    runs: tuple[tuple[str, Path, list[str]], ...] = (("balance", inp, []), ("reshard", old, ["--from-step", "0"]))
     for i in range(a.rounds):
         r: dict = {"order": []}
         # the order alternates (balance first in odd rounds, reshard first in even ones): neither run
