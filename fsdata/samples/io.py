@@ -59,7 +59,8 @@ def num_duplicates(ids: np.ndarray) -> int:
     """``N`` minus the number of distinct values of ``ids`` (shape ``[N]``, integer).
 
     Ids spanning at most ``DENSE_ID_SPAN * N`` values (an OUTPUT's rows, ids from ``fsdata convert``
-    or ``synth``) are marked in a bool bitmap of that span (O(N), at most 4 bytes of memory per id):
+    or ``synth``) are marked in a bool bitmap of that span (O(N); at most 4 bytes of memory per id,
+    plus an int64 copy of the ids shifted to 0 when the smallest is not 0):
     20M shuffled ids 0.16-0.19 s against 0.31-0.35 s for :func:`sorted_unique`'s sort (this machine,
     2026-11-27). Any other span falls back to the sort.
     """
