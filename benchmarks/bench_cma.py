@@ -39,12 +39,10 @@ def _measure(size: int, rounds: int, inp: int, outp: int, first: bool) -> dict[s
             os.write(outp, b"x")  # both processes start each copy together
             os.read(inp, 1)
             t = time.perf_counter()
-            if mode == "memcpy" or (mode == "memcpy_alone" and first):  # alone: the peer does not copy
-                dst[:] = mine
-            elif mode == "memcpy_alone":
-                pass
-            else:
+            if mode == "process_vm_readv":
                 reader.read(peer_pid, peer_addr, dst.ctypes.data, size)
+            elif mode == "memcpy" or first:  # memcpy_alone: the peer does not copy
+                dst[:] = mine
             times[mode].append(time.perf_counter() - t)
     os.write(outp, b"x")
     os.read(inp, 1)  # the peer's buffer stays alive until both are done
