@@ -15,8 +15,11 @@ GEMM loop's TFLOP/s is compared with the same loop alone (measured right before,
 The device-side copies are replayed from a CUDA graph (thousands of 1 MB copies cannot be
 launched from Python as fast as they run; the pinned-host ones are slow enough to launch one by
 one), as many as cover the GEMM loop given the copy's time alone (``covered`` records that they
-did). All times by CUDA events; medians of
-``repeats``.
+did). All times by CUDA events; medians of ``repeats``, the loop alone and the loop during the copies
+alternated in each repeat (alone, during, alone, ...) after about ``warmup_s`` seconds of GEMMs, so that
+clock and power states reach both equally (a first run on an H100 that measured every "alone" first
+read 3-15% *faster* GEMMs during copies). ``gemm_alone_spread`` (max - min of the alone loops over
+their median) is the noise floor a slowdown must exceed.
 """
 
 from __future__ import annotations
@@ -87,13 +90,14 @@ class _Copies:
 
 
 def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_iters: int = 40,
-        repeats: int = 3) -> dict:
+        repeats: int = 5, warmup_s: float = 2.0) -> dict:
     """Measure every (size, variant). Needs CUDA.
 
     Returns:
         JSON-ready dict: ``gemm_n``, ``gemm_iters``, ``dtype``, ``rows`` (per size and variant:
         ``size_mb``, ``variant``, ``gemm_tflops_alone``, ``gemm_tflops_during``, ``slowdown``
-        (``1 - alone / during`` = the GEMM throughput lost), ``gemm_time_increase``
+        (``1 - alone / during`` = the GEMM throughput lost), ``gemm_alone_spread`` (the noise floor),
+        ``gemm_time_increase``
         (``during / alone - 1``), ``copy_gbps_alone``, ``copy_gbps_during``, ``copies``, ``launch`` (``graph`` or
         ``eager``), ``covered`` (the copies ran for the whole GEMM loop); or ``error``).
     """
@@ -116,7 +120,11 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
         torch.cuda.synchronize(device)
         return s0.elapsed_time(s1)
 
-    gemm_loop_ms()  # warm-up: cuBLAS heuristics, clocks
+    import time
+
+    t_end = time.monotonic() + warmup_s  # warm-up: cuBLAS heuristics, clocks and power at steady state
+    while time.monotonic() < t_end:
+        gemm_loop_ms()
     rows = []
     for size_mb in sizes_mb:
         size = size_mb << 20
@@ -135,10 +143,12 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
                 torch.cuda.synchronize(device)
                 copy_ms = c0.elapsed_time(c1) / probe.count
                 del probe
-                alone = statistics.median(gemm_loop_ms() for _ in range(repeats))
-                copies = _Copies(fn, copies_needed(alone, copy_ms, 1.3 if graph else 2.0), side, graph)
+                alone_runs = [gemm_loop_ms()]
+                copies = _Copies(fn, copies_needed(alone_runs[0], copy_ms, 1.3 if graph else 2.0), side, graph)
                 during, gbps, covered = [], [], []
-                for _ in range(repeats):
+                for rep in range(repeats):
+                    if rep:
+                        alone_runs.append(gemm_loop_ms())  # alternated with the runs during copies
                     torch.cuda.synchronize(device)
                     c0, c1, s0, s1 = ev(), ev(), ev(), ev()
                     with torch.cuda.stream(side):
@@ -154,7 +164,9 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
                     gbps.append(copies.count * size / (c0.elapsed_time(c1) / 1e3) / 1e9)
                     covered.append(c0.elapsed_time(s0) >= 0 and s1.elapsed_time(c1) >= 0)
                 d = statistics.median(during)
-                row.update(gemm_tflops_alone=flops / (alone / 1e3) / 1e12, gemm_tflops_during=flops / (d / 1e3) / 1e12,
+                alone = statistics.median(alone_runs)
+                row.update(gemm_alone_spread=(max(alone_runs) - min(alone_runs)) / alone,
+                           gemm_tflops_alone=flops / (alone / 1e3) / 1e12, gemm_tflops_during=flops / (d / 1e3) / 1e12,
                            slowdown=1 - alone / d, gemm_time_increase=d / alone - 1,
                            copy_gbps_alone=size / (copy_ms / 1e3) / 1e9,
                            copy_gbps_during=statistics.median(gbps), copies=copies.count,
@@ -175,15 +187,16 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
 
 def table(res: dict) -> list[str]:
     """Markdown rows: one per (size, variant)."""
-    out = ["| MB per transfer | moved by | GEMM TFLOP/s alone | during | GEMM throughput lost | copy GB/s alone "
-           "| during | covered |",
-           "|---:|---|---:|---:|---:|---:|---:|---|"]
+    out = ["| MB per transfer | moved by | GEMM TFLOP/s alone | during | GEMM throughput lost | noise (alone spread) "
+           "| copy GB/s alone | during | covered |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in res["rows"]:
         if "error" in r:
-            out.append(f"| {r['size_mb']} | {r['variant']} | error: {r['error'][:80]} | | | | | |")
+            out.append(f"| {r['size_mb']} | {r['variant']} | error: {r['error'][:80]} | | | | | | |")
         else:
             out.append(f"| {r['size_mb']} | {r['variant']} | {r['gemm_tflops_alone']:.0f} "
-                       f"| {r['gemm_tflops_during']:.0f} | {r['slowdown']:.1%} | {r['copy_gbps_alone']:.0f} "
+                       f"| {r['gemm_tflops_during']:.0f} | {r['slowdown']:.1%} "
+                       f"| {r.get('gemm_alone_spread', float('nan')):.1%} | {r['copy_gbps_alone']:.0f} "
                        f"| {r['copy_gbps_during']:.0f} "
                        f"| {'yes' if r['covered'] else 'no'} |")
     return out

@@ -316,8 +316,8 @@ def test_report_of_a_gpu_shaped_result():
     from benchmarks.gpu_check import _fmt, report
 
     row = {"size_mb": 1, "variant": "sm_kernel", "gemm_tflops_alone": 600.0, "gemm_tflops_during": 420.0,
-           "slowdown": 0.3, "gemm_time_increase": 0.43, "copy_gbps_alone": 1500.0, "copy_gbps_during": 900.0,
-           "copies": 4096, "launch": "graph", "covered": True}
+           "slowdown": 0.3, "gemm_alone_spread": 0.02, "gemm_time_increase": 0.43, "copy_gbps_alone": 1500.0,
+           "copy_gbps_during": 900.0, "copies": 4096, "launch": "graph", "covered": True}
     rep = {"slowest_rank_ms_per_step": 30.0, "mean_rank_ms_per_step": 25.0, "measured_bubble": 0.05,
            "null_bubble": 0.01, "measured_bubble_minus_null": 0.04, "null_slowest_rank_ms_per_step": 20.0,
            "predicted_bubble": 0.02, "num_steps": 8, "compute_seconds": [[0.03, 0.02]]}
@@ -340,7 +340,7 @@ def test_report_of_a_gpu_shaped_result():
     md = report(res)
     assert "- device: NVIDIA H100 80GB HBM3 (1 GPU(s)), torch 2.11.0, CUDA 13.0" in md
     assert "1 passed, 1 failed, 6 skipped; failed: a::b" in md
-    assert "| 1 | sm_kernel | 600 | 420 | 30.0% | 1500 | 900 | yes |" in md and "error: RuntimeError: y" in md
+    assert "| 1 | sm_kernel | 600 | 420 | 30.0% | 2.0% | 1500 | 900 | yes |" in md and "error: RuntimeError: y" in md
     assert "did not run its cases; copy engines used: False (fallback: symmetric memory rendezvous failed: z)" in md
     assert "| shuffled | 45.0 | 5.0% | 1.0% | 4.0% | 2.0% |" in md and "1.50x" in md
     assert "- train: skipped: needs torchrec (not installed here)" in md
