@@ -165,3 +165,17 @@ def local_state(dmp: DistributedModelParallel) -> dict[str, torch.Tensor]:
             v = v.to_local()
         out[k] = v.detach().cpu().clone()
     return out
+
+
+def aliased_shard(weight, lookup) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """This rank's shard ``[rows x d]`` of the sharded ``weight`` (a ``ShardedTensor``) if it is the
+    storage ``lookup`` (a torchrec embedding lookup module) reads and updates, i.e. a parameter or
+    buffer of it shares its memory: ``(shard, that tensor, storage address)`` (a reader checks the
+    address is still the lookup's before it reads), else ``None``. Raises nothing."""
+    shards = weight.local_shards()
+    if len(shards) != 1:
+        return None
+    t = shards[0].tensor
+    ptr = t.untyped_storage().data_ptr()
+    same = [x for x in [*lookup.parameters(), *lookup.buffers()] if x.numel() and x.untyped_storage().data_ptr() == ptr]
+    return (t, same[0], ptr) if t.dim() == 2 and same else None

@@ -22,7 +22,9 @@ the table's fused optimizer (a re-lookup whose backward runs fbgemm's fused upda
 the others are held and travel with the next prefetch's ids, which applies them before it reads
 anything. Then the dense all-reduce and step: four all-to-alls per step in all (one more when
 the id capacity overflows). Rows are read by a gather from the table's weights; the TBE runs only
-for the two fused updates.
+for the two fused updates. Inline (``overlap=False``) the lookup of N+1 follows N's backward, so
+N's whole gradient travels with N+1's ids: two all-to-alls per step, as many as torchrec's
+sparse-dist pipeline exposes (rows out, gradients back).
 
 Notation: ``U`` unique ids of this rank's batch, ``d`` embedding dim, ``R`` world size,
 ``M`` ids requested from this rank by all ranks (with repeats across ranks).
@@ -43,7 +45,7 @@ from torch.autograd.profiler import record_function
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from fstrain.data.batch import HISTORY_KEY, TARGET_KEY, Batch
-from fstrain.distributed.sharding import dense_parameters
+from fstrain.distributed.sharding import aliased_shard, dense_parameters
 from fstrain.models.config import NEGATIVE_KEY
 from fstrain.models.recommender import objective_inputs
 from fstrain.pipelines.base import PIPELINES, PipelineConfig, PipelineError, TrainPipeline
@@ -118,7 +120,7 @@ class PrioritizedPipeline(TrainPipeline):
         optimizer: its optimizer (fused sparse + dense Adam).
         device: where the model runs.
         overlap: run the NOL exchange on the background thread (``False``: inline on the main
-            thread, same work and results; the benchmark's no-overlap control).
+            thread, two all-to-alls per step, :meth:`_progress_inline`; the same results).
         ordered_collectives: issue the two threads' collectives in one order, the same on every
             rank (:class:`fstrain.pipelines.ordering.CollectiveOrderGate`); ``None`` (default): on
             where the backend needs it (NCCL, ``fs_cuda_ce``: two NCCL communicators driven from
@@ -166,12 +168,13 @@ class PrioritizedPipeline(TrainPipeline):
                                 f"expects shard r on rank r (ROW_WISE over all {self.world_size} ranks)")
         self._boundaries = torch.tensor(self.row_offsets[1:-1], dtype=torch.int64)
         #: (this rank's rows, the TBE tensor they alias, its storage address), read without the TBE; or None
-        self._weight = _aliased_shard(weight, self._lookup)
+        self._weight = aliased_shard(weight, self._lookup)
         self._my_offset = self.row_offsets[self.rank]
         self._touched = torch.zeros(self.row_offsets[self.rank + 1] - self._my_offset, dtype=torch.bool)
         self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
         self._pending: concurrent.futures.Future | None = None
+        self._peeked: Batch | None = None  # overlap=False: the next batch, read to know whether this one is last
         #: ids (+ held gradient) to their owners: one all-to-all with a fixed, shared capacity per peer
         self._ids = IdExchange(self.world_size)
         #: the previous step's gradient of rows the next batch does not touch: ``(grad, send, recv, local)``,
@@ -296,11 +299,7 @@ class PrioritizedPipeline(TrainPipeline):
     def _submit(self, batch: Batch, prev: _Exchange | None) -> None:
         self._to_side(batch)  # copied to the device on the main stream, read by the background job
         held, self._held = self._held, None
-        if self.overlap:
-            self._pending = self.gate.submit(self._pool, self._prefetch, batch, prev, held, self._ready_event())
-        else:  # same work, same order, on the main thread: the no-overlap control of the benchmark
-            with self._phase("prefetch_inline"):
-                self._pending = _done(self._prefetch(batch, prev, held, self._ready_event()))
+        self._pending = self.gate.submit(self._pool, self._prefetch, batch, prev, held, self._ready_event())
 
     def _apply_held(self, held, ready: torch.cuda.Event | None) -> None:
         """Send the held gradient to its owners (one all-to-all, background group) and apply it."""
@@ -404,7 +403,57 @@ class PrioritizedPipeline(TrainPipeline):
             p.grad.copy_(flat[off:off + n].view_as(p.grad))
             off += n
 
+    def _dense_step(self, ex: _Exchange, emb: torch.Tensor):
+        """Forward + backward of the dense model on the rows ``emb [U x d]``: ``(output, row gradient [U x d])``."""
+        batch, f = ex.batch, ex.batch.features
+        self._mark(batch)
+        with record_function("## dense_forward_backward ##"):
+            leaf = emb.requires_grad_()
+            pos = dict(zip(f.keys(), torch.split(ex.inverse, f.length_per_key())))
+            loss, output = self.dmp.module.dense(
+                leaf[pos[HISTORY_KEY]], f[HISTORY_KEY].lengths(), leaf[pos[TARGET_KEY]], leaf[pos[NEGATIVE_KEY]],
+                batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples, **objective_inputs(batch))
+            loss.backward()
+        return output, leaf.grad
+
+    def _optimizer_step(self, pending_allreduce) -> None:
+        with self._phase("dense_allreduce"):
+            self._finish_dense_allreduce(pending_allreduce)
+        with record_function("## optimizer ##"):
+            self.timed_optimizer.step()
+            self.optimizer.zero_grad()
+
+    def _progress_inline(self, dataloader_iter):
+        """``overlap=False``: two all-to-alls per step, both on the main thread. Inline, the lookup of
+        batch N+1 comes after batch N's backward, so N's whole row gradient travels with N+1's ids
+        and is applied by the owners before they read: every row is final when read (no OL fetch,
+        no separate gradient all-to-all). The last batch's gradient is applied at once."""
+        batch, self._peeked = self._peeked, None
+        if batch is None:
+            self.flush()
+            batch = next(dataloader_iter).to(self.device)
+        self._to_side(batch)
+        held, self._held = self._held, None
+        with self._phase("prefetch_inline"):
+            self._pending = _done(self._prefetch(batch, None, held, self._ready_event()))
+        ex = self._wait()
+        output, grad = self._dense_step(ex, ex.rows)
+        with self._phase("dense_allreduce"):
+            pending_allreduce = self._start_dense_allreduce()
+        self._to_side(grad)
+        self._held = (grad, ex.send_counts, ex.recv_counts, ex.recv_local)
+        try:
+            self._peeked = next(dataloader_iter).to(self.device)
+        except StopIteration:
+            with self._phase("sparse_update"):
+                self.flush()  # last batch: the table is complete when the step returns
+        self._optimizer_step(pending_allreduce)
+        self._phases.update(ex.parts)
+        return output, ex.ids.numel(), 0
+
     def _progress(self, dataloader_iter):
+        if not self.overlap:
+            return self._progress_inline(dataloader_iter)
         if self._pending is None:  # fill: the first batch has no predecessor, all its rows are NOL
             self.flush()
             self._submit(next(dataloader_iter).to(self.device), None)
@@ -416,25 +465,12 @@ class PrioritizedPipeline(TrainPipeline):
             nxt = None
         if nxt is not None:
             self._submit(nxt, ex)  # NOL of N+1 overlaps everything below
-        batch, f = ex.batch, ex.batch.features
-        self._mark(batch)
-        with record_function("## dense_forward_backward ##"):
-            leaf = emb.requires_grad_()
-            lengths = f.length_per_key()
-            pos = dict(zip(f.keys(), torch.split(ex.inverse, lengths)))
-            loss, output = self.dmp.module.dense(
-                leaf[pos[HISTORY_KEY]], f[HISTORY_KEY].lengths(), leaf[pos[TARGET_KEY]], leaf[pos[NEGATIVE_KEY]],
-                batch.target_ids, f[NEGATIVE_KEY].values(), batch.global_num_samples, **objective_inputs(batch))
-            loss.backward()
+        output, grad = self._dense_step(ex, emb)
         with self._phase("dense_allreduce"):
             pending_allreduce = self._start_dense_allreduce()  # overlaps the sparse update below
         nxt_ex = self._wait() if nxt is not None else None  # table writes below must not race the lookup
-        self._sparse_update(ex, leaf.grad, nxt_ex)
-        with self._phase("dense_allreduce"):
-            self._finish_dense_allreduce(pending_allreduce)
-        with record_function("## optimizer ##"):
-            self.timed_optimizer.step()
-            self.optimizer.zero_grad()
+        self._sparse_update(ex, grad, nxt_ex)
+        self._optimizer_step(pending_allreduce)
         if nxt_ex is not None:
             self._pending = _done(nxt_ex)
         else:
@@ -455,19 +491,6 @@ class PrioritizedPipeline(TrainPipeline):
         if self._group is not None:
             dist.destroy_process_group(self._group)  # local; no collective is in flight here
             self._group = None
-
-
-def _aliased_shard(weight, lookup) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """This rank's shard ``[rows x d]`` of the sharded ``weight`` if it is the storage ``lookup``
-    reads and updates (a parameter or buffer of it shares its memory): ``(shard, that tensor,
-    storage address)`` (the reader checks the address is still the TBE's), else ``None``."""
-    shards = weight.local_shards()
-    if len(shards) != 1:
-        return None
-    t = shards[0].tensor
-    ptr = t.untyped_storage().data_ptr()
-    same = [x for x in [*lookup.parameters(), *lookup.buffers()] if x.numel() and x.untyped_storage().data_ptr() == ptr]
-    return (t, same[0], ptr) if t.dim() == 2 and same else None
 
 
 def _done(value) -> concurrent.futures.Future:

@@ -92,7 +92,10 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
 
     pipe._prefetch_on_stream = probed_prefetch
     hook = dmp.module.dense.register_forward_pre_hook(forward_pre_hook)
+    all_to_all, calls = pipe._all_to_all, []
+    pipe._all_to_all = lambda *a, **k: calls.append(1) or all_to_all(*a, **k)
     run_steps(pipe, _batches(shards, env.rank, env.world_size), 3)  # 4 batches: each step has a next one
+    log.append({"event": "summary", "all_to_alls": len(calls), "id_overflows": pipe._ids.num_overflows})
     hook.remove()
     pipe.close()
     return log
@@ -190,15 +193,19 @@ def test_flushed_mid_run_state_equals_non_pipelined(results):
 @pytest.mark.multiproc
 def test_prefetch_overlaps_dense_compute(results):
     """Overlapped, the NOL prefetch of batch N+1 runs on the background thread while batch N's
-    dense forward runs (a two-way handshake); inline, it runs on the main thread before it."""
+    dense forward runs (a two-way handshake); inline, each batch's one lookup runs on the main
+    thread before its forward, and a step costs two all-to-alls (ids + the previous gradient,
+    rows), as many as torchrec's sparse-dist exposes; overlapped, four (two of them hidden)."""
     for r in results:
-        overlapped, inline = r["overlap_probe"][True], r["overlap_probe"][False]
+        (*overlapped, s_over), (*inline, s_in) = r["overlap_probe"][True], r["overlap_probe"][False]
+        assert s_in["all_to_alls"] == 2 * 3 + s_in["id_overflows"], s_in  # 3 steps; the first exchange overflows
+        assert s_over["all_to_alls"] == 4 * 3 + 2 + s_over["id_overflows"], s_over  # + the fill's prefetch (2)
         prefetches = [e for e in overlapped if e["event"] == "prefetch" and not e["fill"]]
         forwards = [e for e in overlapped if e["event"] == "forward"]
         assert len(prefetches) == len(forwards) == 3, overlapped
         assert all(not e["main_thread"] and e["saw_forward"] for e in prefetches), overlapped
         assert all(e["saw_prefetch"] for e in forwards), overlapped
-        assert [e["event"] for e in inline] == ["prefetch"] + ["prefetch", "forward"] * 3, inline
+        assert [e["event"] for e in inline] == ["prefetch", "forward"] * 3, inline
         assert all(e["main_thread"] for e in inline if e["event"] == "prefetch"), inline
 
 
