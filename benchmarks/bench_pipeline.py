@@ -35,7 +35,7 @@ PIPELINES = ("plain", "sparse-dist", "prioritized-no-overlap", "prioritized", "p
 
 
 def pipeline_config(name: str):
-    """``prioritized-no-overlap`` is ``prioritized`` with its NOL exchange inline (the control)."""
+    """``prioritized-no-overlap`` is ``prioritized`` inline (``overlap=False``: 2 all-to-alls per step, main thread)."""
     from fstrain.pipelines import PipelineConfig
 
     if name == "prioritized-no-overlap":

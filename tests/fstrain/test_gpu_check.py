@@ -221,10 +221,28 @@ def test_torch_only_step_micro_batches_and_gradients():
     micro = m.micro_batches(lengths)
     assert sorted(np.concatenate(micro).tolist()) == list(range(6))
     assert all(len(mb) * int(lengths[mb].max()) ** 2 <= 2 * 32 * 32 for mb in micro)
+    assert all(lengths[mb].max() <= 1.25 * lengths[mb].min() for mb in micro)  # 1 and 5 are not padded together
     batch = make_batch(m, lengths, 0, torch.device("cpu"))
     assert batch["lengths"].min() == 2  # a history of 1 becomes 2: one position to predict
     assert time_step(m, batch, torch.device("cpu")) > 0
     assert all(p.grad is not None for p in m.parameters())
+
+
+def test_torch_only_step_padded_work_stays_near_sum_of_squares():
+    """The GPU check's replay data: the padded work of every rank-step stays within pad_growth^2 of
+    its sum L^2 (the cost the balancer equalizes), so balancing on sum L^2 balances the step."""
+    from benchmarks.gpu_model import StepConfig, TorchOnlyStep
+    from benchmarks.gpu_replay import SETTING, zipf_lengths
+
+    m = TorchOnlyStep.__new__(TorchOnlyStep)  # micro_batches reads only the config
+    m.config = StepConfig()
+    lengths = zipf_lengths(16 * 32 * 4, SETTING["zipf_a"], SETTING["max_len"], 0).reshape(-1, 32)
+    ratios = []
+    for rank_batch in lengths:
+        micro = m.micro_batches(rank_batch)
+        padded = sum(len(mb) * float(rank_batch[mb].max()) ** 2 for mb in micro)
+        ratios.append(padded / float((rank_batch.astype(float) ** 2).sum()))
+    assert 1.0 <= min(ratios) and max(ratios) <= 1.25 ** 2, (min(ratios), max(ratios))
 
 
 @pytest.mark.gpu
