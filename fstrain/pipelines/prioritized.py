@@ -174,7 +174,6 @@ class PrioritizedPipeline(TrainPipeline):
         self._group = dist.new_group(backend=dist.get_backend())  # collective: every rank, same order
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fstrain-prefetch")
         self._pending: concurrent.futures.Future | None = None
-        self._peeked: Batch | None = None  # overlap=False: the next batch, read to know whether this one is last
         #: ids (+ held gradient) to their owners: one all-to-all with a fixed, shared capacity per peer
         self._ids = IdExchange(self.world_size)
         #: the previous step's gradient of rows the next batch does not touch: ``(grad, send, recv, local)``,
@@ -424,29 +423,31 @@ class PrioritizedPipeline(TrainPipeline):
             self.optimizer.zero_grad()
 
     def _progress_inline(self, dataloader_iter):
-        """``overlap=False``: two all-to-alls per step, both on the main thread. Inline, the lookup of
-        batch N+1 comes after batch N's backward, so N's whole row gradient travels with N+1's ids
-        and is applied by the owners before they read: every row is final when read (no OL fetch,
-        no separate gradient all-to-all). The last batch's gradient is applied at once."""
-        batch, self._peeked = self._peeked, None
-        if batch is None:
+        """``overlap=False``: two all-to-alls per step on the main thread. Batch N+1's rows are read
+        after N's backward, so N's whole row gradient travels with N+1's ids and the owners apply it
+        before they read (every row final: no OL fetch, no gradient all-to-all) while N's dense
+        all-reduce runs. After a step the table is complete (the last batch's gradient too)."""
+        if self._pending is None:  # the first batch (or the first after a flush): nothing held
             self.flush()
             batch = next(dataloader_iter).to(self.device)
-        self._to_side(batch)
-        held, self._held = self._held, None
-        with self._phase("prefetch_inline"):
-            self._pending = _done(self._prefetch(batch, None, held, self._ready_event()))
+            self._to_side(batch)
+            with self._phase("prefetch_inline"):
+                self._pending = _done(self._prefetch(batch, None, None, self._ready_event()))
         ex = self._wait()
         output, grad = self._dense_step(ex, ex.rows)
         with self._phase("dense_allreduce"):
-            pending_allreduce = self._start_dense_allreduce()
-        self._to_side(grad)
-        self._held = (grad, ex.send_counts, ex.recv_counts, ex.recv_local)
+            pending_allreduce = self._start_dense_allreduce()  # overlaps the exchange below
+        held = (grad, ex.send_counts, ex.recv_counts, ex.recv_local)
         try:
-            self._peeked = next(dataloader_iter).to(self.device)
+            nxt = next(dataloader_iter).to(self.device)
         except StopIteration:
+            self._held = held
             with self._phase("sparse_update"):
-                self.flush()  # last batch: the table is complete when the step returns
+                self.flush()
+        else:
+            self._to_side(nxt, grad)
+            with self._phase("prefetch_inline"):
+                self._pending = _done(self._prefetch(nxt, None, held, self._ready_event()))
         self._optimizer_step(pending_allreduce)
         self._phases.update(ex.parts)
         return output, ex.ids.numel(), 0
