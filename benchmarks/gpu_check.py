@@ -106,7 +106,7 @@ def sec_sm_free(ctx: dict) -> dict:
 
     from benchmarks import gpu_sm_free
 
-    kw = dict(sizes_mb=(1, 16, 64), gemm_iters=20, repeats=2) if ctx["quick"] else {}
+    kw: dict = dict(sizes_mb=(1, 16, 64), gemm_iters=20, repeats=2) if ctx["quick"] else {}
     return gpu_sm_free.run(torch.device("cuda", 0), **kw)
 
 

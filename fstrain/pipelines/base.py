@@ -71,7 +71,8 @@ class PipelineConfig:
     step on a dedicated process group, after the dense backward)."""
     overlap: bool = True
     """``prioritized`` only: fetch the next batch's NOL rows on the background thread, overlapped
-    with compute (``False``: inline, same results; for measuring what the overlap hides)."""
+    with compute (``False``: inline on the main thread, two all-to-alls per step, same results;
+    faster where each rank has no spare core for that thread: docs/pipeline.md)."""
     ordered_collectives: bool | None = None
     """``prioritized`` only: one issue order for the main and background threads' collectives,
     the same on every rank (:mod:`fstrain.pipelines.ordering`); ``None``: on for NCCL /

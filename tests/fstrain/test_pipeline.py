@@ -6,6 +6,8 @@ seed and probes torchrec's ``TrainPipelinePEC`` on CPU; the tests below check it
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -92,10 +94,16 @@ def _overlap_probe(shards, env, overlap: bool) -> list[dict]:
 
     pipe._prefetch_on_stream = probed_prefetch
     hook = dmp.module.dense.register_forward_pre_hook(forward_pre_hook)
-    all_to_all, calls = pipe._all_to_all, []
-    pipe._all_to_all = lambda *a, **k: calls.append(1) or all_to_all(*a, **k)
+    prio: Any = pipe  # a PrioritizedPipeline
+    all_to_all, calls = prio._all_to_all, []
+
+    def counted_all_to_all(*args, **kwargs):
+        calls.append(args)
+        return all_to_all(*args, **kwargs)
+
+    prio._all_to_all = counted_all_to_all
     run_steps(pipe, _batches(shards, env.rank, env.world_size), 3)  # 4 batches: each step has a next one
-    log.append({"event": "summary", "all_to_alls": len(calls), "id_overflows": pipe._ids.num_overflows})
+    log.append({"event": "summary", "all_to_alls": len(calls), "id_overflows": prio._ids.num_overflows})
     hook.remove()
     pipe.close()
     return log
