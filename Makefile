@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-v4
 # Exact tested versions; pyproject.toml holds the ranges a user's repository installs against.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test test-fast lint lint-style lint-types check-install bench gpu-check gpu-check-data venv clean
+.PHONY: demo test test-fast lint lint-style lint-types check-install bench gpu-check gpu-check-data gpu-check-wheels venv clean
 
 venv: $(STAMP)
 
@@ -63,6 +63,13 @@ gpu-check:
 	else \
 		$(MAKE) venv && $(PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS); \
 	fi
+
+# torchrec for the GPU check's pipeline_cpu section: the builds matching the GPU image's torch 2.11 and
+# Python 3.12 (git-ignored gpu-check-wheels/, ~8 MB; the image cannot download).
+gpu-check-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d gpu-check-wheels \
+		$$(PYTHONPATH=$(CURDIR) $(PYTHON) -c "from benchmarks.gpu_pipeline_cpu import WHEEL_PINS; print(*WHEEL_PINS)")
 
 # The GPU check's inputs (git-ignored gpu-check-data/), written on the CPU side before a GPU is lent.
 gpu-check-data:

@@ -21,7 +21,10 @@ Sections (docs/comm.md, "The GPU check"):
 4. ``calibrate_replay``: calibrate + replay with the torch-only model step at NVIDIA's setting
    (Zipf 1.2 lengths, max 4096, R=16, B=32, HSTU-like layers): balanced vs shuffled slowest-rank
    ms/step, measured bubble above its null control (:mod:`benchmarks.gpu_replay`).
-5. ``train``, ``multi_gpu``, ``quality``: need fstrain's torchrec runtime (:mod:`benchmarks.gpu_check_torchrec`).
+5. ``pipeline_cpu``: ``bench_pipeline`` on the machine's CPUs, all cores vs 2 cores alternated (the
+   overlapped pipeline with a spare core per rank); torchrec from ``make gpu-check-wheels``
+   (:mod:`benchmarks.gpu_pipeline_cpu`).
+6. ``train``, ``multi_gpu``, ``quality``: need fstrain's torchrec runtime (:mod:`benchmarks.gpu_check_torchrec`).
 
 ``--dry-run`` (no GPU needed): every section runs its CPU side (the pytest selection and plugin,
 the two-process harness with gloo on CPU, calibrate + replay on a tiny CPU setting) or says in one
@@ -48,11 +51,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "train", "multi_gpu", "quality")
+SECTIONS = ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "pipeline_cpu", "train", "multi_gpu", "quality")
 #: Sections left out unless named with ``--only`` (the ml-1m reproduction trains for many minutes).
 OPT_IN = ("quality",)
 #: Per-section time limits in seconds (full, ``--quick``); the overall budget caps them further.
 LIMITS = {"tests": (240, 180), "sm_free": (150, 90), "cuda_ce_ipc": (150, 120), "calibrate_replay": (300, 120),
+          "pipeline_cpu": (300, 120),
           "train": (300, 180), "multi_gpu": (400, 300), "quality": (3600, 900)}
 NO_CUDA = ("gpu_check: no CUDA device (torch.cuda.is_available() is False); run it on a machine with a GPU, "
            "or add --dry-run to check its CPU side")
@@ -167,8 +171,14 @@ def _torchrec_section(name: str):
     return section
 
 
+def sec_pipeline_cpu(ctx: dict) -> dict:
+    from benchmarks import gpu_pipeline_cpu
+
+    return gpu_pipeline_cpu.run(Path(ctx["work"]), quick=ctx["quick"], limit=ctx["limit"], dry_run=ctx["dry_run"])
+
+
 JOBS = {"tests": sec_tests, "sm_free": sec_sm_free, "cuda_ce_ipc": sec_cuda_ce_ipc,
-        "calibrate_replay": sec_calibrate_replay,
+        "calibrate_replay": sec_calibrate_replay, "pipeline_cpu": sec_pipeline_cpu,
         **{n: _torchrec_section(n) for n in ("train", "multi_gpu", "quality")}}
 
 
@@ -198,6 +208,11 @@ def _fmt(name: str, sec: dict) -> list[str]:
                 + "".join(f"; rank {r['rank']} received {c['bytes_received_from_peers'] / 1e6:.0f} MB in "
                           f"{c['seconds'] * 1e3:.2f} ms ({c['gb_per_second']:.1f} GB/s)"
                           for r in sec["ranks"] for c in r.get("cases", []) if c["case"].startswith("large"))]
+    if name == "pipeline_cpu":
+        from benchmarks.gpu_pipeline_cpu import table as pipeline_table
+
+        return [f"- pipeline_cpu: `{sec['command']}`, 2 gloo ranks on the CPUs, runs alternated", "",
+                *pipeline_table(sec), ""]
     if name == "calibrate_replay":
         cal, b, s = sec["calibration"], sec["balanced"], sec["shuffled"]
         return [f"- calibrate_replay on {sec['device']}: calibrated [c0, c1, c2] = "

@@ -96,8 +96,8 @@ def test_gpu_check_without_cuda_says_so_in_one_line():
 def test_gpu_check_sections_and_flags(tmp_path, capsys):
     from benchmarks import gpu_check
 
-    assert gpu_check.SECTIONS == ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "train", "multi_gpu",
-                                  "quality")
+    assert gpu_check.SECTIONS == ("tests", "sm_free", "cuda_ce_ipc", "calibrate_replay", "pipeline_cpu", "train",
+                                  "multi_gpu", "quality")
     assert set(gpu_check.LIMITS) == set(gpu_check.SECTIONS) == set(gpu_check.JOBS)
     for bad in (["--skip", "nope"], ["--only", "contention"], ["--budget-seconds", "x"]):
         with pytest.raises(SystemExit) as e:
@@ -307,9 +307,10 @@ def test_dry_run_on_an_image_without_torchrec(tmp_path):
         assert cr[k]["slowest_rank_ms_per_step"] > 0 and len(cr[k]["compute_seconds"]) == 2
     for name in ("train", "multi_gpu"):
         assert s[name]["skipped"] == "needs torchrec (not installed here)"
+    assert s["pipeline_cpu"]["skipped"].startswith("dry run")
     assert "quality" not in s  # opt-in (--only quality)
     md = (out / "gpu_check.md").read_text()
-    assert md.count("skipped: ") == 3 and "equal byte for byte to the CPU reference" in md
+    assert md.count("skipped: ") == 4 and "equal byte for byte to the CPU reference" in md
 
 
 def test_replay_takes_turns_and_stops_at_the_deadline():
@@ -369,3 +370,44 @@ def test_report_of_a_gpu_shaped_result():
     assert "equal byte for byte to the CPU reference; copy engines used: True" in line
     assert line.endswith("; rank 0 received 41 MB in 2.00 ms (20.5 GB/s)")
     assert "- multi_gpu: ERROR timed out after 400 s" in md
+
+
+def _bench_result(plain, sd, inline, prio, exposed=(10.0, 12.0, 9.0)):
+    p = {"plain": {"step_ms": plain}, "sparse-dist": {"step_ms": sd, "exposed_comm_ms": exposed[0]},
+         "prioritized-no-overlap": {"step_ms": inline, "exposed_comm_ms": exposed[1]},
+         "prioritized": {"step_ms": prio, "exposed_comm_ms": exposed[2]}}
+    return {"pipelines": p, "machine": {"torchrec": "1.6.1"}}
+
+
+def test_pipeline_cpu_summary_and_table():
+    """The pipeline_cpu section's ratios (against the better of plain and sparse-dist) and its rows."""
+    from benchmarks.gpu_pipeline_cpu import summarize, table
+
+    r = summarize(_bench_result(60.0, 50.0, 55.0, 45.0))
+    assert r["better_stock_ms"] == 50.0 and r["prioritized_over_better_stock"] == pytest.approx(0.9)
+    assert r["inline_over_better_stock"] == pytest.approx(1.1) and r["inline_over_prioritized"] == pytest.approx(55 / 45)
+    assert r["inline_exposed_over_sparse_dist"] == pytest.approx(1.2)
+    assert r["prioritized_exposed_over_sparse_dist"] == pytest.approx(0.9)
+    with pytest.raises(KeyError):
+        summarize({"pipelines": {"plain": {"step_ms": 1.0}}})
+    rows = table({"runs": [{"cores": "all", "load_average_1m_before": 0.25, **r},
+                           {"cores": "2cores", "error": "exit 1: boom"}]})
+    assert rows[2] == "| 1 | all | 0.25 | 0.90x | 1.10x | 1.22x | 0.90x | 1.20x |"
+    assert rows[3].startswith("| 2 | 2cores | | exit 1: boom |")
+
+
+def test_pipeline_cpu_says_how_to_get_torchrec(tmp_path, monkeypatch):
+    """Without torchrec and without wheels the section is skipped with the command that fixes it;
+    a dry run never runs the benchmark."""
+    from benchmarks import gpu_check_torchrec, gpu_pipeline_cpu
+
+    monkeypatch.setattr(gpu_check_torchrec, "torchrec_missing", lambda: "needs torchrec (not installed here)")
+    monkeypatch.setattr(gpu_pipeline_cpu, "WHEELS", tmp_path / "gpu-check-wheels")
+    extra, why = gpu_pipeline_cpu.torchrec_path(tmp_path)
+    assert extra is None and "make gpu-check-wheels" in why
+    assert gpu_pipeline_cpu.run(tmp_path, quick=True, limit=60, dry_run=True)["skipped"].startswith("dry run")
+    (tmp_path / "gpu-check-wheels").mkdir()
+    (tmp_path / "gpu-check-wheels" / "broken-0.0-py3-none-any.whl").write_bytes(b"not a zip")
+    extra, why = gpu_pipeline_cpu.torchrec_path(tmp_path)
+    assert extra is None and "did not install" in why
+
