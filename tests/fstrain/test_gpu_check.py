@@ -385,7 +385,8 @@ def test_pipeline_cpu_summary_and_table():
 
     r = summarize(_bench_result(60.0, 50.0, 55.0, 45.0))
     assert r["better_stock_ms"] == 50.0 and r["prioritized_over_better_stock"] == pytest.approx(0.9)
-    assert r["inline_over_better_stock"] == pytest.approx(1.1) and r["inline_over_prioritized"] == pytest.approx(55 / 45)
+    assert r["inline_over_better_stock"] == pytest.approx(1.1)
+    assert r["inline_over_prioritized"] == pytest.approx(55 / 45)
     assert r["inline_exposed_over_sparse_dist"] == pytest.approx(1.2)
     assert r["prioritized_exposed_over_sparse_dist"] == pytest.approx(0.9)
     with pytest.raises(KeyError):
