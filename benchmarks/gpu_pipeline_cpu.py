@@ -89,7 +89,7 @@ def run(work: Path, *, quick: bool, limit: float, dry_run: bool) -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     deadline = time.monotonic() + limit - 10
-    runs = []
+    runs: list[dict] = []
     for i, cores in enumerate(ORDER[:2] if quick else ORDER):
         left = deadline - time.monotonic()
         if left < 40:
@@ -98,7 +98,7 @@ def run(work: Path, *, quick: bool, limit: float, dry_run: bool) -> dict:
         out = work / f"bench-pipeline-{i}"
         cmd = [sys.executable, "-m", "benchmarks.bench_pipeline", "--pipelines", PIPELINES, "--out", str(out),
                *(["--quick"] if quick else [])]
-        rec = {"cores": cores, "cpu_count": os.cpu_count(), "load_average_1m_before": os.getloadavg()[0]}
+        rec: dict = {"cores": cores, "cpu_count": os.cpu_count(), "load_average_1m_before": os.getloadavg()[0]}
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=left,
