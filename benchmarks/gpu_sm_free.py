@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import torch
 
@@ -119,8 +120,6 @@ def run(device: torch.device, *, sizes_mb=SIZES_MB, gemm_n: int = 8192, gemm_ite
         s1.record(main)
         torch.cuda.synchronize(device)
         return s0.elapsed_time(s1)
-
-    import time
 
     t_end = time.monotonic() + warmup_s  # warm-up: cuBLAS heuristics, clocks and power at steady state
     while time.monotonic() < t_end:
