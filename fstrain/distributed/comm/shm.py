@@ -46,6 +46,7 @@ processes exit, even after a crash (except a crash inside the rendezvous itself)
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import itertools
 import logging
@@ -75,6 +76,7 @@ from fstrain.distributed.comm.shm_cma import PeerReader, agree, probe_peer, star
 from fstrain.distributed.comm.shm_segment import (_MAGIC, _H_MAGIC, _H_ABORTED, _profiling, segment_bytes, num_chunks,
                                                   _ring_index, _node_id, _Segment, wait_for_bell)
 
+_memmove = ctypes.memmove
 _PULL = -1  # chunk index of a header-only chunk whose last field is the message's address
 
 logger = logging.getLogger(__name__)
@@ -360,8 +362,6 @@ class ShmBackend(CommBackend):
         self._op_seq += 1
         op = self._op_seq
         row_bytes = math.prod(input.shape[1:]) * input.element_size()
-        src = input.reshape(-1).view(torch.uint8).numpy()
-        dst = output.reshape(-1).view(torch.uint8).numpy()
         send_off = [n * row_bytes for n in itertools.accumulate(input_splits, initial=0)]
         recv_off = [n * row_bytes for n in itertools.accumulate(output_splits, initial=0)]
         for p in range(world):  # fail fast if a peer already gave up on the group
@@ -377,11 +377,11 @@ class ShmBackend(CommBackend):
         sends = {p: [0, 1 if pull_min is not None and n >= pull_min else num_chunks(n, chunk), n]
                  for p, n in sizes.items()}
         acks: dict[int, int] = {}  # peer -> its read_seq that says it has read my input (pulls)
-        src_addr, dst_addr = src.ctypes.data, dst.ctypes.data
+        src_addr, dst_addr = input.data_ptr(), output.data_ptr()  # bytes move by memmove: no numpy views per call
         pulls: dict[int, list[int]] = {}  # peer -> [address in the peer, bytes read so far, ring seq]
         recvs = {p: [0, num_chunks(int(recv_off[p + 1] - recv_off[p]), chunk),
                      int(recv_off[p + 1] - recv_off[p])] for p in range(world) if p != rank}
-        own, reader = self._own, cast(PeerReader, self._reader)  # a reader whenever pull_min is set
+        own, reader = cast(_Segment, self._own), cast(PeerReader, self._reader)  # a reader whenever pull_min is set
         idle_since, own_rows = None, True
         last_progress = last_liveness = time.monotonic()
         while sends or recvs or acks or own_rows:
@@ -401,7 +401,7 @@ class ShmBackend(CommBackend):
                     else:
                         n = min(chunk, st[2] - st[0] * chunk)
                         if n > 0:
-                            seg.payload[k][slot, :n] = src[lo:lo + n]
+                            _memmove(seg.payload_addr[k] + slot * seg.stride, src_addr + lo, n)  # type: ignore[union-attr]
                         seg.slot_header[k][slot] = (op, st[2], st[0], n)
                     ctrl[0] = seq + 1  # publish after the payload (x86-64 TSO)
                     self._sent[p] = seq + 1
@@ -413,7 +413,7 @@ class ShmBackend(CommBackend):
             for p in list(recvs):
                 st = recvs[p]
                 k = _ring_index(p, rank)
-                ctrl, hdr, payload = own.ctrl[k], own.slot_header[k], own.payload[k]
+                ctrl, hdr, payload = own.ctrl[k], own.slot_header[k], own.payload_addr[k]
                 if p in pulls:  # one piece of ``chunk`` bytes per pass: other peers are served between
                     pull = pulls[p]
                     n = min(chunk, st[2] - pull[1])
@@ -447,7 +447,7 @@ class ShmBackend(CommBackend):
                             peer_rank=p)
                     if n > 0:
                         lo = int(recv_off[p]) + st[0] * chunk
-                        dst[lo:lo + n] = payload[slot, :n]
+                        _memmove(dst_addr + lo, payload + slot * own.stride, n)
                     ctrl[8] = seq + 1
                     self._received[p] = seq + 1
                     st[0] += 1
@@ -462,7 +462,8 @@ class ShmBackend(CommBackend):
             for p in to_ring:
                 self._ring(p)
             if own_rows and not progressed:  # my own rows: a local copy, while the peers copy
-                dst[recv_off[rank]:recv_off[rank + 1]] = src[send_off[rank]:send_off[rank + 1]]
+                if recv_off[rank + 1] > recv_off[rank]:
+                    _memmove(dst_addr + recv_off[rank], src_addr + send_off[rank], recv_off[rank + 1] - recv_off[rank])
                 own_rows, progressed = False, True
             if progressed:
                 idle_since = None

@@ -68,7 +68,8 @@ def _node_id() -> str:
 
 
 class _Segment:
-    """One mapped segment and numpy views of its header and rings."""
+    """One mapped segment, numpy views of its header and rings, and the rings' payload addresses
+    (``payload_addr[k] + slot * stride``: where slot ``slot`` of ring ``k`` starts; valid until :meth:`close`)."""
 
     def __init__(self, path: str, *, create: bool, size: int, world_size: int, chunk: int, slots: int):
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -89,6 +90,7 @@ class _Segment:
         rb = ring_bytes(chunk, slots)
         stride = _SLOT_HEADER_BYTES + _align(chunk)
         self.ctrl, self.slot_header, self.payload = [], [], []
+        self.stride = stride
         for k in range(world_size - 1):
             base = _SEGMENT_HEADER_BYTES + k * rb
             self.ctrl.append(np.ndarray((16,), np.int64, buffer=self.mm, offset=base))
@@ -100,10 +102,12 @@ class _Segment:
                 np.ndarray((slots, chunk), np.uint8, buffer=self.mm,
                            offset=base + _CTRL_BYTES + _SLOT_HEADER_BYTES, strides=(stride, 1))
             )
+        self.payload_addr = [int(p.ctypes.data) for p in self.payload]
 
     def close(self) -> None:
         self.header = None
         self.ctrl = self.slot_header = self.payload = []
+        self.payload_addr = []
         try:
             self.mm.close()
         except BufferError:  # a view is still referenced (e.g. by a traceback): GC unmaps it
