@@ -49,6 +49,7 @@ from fstrain.pipelines.base import (
     TrainPipeline,
     pipeline_names,
     pipeline_steps,
+    prefetch_core_check,
     run_steps,
 )
 
@@ -162,6 +163,11 @@ def make_pipeline(config: PipelineConfig | str, dmp: DistributedModelParallel, o
     name = resolve_pipeline_name(config.name, device, pec_fallback=config.pec_fallback)
     if not config.overlap and name != "prioritized":
         logger.warning("pipeline %s: overlap=False only applies to the prioritized pipeline; ignored", name)
+    if name == "prioritized" and config.overlap:
+        has_core, why = prefetch_core_check(device)
+        if not has_core and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            logger.warning("pipeline prioritized: no spare CPU core for its prefetch thread (%s); the inline schedule "
+                           "is faster on such a host, same results: --no-pipeline-overlap (docs/pipeline.md)", why)
     return PIPELINES.get(name).from_config(config, dmp, optimizer, device)
 
 
@@ -169,4 +175,4 @@ __all__ = ["AUTO", "NO_PIPELINE", "PIPELINES", "PIPELINE_NAMES", "pipeline_names
            "PipelineError", "PipelineUnavailableError", "StepStats", "StepOutput", "TrainPipeline", "LoopPipeline",
            "PlainPipeline", "SparseDistPipeline", "PECPipeline", "PrioritizedPipeline", "make_pipeline",
            "model_builder", "pipeline_for_run", "pec_runs_on", "pec_unavailable_reason", "pipeline_steps",
-           "resolve_pipeline_name", "run_steps"]
+           "resolve_pipeline_name", "run_steps", "prefetch_core_check"]

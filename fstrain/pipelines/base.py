@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -84,6 +85,36 @@ class PipelineConfig:
                                 f"{NO_PIPELINE}")
         if self.step_mode not in STEP_MODES:
             raise PipelineError(f"step_mode must be one of {', '.join(STEP_MODES)}, got {self.step_mode!r}")
+
+
+def prefetch_core_check(device: torch.device) -> tuple[bool, str]:
+    """Whether each rank of this node can give ``prioritized``'s prefetch thread a CPU core of its own.
+
+    Overlap hides waiting, not CPU time: where the thread shares a core with the dense compute,
+    the inline schedule (``PipelineConfig(overlap=False)``) is faster with the same results (a quiet
+    2-core machine, 2 ranks x 1 torch thread: inline 0.91-0.97x the overlapped step in 6 of 6 runs,
+    docs/results/bench_pipeline.md). Cores: this process's CPU affinity; ranks on the node:
+    ``$LOCAL_WORLD_SIZE`` (torchrun), else the world size; threads: ``torch.get_num_threads()``.
+
+    Args:
+        device: where the model runs; on CUDA the dense compute leaves the CPU (always ``True``).
+
+    Returns:
+        ``(has_core, why)``: ``has_core`` iff cores >= ranks on the node x (torch threads + 1);
+        ``why`` the numbers, for a log line. Raises nothing.
+    """
+    if device.type == "cuda":
+        return True, "the dense compute runs on the GPU"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    except ValueError:
+        local = world
+    threads = torch.get_num_threads()
+    need = local * (threads + 1)
+    return cores >= need, (f"{cores} CPU cores for {local} ranks x ({threads} torch threads + 1 prefetch thread)"
+                           f" = {need}")
 
 
 @dataclass(slots=True)

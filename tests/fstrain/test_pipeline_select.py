@@ -30,6 +30,50 @@ def test_auto_is_pec_only_where_it_runs(monkeypatch):
     assert P.resolve_pipeline_name("auto", cpu) == "prioritized"
 
 
+def test_prefetch_core_check_counts_cores_ranks_and_threads(monkeypatch):
+    import os
+
+    import fstrain.pipelines as P
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # this project's 2-core machine
+        assert P.prefetch_core_check(torch.device("cpu")) == (
+            False, "2 CPU cores for 2 ranks x (1 torch threads + 1 prefetch thread) = 4")
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+        assert P.prefetch_core_check(torch.device("cpu"))[0]
+        torch.set_num_threads(8)  # 2 x (8 + 1) = 18 > 16
+        assert not P.prefetch_core_check(torch.device("cpu"))[0]
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")  # unreadable: the world size (1, not initialised)
+        assert P.prefetch_core_check(torch.device("cpu"))[1].startswith("16 CPU cores for 1 ranks x (8 torch")
+        assert P.prefetch_core_check(torch.device("cuda", 0)) == (True, "the dense compute runs on the GPU")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_overlapped_prioritized_without_a_spare_core_says_inline_is_faster(monkeypatch, caplog):
+    import os
+
+    import fstrain.pipelines as P
+
+    built = []
+    monkeypatch.setattr(P.PrioritizedPipeline, "from_config", classmethod(lambda cls, config, *a: built.append(config)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with caplog.at_level("WARNING", logger="fstrain.pipelines"):
+        P.make_pipeline(P.PipelineConfig(name="prioritized"), None, None, torch.device("cpu"))
+    assert "no spare CPU core for its prefetch thread (2 CPU cores for 2 ranks" in caplog.text
+    assert "--no-pipeline-overlap" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fstrain.pipelines"):  # inline, or cores to spare: nothing to say
+        P.make_pipeline(P.PipelineConfig(name="prioritized", overlap=False), None, None, torch.device("cpu"))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+        P.make_pipeline(P.PipelineConfig(name="prioritized"), None, None, torch.device("cpu"))
+    assert caplog.text == "" and len(built) == 3
+
+
 def test_pec_without_cuda_is_an_error_or_an_explicit_fallback():
     import fstrain.pipelines as P
 
