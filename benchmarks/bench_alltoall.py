@@ -13,6 +13,9 @@ receiver reads each peer's rows from the peer's input with ``process_vm_readv``,
 in the JSON), the same iterations also time the rings alone (``shm-copy``, ``cma=False``: the
 copy-in/copy-out path), so before and after come from one run. ``--fixed-cost`` also times shm with
 one rank (no peer: the call's own fixed cost). The load average is recorded before and after.
+``--breakdown`` then splits shm's calls into their parts, per rank (Python outside the exchange
+loop, copies, doorbell writes, sleeping, the loop's own Python and spinning;
+:mod:`benchmarks.shm_breakdown`), in a separate pass after the timing.
 
 ``--calls-per-sample K`` times K calls back to back after each barrier and divides by K: ranks
 leave a barrier up to a scheduler wake-up apart, and with K = 1 that skew is inside every small
@@ -196,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shm-cma-min-bytes", type=int, default=None, help="ShmBackend.Config.cma_min_bytes")
     parser.add_argument("--shm-no-cma", action="store_true",
                         help="ShmBackend.Config.cma=False: the rings only (no single copy, no shm-copy rows)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also split shm's calls into copies, doorbells, sleeping and Python (per rank)")
     parser.add_argument("--calls-per-sample", type=int, default=1, metavar="K",
                         help="calls timed back to back after each barrier (time per call = total / K; default 1)")
     args = parser.parse_args(argv)
@@ -214,6 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("CPU: %d ranks ...", w)
         cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick, shm_cfg, args.calls_per_sample)
     load_after = os.getloadavg()
+    breakdown: list[dict] = []
+    if args.breakdown:
+        from benchmarks.shm_breakdown import breakdown_worker
+
+        for w in ([1] if args.fixed_cost else []) + args.ranks:
+            logger.info("CPU: %d ranks, shm call breakdown ...", w)
+            breakdown += _spawn(breakdown_worker, w, sizes, args.quick, shm_cfg, args.calls_per_sample)
     print(f"\nall-to-all-v, CPU, float32 rows of {_ROW_FLOATS}, even splits (median of slowest-rank "
           f"times per call, {args.calls_per_sample} call(s) per barrier; torch threads = 1 per rank; "
           f"1-minute load average {load_before[0]:.1f} before, "
@@ -235,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['bus_bandwidth_gbps']:>9.2f} {g['bus_bandwidth_gbps']:>9.2f} | "
                   f"{m['latency_us'] / s['latency_us']:>9.0%} {m['latency_us'] / c['latency_us']:>10.0%} "
                   f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us']:>13.1f}")
+    if breakdown:
+        from benchmarks.shm_breakdown import format_breakdown
+
+        print(f"\nshm calls split into parts (median us per call and rank, {args.calls_per_sample} call(s) per "
+              "barrier; rest = the exchange loop's Python and spinning; benchmarks/shm_breakdown.py):")
+        print(format_breakdown(breakdown))
     gpu_rows: list[dict] | str
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         gpu_rows = _spawn(_gpu_worker, torch.cuda.device_count(), args.quick)
@@ -253,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                    "load_average_1min_before": load_before[0], "shm_config": shm_cfg,
                    "calls_per_sample": args.calls_per_sample,
                    "torch": torch.__version__,
-                   "cpu": cpu_rows, "gpu": gpu_rows}
+                   "cpu": cpu_rows, "breakdown": breakdown, "gpu": gpu_rows}
         with open(path + ".tmp", "w") as f:
             json.dump(payload, f, indent=1)
         os.replace(path + ".tmp", path)  # appears whole or not at all

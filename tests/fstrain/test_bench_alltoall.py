@@ -50,3 +50,27 @@ def test_bench_cma_times_both_copies_in_two_processes(tmp_path):
     assert rows[0]["concurrent_over_alone"] == pytest.approx(rows[0]["memcpy_ms"] / rows[0]["memcpy_alone_ms"])
     with pytest.raises(SystemExit):
         bench_cma.main(["--rounds", "0"])
+
+
+@pytest.mark.multiproc
+def test_breakdown_splits_each_call_into_its_parts():
+    """``--breakdown``: per rank and size, the call's median and its parts (copies, doorbells, sleeping,
+    Python outside and inside the exchange loop); one rank rings nobody and never sleeps."""
+    from benchmarks.bench_alltoall import _spawn
+    from benchmarks.shm_breakdown import PARTS, breakdown_worker, format_breakdown
+
+    rows = _spawn(breakdown_worker, 2, [4 << 10, 512 << 10], True, {}, 2)
+    assert sorted((r["bytes_per_rank"], r["rank"]) for r in rows) == [(4 << 10, 0), (4 << 10, 1),
+                                                                      (512 << 10, 0), (512 << 10, 1)]
+    for r in rows:
+        m = r["median_us"]
+        assert set(m) == {"call", *PARTS} and r["calls"] >= 2 * 5
+        assert m["copies"] > 0 and m["doorbell"] > 0 and m["outside"] > 0 and m["call"] > m["outside"]
+        assert m["rest"] > -1.0  # the exchange less its timed parts (clock granularity aside)
+    big = [r["median_us"]["copies"] for r in rows if r["bytes_per_rank"] == 512 << 10]
+    small = [r["median_us"]["copies"] for r in rows if r["bytes_per_rank"] == 4 << 10]
+    assert min(big) > max(small)  # 128x the bytes
+    one = _spawn(breakdown_worker, 1, [4 << 10], True, {}, 1)
+    assert [(r["median_us"]["doorbell"], r["median_us"]["sleep"]) for r in one] == [(0.0, 0.0)]
+    table = format_breakdown(rows + one).splitlines()
+    assert len(table) == 1 + 5 and table[1].split()[:4] == ["1", "4", "KB", "0"]
