@@ -413,7 +413,7 @@ class ShmBackend(CommBackend):
             for p in list(recvs):
                 st = recvs[p]
                 k = _ring_index(p, rank)
-                ctrl, hdr, payload = own.ctrl[k], own.slot_header[k], own.payload_addr[k]
+                ctrl, hdr, ring_at = own.ctrl[k], own.slot_header[k], own.payload_addr[k]  # ring k's first slot
                 if p in pulls:  # one piece of ``chunk`` bytes per pass: other peers are served between
                     pull = pulls[p]
                     n = min(chunk, st[2] - pull[1])
@@ -447,7 +447,7 @@ class ShmBackend(CommBackend):
                             peer_rank=p)
                     if n > 0:
                         lo = int(recv_off[p]) + st[0] * chunk
-                        _memmove(dst_addr + lo, payload + slot * own.stride, n)
+                        _memmove(dst_addr + lo, ring_at + slot * own.stride, n)
                     ctrl[8] = seq + 1
                     self._received[p] = seq + 1
                     st[0] += 1
