@@ -92,7 +92,7 @@ def prefetch_core_check(device: torch.device) -> tuple[bool, str]:
 
     Overlap hides waiting, not CPU time: where the thread shares a core with the dense compute,
     the inline schedule (``PipelineConfig(overlap=False)``) is faster with the same results (a quiet
-    2-core machine, 2 ranks x 1 torch thread: inline 0.91-0.97x the overlapped step in 6 of 6 runs,
+    2-core machine, 2 ranks x 1 torch thread: inline 0.91-0.99x the overlapped step in 12 of 12 runs,
     docs/results/bench_pipeline.md). Cores: this process's CPU affinity; ranks on the node:
     ``$LOCAL_WORLD_SIZE`` (torchrun), else the world size; threads: ``torch.get_num_threads()``.
 
