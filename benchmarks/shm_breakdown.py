@@ -27,8 +27,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from benchmarks.bench_alltoall import _ROW_FLOATS, _fmt_bytes
+
 PARTS = ("outside", "copies", "doorbell", "sleep", "rest")
-_ROW_FLOATS = 64
 
 
 def _iterations(size_bytes: int, quick: bool) -> int:
@@ -110,8 +111,7 @@ def format_breakdown(rows: list[dict]) -> str:
             + " ".join(f"{p + ' us':>11}" for p in PARTS))
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["world_size"], r["bytes_per_rank"], r["rank"])):
-        m, n = r["median_us"], r["bytes_per_rank"]
-        size = f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
-        lines.append(f"{r['world_size']:>5} {size:>10} {r['rank']:>4} | {m['call']:>8.1f} | "
+        m = r["median_us"]
+        lines.append(f"{r['world_size']:>5} {_fmt_bytes(r['bytes_per_rank']):>10} {r['rank']:>4} | {m['call']:>8.1f} | "
                      + " ".join(f"{m[p]:>11.1f}" for p in PARTS))
     return "\n".join(lines)
