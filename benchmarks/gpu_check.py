@@ -131,7 +131,7 @@ def replay_settings(dry_run: bool, quick: bool) -> dict:
 
     if dry_run:
         return dict(model=StepConfig(num_items=1000, embedding_dim=16, num_layers=1, num_heads=2, num_negatives=8,
-                                     max_seq_len=64), num_steps=2, repeats=1, calib_lengths=[4, 16, 64],
+                                     max_seq_len=64, block_size=16), num_steps=2, repeats=1, calib_lengths=[4, 16, 64],
                     calib_batch_sizes=[2, 4], setting={"num_ranks": 4, "batch_size_per_rank": 4, "max_len": 64})
     lengths = [16, 128, 512, 1024, 2048, 4096]
     return dict(model=StepConfig(), num_steps=3 if quick else NUM_STEPS, repeats=2 if quick else 3,

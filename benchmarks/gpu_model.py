@@ -1,26 +1,28 @@
-"""A torch-only model step for the GPU check: plain ``nn.Embedding`` + HSTU-like layers, no torchrec.
+"""A torch-only model step for the GPU check: plain ``nn.Embedding`` + jagged HSTU-like layers, no torchrec.
 
 The lent GPU image has torch but neither torchrec nor fbgemm-gpu, so fstrain's model
 (:class:`fstrain.models.recommender.SequentialRecommender`, a torchrec ``EmbeddingCollection``
 and fbgemm's jagged ops) cannot be imported there. This step does the same kind of work per
-sample, quadratic in the history length ``L``:
+sample, quadratic in the history length ``L``, on a jagged batch (no padding to a common length):
 
-* item lookup ``nn.Embedding(num_items, d)`` of the history (``[T]`` int64 -> ``[T x d]``), plus a
-  learned position embedding;
+* item lookup ``nn.Embedding(num_items, d)`` of the rank's histories concatenated (``[T]`` int64
+  -> ``[T x d]``), plus a learned position embedding;
 * ``num_layers`` HSTU-like layers (Zhai et al., ICML 2024, "Actions Speak Louder than Words",
   section 3.1): ``U, V, Q, K = split(SiLU(Linear(x)))``, pointwise attention
-  ``A = SiLU(Q K^T) / L_max`` under a causal mask, output ``x + Linear(LayerNorm(A V) * U)``
-  (no relative attention bias, no dropout);
-* a sampled-softmax loss of each position against the next item and ``num_negatives`` shared
-  uniform negatives.
+  ``A = SiLU(Q K^T) / L_max`` under a causal mask inside each history, output
+  ``x + Linear(LayerNorm(A V) * U)`` (no relative attention bias, no dropout). The linear parts run
+  on the ``[T x d]`` tokens; the attention is block-sparse: each history is cut into blocks of
+  ``block_size`` positions and every (query block, key block) pair of the same history with key
+  block <= query block is one batched matrix product (the tiling jagged attention kernels use);
+* a sampled-softmax loss of each position against the next item of its history and
+  ``num_negatives`` shared uniform negatives.
 
-Samples are padded only inside a micro-batch of similar lengths (sorted; a micro-batch's longest
-history is at most ``pad_growth`` times its shortest, and it holds at most ``max_tokens_sq`` of
-``sum L_pad^2``); each micro-batch runs forward + backward at once, so memory stays bounded at
-``L = 4096`` while the work stays close to the jagged ``sum L^2`` (padded ``L^2`` work at most
-``pad_growth^2`` times it). Without the growth bound, a first H100 run padded a rank's short
-histories to its longest: its step time followed the padded work (correlation 0.97 over 128
-rank-steps) and not ``sum L^2`` (0.10), so ``sum L^2``-balanced ranks differed 1.8x.
+One forward and one backward per rank's batch, with a number of kernels that does not depend on
+the lengths; the work is ``T`` tokens through the linear layers plus
+``sum_i n_i (n_i + 1) / 2`` block pairs (``n_i = ceil(L_i / block_size)``), i.e. per sample a
+constant, a linear and a quadratic term in ``L``: the form the cost model fits. (An earlier step
+padded micro-batches of similar lengths: on an H200 its time followed the number of micro-batches,
+about 12 ms each, with correlation 0.98 over 96 rank-steps, not ``sum L^2``; docs/results/gpu_check.md.)
 bf16 autocast on CUDA.
 """
 
@@ -46,8 +48,7 @@ class StepConfig:
         num_heads: attention heads (``d`` divisible by it).
         num_negatives: shared uniform negatives per step.
         max_seq_len: longest history (position table rows; the ``L_max`` of the attention scale).
-        max_tokens_sq: micro-batch bound on ``sum`` of padded ``L^2`` (memory, not work).
-        pad_growth: longest / shortest history in a micro-batch, at most (bounds the padding).
+        block_size: positions per attention block (the tile of the block-sparse attention).
     """
 
     num_items: int = 100_000
@@ -56,40 +57,82 @@ class StepConfig:
     num_heads: int = 4
     num_negatives: int = 128
     max_seq_len: int = 4096
-    max_tokens_sq: int = 8 * 4096 * 4096
-    pad_growth: float = 1.25
+    block_size: int = 64
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-class HSTULikeLayer(nn.Module):
-    """One HSTU-like layer on a padded micro-batch ``[b x Lp x d]``."""
+def block_layout(lengths: np.ndarray, block_size: int) -> dict[str, np.ndarray]:
+    """Where each history's positions sit in blocks of ``block_size``, and which block pairs attend.
 
-    def __init__(self, d: int, heads: int, max_seq_len: int) -> None:
+    Args:
+        lengths: ``[B]`` int64 history lengths (>= 1), concatenated in this order into ``T = sum L`` tokens.
+        block_size: positions per block.
+
+    Returns:
+        ``blk_tok`` ``[NB x block_size]`` int64: the token of each block slot, ``T`` (a zero row) past
+        the history's end; ``tok_blk`` ``[T]`` int64: each token's slot in the flattened blocks;
+        ``pair_q``, ``pair_k`` ``[P]`` int64: the off-diagonal pairs (key block before query block,
+        same history); ``NB = sum ceil(L / block_size)``, ``P = sum n (n - 1) / 2``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    off = np.concatenate([[0], np.cumsum(lengths)])
+    nb = -(-lengths // block_size)
+    boff = np.concatenate([[0], np.cumsum(nb)])
+    sid = np.repeat(np.arange(len(lengths)), nb)
+    local = (np.arange(boff[-1]) - boff[sid])[:, None] * block_size + np.arange(block_size)[None, :]
+    blk_tok = np.where(local < lengths[sid][:, None], off[sid][:, None] + local, off[-1])
+    tok_blk = np.repeat(boff[:-1] * block_size - off[:-1], lengths) + np.arange(off[-1])
+    pq, pk = [], []
+    for n, b0 in zip(nb, boff[:-1]):
+        if n > 1:
+            r, c = np.tril_indices(int(n), -1)
+            pq.append(r + b0)
+            pk.append(c + b0)
+    pair_q, pair_k = ((np.concatenate(x) if x else np.zeros(0)).astype(np.int64) for x in (pq, pk))
+    return {"blk_tok": blk_tok.astype(np.int64), "tok_blk": tok_blk.astype(np.int64),
+            "pair_q": pair_q, "pair_k": pair_k}
+
+
+class HSTULikeLayer(nn.Module):
+    """One HSTU-like layer on jagged tokens ``[T x d]`` with block-sparse causal attention."""
+
+    causal: torch.Tensor  # [block_size x block_size] bool, lower triangle
+
+    def __init__(self, d: int, heads: int, max_seq_len: int, block_size: int) -> None:
         super().__init__()
-        self.heads, self.scale = heads, 1.0 / max_seq_len
+        self.heads, self.scale, self.block_size = heads, 1.0 / max_seq_len, block_size
         self.uvqk = nn.Linear(d, 4 * d)
         self.out = nn.Linear(d, d)
         self.norm = nn.LayerNorm(d)
+        self.register_buffer("causal", torch.ones(block_size, block_size, dtype=torch.bool).tril(), persistent=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, lp, d = x.shape
+    def forward(self, x: torch.Tensor, layout: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``x`` ``[T x d]``; ``layout``: :func:`block_layout`'s arrays as tensors on ``x``'s device."""
+        t, d = x.shape
+        h, bs = self.heads, self.block_size
         u, v, q, k = F.silu(self.uvqk(x)).chunk(4, dim=-1)
-        h = self.heads
+        nb = layout["blk_tok"].shape[0]
 
-        def split(t):
-            return t.view(b, lp, h, d // h).transpose(1, 2)  # [b x H x Lp x d/H]
+        def blocks(z):  # [T x d] -> [NB x H x bs x d/H]; slots past a history's end read a zero row
+            z = torch.cat([z, z.new_zeros(1, d)])[layout["blk_tok"]]
+            return z.view(nb, bs, h, d // h).transpose(1, 2)
 
-        # [b x H x Lp x Lp]; masked_fill keeps only the bool mask for backward (a float mask would
-        # promote the scores to float32 and double the largest activations)
-        a = (F.silu(split(q) @ split(k).transpose(-1, -2)) * self.scale).masked_fill(~mask, 0.0)
-        y = (a @ split(v)).transpose(1, 2).reshape(b, lp, d)
+        qb, kb, vb = blocks(q), blocks(k), blocks(v)
+        # diagonal pairs: causal inside the block (zero keys past the end add SiLU(0) = 0)
+        a = (F.silu(qb @ kb.transpose(-1, -2)) * self.scale).masked_fill(~self.causal, 0.0)
+        o = a @ vb  # [NB x H x bs x d/H]
+        pq, pk = layout["pair_q"], layout["pair_k"]
+        if pq.numel():  # earlier key blocks of the same history: no mask
+            a = F.silu(qb[pq] @ kb[pk].transpose(-1, -2)) * self.scale  # [P x H x bs x bs]
+            o = o.index_add(0, pq, (a @ vb[pk]).to(o.dtype))
+        y = o.transpose(1, 2).reshape(nb * bs, d)[layout["tok_blk"]]  # [T x d]
         return x + self.out(self.norm(y) * u)
 
 
 class TorchOnlyStep(nn.Module):
-    """Embedding + HSTU-like layers + sampled softmax; :meth:`forward_backward` runs one rank's batch."""
+    """Embedding + jagged HSTU-like layers + sampled softmax; :meth:`forward_backward` runs one rank's batch."""
 
     def __init__(self, config: StepConfig) -> None:
         super().__init__()
@@ -98,57 +141,35 @@ class TorchOnlyStep(nn.Module):
             raise ValueError(f"embedding_dim {c.embedding_dim} is not divisible by num_heads {c.num_heads}")
         self.items = nn.Embedding(c.num_items, c.embedding_dim)
         self.pos = nn.Embedding(c.max_seq_len, c.embedding_dim)
-        self.layers = nn.ModuleList(HSTULikeLayer(c.embedding_dim, c.num_heads, c.max_seq_len)
+        self.layers = nn.ModuleList(HSTULikeLayer(c.embedding_dim, c.num_heads, c.max_seq_len, c.block_size)
                                     for _ in range(c.num_layers))
 
-    def micro_batches(self, lengths: np.ndarray) -> list[np.ndarray]:
-        """Sample indices per micro-batch (>= 1 sample each): sorted by length, ``sum(Lpad^2) <= max_tokens_sq``
-        and longest <= ``pad_growth`` x shortest."""
-        order = np.argsort(np.asarray(lengths), kind="stable")
-        out, cur = [], []
-        for i in order:
-            lp = int(lengths[i])
-            if cur and ((len(cur) + 1) * lp * lp > self.config.max_tokens_sq
-                        or lp > self.config.pad_growth * int(lengths[cur[0]])):
-                out.append(np.array(cur))
-                cur = []
-            cur.append(int(i))
-        if cur:
-            out.append(np.array(cur))
-        return out
-
-    def _loss(self, ids: torch.Tensor, lengths: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
-        b, lp = ids.shape
-        dev = ids.device
-        pos = torch.arange(lp, device=dev)
-        valid = pos[None, :] < lengths[:, None]  # [b x Lp]
-        x = self.items(ids) * math.sqrt(self.config.embedding_dim) + self.pos(pos)[None]
-        mask = (pos[:, None] >= pos[None, :])[None, None]  # causal, bool
+    def _loss(self, batch: dict) -> torch.Tensor:
+        ids = batch["ids"]
+        x = self.items(ids) * math.sqrt(self.config.embedding_dim) + self.pos(batch["pos"])
         for layer in self.layers:
-            x = layer(x, mask)
-        x = F.normalize(x[:, :-1], dim=-1)  # position i predicts item i + 1
-        label = ids[:, 1:]
-        pos_logit = (x * F.normalize(self.items(label), dim=-1)).sum(-1, keepdim=True)
-        neg_logit = x @ F.normalize(self.items(negatives), dim=-1).T
+            x = layer(x, batch["layout"])
+        src = batch["next_src"]  # positions with a next item in their history
+        x = F.normalize(x[src], dim=-1)
+        pos_logit = (x * F.normalize(self.items(ids[src + 1]), dim=-1)).sum(-1, keepdim=True)
+        neg_logit = x @ F.normalize(self.items(batch["negatives"]), dim=-1).T
         logits = torch.cat([pos_logit, neg_logit], dim=-1) / 0.05
-        per_pos = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
-                                  torch.zeros(logits.shape[0] * logits.shape[1], dtype=torch.long, device=dev),
-                                  reduction="none").view(b, lp - 1)
-        return (per_pos * valid[:, 1:]).sum()
+        target = torch.zeros(logits.shape[0], dtype=torch.long, device=ids.device)
+        return F.cross_entropy(logits.float(), target, reduction="sum")
 
     def forward_backward(self, batch: dict) -> None:
         """Forward + backward of one rank's batch (gradients accumulate; caller zeroes them).
 
         Args:
             batch: from :func:`make_batch`: ``lengths`` (numpy ``[B]`` int64), ``ids`` (``[T]`` int64
-                on the device, the histories concatenated), ``negatives`` (``[K]`` int64 on the device),
-                ``micro`` (padded ``(ids [b x Lp], lengths [b])`` per micro-batch, built once).
+                on the device, the histories concatenated), ``pos`` (``[T]`` int64 positions),
+                ``next_src`` (``[T - B]`` int64 tokens that have a next item), ``negatives``
+                (``[K]`` int64), ``layout`` (:func:`block_layout` on the device).
         """
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if batch["ids"].is_cuda else _null()
-        for ids, lengths in batch["micro"]:
-            with autocast:
-                loss = self._loss(ids, lengths, batch["negatives"])
-            loss.backward()
+        with autocast:
+            loss = self._loss(batch)
+        loss.backward()
 
 
 class _null:
@@ -160,7 +181,7 @@ class _null:
 
 
 def make_batch(model: TorchOnlyStep, lengths: np.ndarray, seed: int, device: torch.device) -> dict:
-    """Random item ids for samples of ``lengths`` (each >= 2), padded per micro-batch, on ``device``.
+    """Random item ids for histories of ``lengths`` (each clipped to 2..max_seq_len), jagged, on ``device``.
 
     Returns:
         the ``batch`` dict :meth:`TorchOnlyStep.forward_backward` takes.
@@ -168,17 +189,15 @@ def make_batch(model: TorchOnlyStep, lengths: np.ndarray, seed: int, device: tor
     c = model.config
     lengths = np.maximum(2, np.minimum(np.asarray(lengths, dtype=np.int64), c.max_seq_len))
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, c.num_items, (int(lengths.sum()),), generator=g)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    micro = []
-    for idx in model.micro_batches(lengths):
-        lp = int(lengths[idx].max())
-        pad = torch.zeros(len(idx), lp, dtype=torch.long)
-        for row, i in enumerate(idx):
-            pad[row, :lengths[i]] = ids[offsets[i]:offsets[i + 1]]
-        micro.append((pad.to(device), torch.as_tensor(lengths[idx]).to(device)))
-    negatives = torch.randint(0, c.num_items, (c.num_negatives,), generator=g).to(device)
-    return {"lengths": lengths, "ids": ids.to(device), "negatives": negatives, "micro": micro}
+    t = int(lengths.sum())
+    ids = torch.randint(0, c.num_items, (t,), generator=g)
+    starts = np.repeat(np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    pos = np.arange(t) - starts
+    next_src = np.flatnonzero(pos < np.repeat(lengths - 1, lengths))
+    negatives = torch.randint(0, c.num_items, (c.num_negatives,), generator=g)
+    layout = {k: torch.from_numpy(v).to(device) for k, v in block_layout(lengths, c.block_size).items()}
+    return {"lengths": lengths, "ids": ids.to(device), "pos": torch.from_numpy(pos).to(device),
+            "next_src": torch.from_numpy(next_src).to(device), "negatives": negatives.to(device), "layout": layout}
 
 
 def time_step(model: TorchOnlyStep, batch: dict, device: torch.device) -> float:

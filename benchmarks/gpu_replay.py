@@ -192,7 +192,8 @@ def run(data: Path, device: torch.device, *, model: StepConfig, num_steps: int, 
 
     Returns:
         JSON-ready dict: ``setting``, ``model``, ``device``, ``calibration``, ``balanced``, ``shuffled``,
-        ``slowest_rank_speedup`` (shuffled / balanced slowest-rank ms/step), ``data_prepared_here``.
+        ``slowest_rank_speedup`` (shuffled / balanced slowest-rank ms/step), ``peak_memory_gib``
+        (CUDA's peak allocated, GiB; None on CPU), ``data_prepared_here``.
     """
     prepared_here = not (data / DATA_FILE).exists()
     if prepared_here:
@@ -205,8 +206,11 @@ def run(data: Path, device: torch.device, *, model: StepConfig, num_steps: int, 
     R, B = setting["num_ranks"], setting["batch_size_per_rank"]
     plans = assign(lengths, R, B, cal["coefficients"])
     res = replay(mdl, device, lengths, plans, R, cal["coefficients"], repeats, seed, deadline)
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    cuda = device.type == "cuda"
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    peak = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None
     return {"setting": setting, "model": model.to_json(), "device": dev_name, "calibration": cal, **res,
+            "peak_memory_gib": peak,
             "slowest_rank_speedup": res["shuffled"]["slowest_rank_ms_per_step"]
             / res["balanced"]["slowest_rank_ms_per_step"],
             "num_steps": res["balanced"]["num_steps"], "steps_prepared": int(lengths.shape[0]), "repeats": repeats,
