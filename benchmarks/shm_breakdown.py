@@ -5,10 +5,13 @@ Each rank times its own ``ShmBackend.all_to_all_v`` calls (K back to back after 
 
 * ``outside``: the call's Python before and after the exchange loop (split checks, the lock,
   output checks: :meth:`ShmBackend.all_to_all_v` less ``_exchange``);
-* ``copies``: every byte moved: the own rows, ring copy-in and copy-out (``memmove``) and the
-  single-copy reads of peers' rows (``process_vm_readv``);
+* ``copies``: every byte moved from Python: the own rows, ring copy-in and copy-out (``memmove``)
+  and the single-copy reads of peers' rows (``process_vm_readv``);
+* ``compiled``: the compiled small-message step (:mod:`fstrain.distributed.comm.shm_fast`, when every
+  message of the call fits one ring slot): its copies, counters and polling for the peer's chunk;
 * ``doorbell``: the FIFO writes that wake a waiting peer (one system call each);
-* ``sleep``: blocked in ``poll()`` on this rank's doorbell (after ``spin_us`` of spinning);
+* ``sleep``: blocked in ``poll()`` on this rank's doorbell (after ``spin_us`` of spinning), and the
+  liveness check after it;
 * ``rest``: the exchange loop's own Python (set-up, headers, counters) plus spinning while the
   peer's chunk or acknowledgement has not arrived: with one rank there is nothing to wait for,
   so the one-rank row's ``rest`` is pure Python.
@@ -29,7 +32,7 @@ import torch.distributed as dist
 
 from benchmarks.bench_alltoall import _ROW_FLOATS, _fmt_bytes
 
-PARTS = ("outside", "copies", "doorbell", "sleep", "rest")
+PARTS = ("outside", "copies", "compiled", "doorbell", "sleep", "rest")
 
 
 def _iterations(size_bytes: int, quick: bool) -> int:
@@ -41,13 +44,14 @@ def breakdown_worker(rank: int, world_size: int, init_file: str, sizes: list[int
                      calls: int, result_path: str) -> None:
     """One rank: per size, the median microseconds of each part of a call (rows written by rank 0)."""
     import fstrain.distributed.comm.shm as shm_mod
+    import fstrain.distributed.comm.shm_fast as fast_mod
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
     assert isinstance(shm, ShmBackend)
-    acc = dict.fromkeys(("exchange", "copies", "doorbell", "sleep"), 0.0)
+    acc = dict.fromkeys(("exchange", "copies", "compiled", "doorbell", "sleep"), 0.0)
     clock = time.perf_counter
 
     def timed(fn, part):
@@ -60,10 +64,12 @@ def breakdown_worker(rank: int, world_size: int, init_file: str, sizes: list[int
         return wrapper
 
     memmove = shm_mod._memmove
+    step = fast_mod.small_exchange_step
     shm_mod._memmove = timed(memmove, "copies")  # the module global the exchange loop calls
+    fast_mod.small_exchange_step = timed(step, "compiled")  # likewise for the small-message path
     shm._exchange = timed(shm._exchange, "exchange")  # type: ignore[method-assign]
     shm._ring = timed(shm._ring, "doorbell")  # type: ignore[method-assign]
-    shm._wait_for_bell = timed(shm._wait_for_bell, "sleep")  # type: ignore[method-assign]
+    shm._stall = timed(shm._stall, "sleep")  # type: ignore[method-assign]
     if shm._reader is not None:
         shm._reader.pull = timed(shm._reader.pull, "copies")  # type: ignore[method-assign]
     rows = []
@@ -87,15 +93,16 @@ def breakdown_worker(rank: int, world_size: int, init_file: str, sizes: list[int
                     us = {k: v * 1e6 for k, v in acc.items()}
                     parts["call"].append(total * 1e6)
                     parts["outside"].append(total * 1e6 - us["exchange"])
-                    for k in ("copies", "doorbell", "sleep"):
+                    timed_parts = ("copies", "compiled", "doorbell", "sleep")
+                    for k in timed_parts:
                         parts[k].append(us[k])
-                    parts["rest"].append(us["exchange"] - us["copies"] - us["doorbell"] - us["sleep"])
+                    parts["rest"].append(us["exchange"] - sum(us[k] for k in timed_parts))
             rows.append({"backend": "shm-breakdown", "world_size": world_size, "rank": rank,
                          "bytes_per_rank": x.numel() * 4, "calls_per_sample": calls, "calls": len(parts["call"]),
                          "data_path": shm.data_path,
                          "median_us": {k: statistics.median(v) for k, v in parts.items()}})
     finally:
-        shm_mod._memmove = memmove
+        shm_mod._memmove, fast_mod.small_exchange_step = memmove, step
         shm.close()
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, rows)

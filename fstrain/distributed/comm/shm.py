@@ -6,12 +6,12 @@ lines: ``write_seq`` (advanced by the sender after its memcpy) and ``read_seq`` 
 receiver after copying the chunk out). A sender memcpys a chunk straight into the receiver's
 mapped ring; no socket carries data (single producer, single consumer, no locks).
 
-One call moves every pair's message as a stream of chunks, served round-robin over peers, so a
-large message to one peer never holds up a small one to another: head-of-line blocking is at most
-one chunk (``chunk_bytes``) per ring. Every message is at least one chunk (an empty message is a
-header-only chunk), whose header carries the op sequence number and the total byte count; the
-receiver checks both, so desynchronised collectives and disagreeing split sizes raise
-`SplitMismatchError` instead of corrupting data.
+One call moves every pair's message as a stream of chunks, served round-robin over peers (a large
+message to one peer holds up a small one to another by at most one chunk). Every message is at
+least one chunk (an empty one is header-only) whose header carries the op sequence number and the
+total byte count; the receiver checks both, so desynchronised collectives and disagreeing split
+sizes raise `SplitMismatchError` instead of corrupting data. When every message of a call fits one
+slot (and is below the single-copy threshold), a compiled step moves it (`shm_fast`, same chunks).
 
 Single copy (``Config.cma``, where every rank's start-up probe of ``process_vm_readv`` succeeds): a
 message of at least ``cma_min_bytes`` is one header-only "pull" chunk carrying its address in the
@@ -19,26 +19,21 @@ sender; the receiver reads the rows straight from the sender's input into its ou
 byte, not two), ``chunk_bytes`` per pass, then advances ``read_seq``, which the sender waits for
 before returning (its input may change after that). Otherwise the rings alone (copy-in/copy-out).
 
-Waiting spins briefly (``spin_us``), then blocks in ``poll()`` on the rank's *doorbell*, a
-FIFO next to its segment: whoever advances a counter that a peer may wait on writes one byte to
-that peer's doorbell, so a sleeping rank wakes at once, like a blocked socket read, without
-burning a core when ranks outnumber cores. Doorbells carry no data. If no chunk moves for
-``timeout_seconds`` the call raises `PeerTimeoutError` naming the peer; a peer whose process has
-exited, or that aborted its transport after an error, is reported sooner as `PeerExitedError`.
+Waiting spins briefly (``spin_us``), then blocks in ``poll()`` on the rank's *doorbell*, a FIFO
+next to its segment: whoever advances a counter a peer may wait on writes one byte to that peer's
+doorbell, so a sleeping rank wakes at once without burning a core when ranks outnumber cores. If
+no chunk moves for ``timeout_seconds`` the call raises `PeerTimeoutError` naming the peer; a peer
+whose process exited or aborted its transport is reported sooner as `PeerExitedError`.
 
-Memory ordering: payload stores are made visible before the counter store by x86-64's total store
-order (TSO). On weakly ordered CPUs (aarch64) this is not guaranteed from Python; the backend
-warns there.
+Memory ordering: the Python path relies on x86-64's total store order to publish the payload
+before the counter (the backend warns on other CPUs); the compiled path uses acquire/release atomics.
 
-Threads: a transport runs one collective at a time. A call from a second thread while one runs
-raises `ConcurrentCollectiveError` (the running one is not disturbed): serialising the two would
-not be enough, as every rank would also have to order them the same way. Give each thread its
-own process group; transports of different groups share nothing (segment, rings, doorbell, op
-sequence numbers) and run concurrently. ``close()`` from another thread during a collective does
-not release anything under it: the running call notices within ``liveness_check_seconds``,
-raises, and releases the segments and file descriptors itself (closing a descriptor under a
-running call could let its number be reused by another group's doorbell or a gloo socket, and the
-call's doorbell writes would then land there).
+Threads: one collective at a time per transport; a call from a second thread while one runs raises
+`ConcurrentCollectiveError` (serialising them would not do: every rank would have to order them
+alike). Give each thread its own process group; groups share nothing and run concurrently.
+``close()`` from another thread during a collective releases nothing under it: the running call
+notices within ``liveness_check_seconds``, raises, and releases the segments and descriptors itself
+(a descriptor closed under it could be reused by another doorbell or a gloo socket).
 
 Segments are unlinked once every rank has mapped them: nothing is left in ``/dev/shm`` after the
 processes exit, even after a crash (except a crash inside the rendezvous itself).
@@ -64,6 +59,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
@@ -169,8 +165,8 @@ class ShmBackend(CommBackend):
         self._busy = threading.Lock()
         self._busy_thread = ""
         self._close_requested = False
-        self._sent = [0] * world_size  # chunks published to each peer's ring (my write_seq)
-        self._received = [0] * world_size  # chunks consumed from each peer (my read_seq)
+        self._seqs = np.zeros((2, world_size), np.int64)  # shared with the compiled small-message path
+        self._sent, self._received = self._seqs  # chunks published to each peer's ring / consumed from each
         self._peers: list[_Segment | None] = [None] * world_size
         self._peer_pids = [0] * world_size
         self._peer_bells = [-1] * world_size  # write ends of the peers' doorbell FIFOs
@@ -230,6 +226,10 @@ class ShmBackend(CommBackend):
                 self._abort_and_release()
                 raise
             self._unlink()
+        from fstrain.distributed.comm.shm_fast import attach, exchange_small  # numba: imported when used
+
+        self._exchange_small = exchange_small
+        self._small_limit = attach(self)  # a call whose messages are all below it takes the compiled path
         logger.debug("rank %d: shm segments mapped (%d bytes each)", rank, size)
 
     @property
@@ -270,8 +270,24 @@ class ShmBackend(CommBackend):
             except (BlockingIOError, BrokenPipeError):
                 pass
 
-    def _wait_for_bell(self, timeout_seconds: float) -> None:
-        wait_for_bell(self._poller, self._bell, timeout_seconds)
+    def _stall(self, op: int, waiting: list[int], last_progress: float, last_liveness: float) -> float:
+        """Sleep on the doorbell (at most ``liveness_check_seconds``), then check the ``waiting`` peers are alive
+        (that often; returns the last check's time). Raises CommError (closed meanwhile), PeerExitedError."""
+        cfg = self.config
+        left_seconds = cfg.timeout_seconds - (time.monotonic() - last_progress)
+        wait_for_bell(self._poller, self._bell, min(cfg.liveness_check_seconds, max(0.0, left_seconds)))
+        if self._close_requested:
+            raise CommError(f"rank {self.rank}: the shm transport was closed by another thread "
+                            f"(process group destroyed or aborted) during collective #{op}")
+        now = time.monotonic()
+        if now - last_liveness < cfg.liveness_check_seconds:
+            return last_liveness
+        for p in waiting:
+            if self._peers[p].header[_H_ABORTED]:
+                raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an error")
+            if not process_alive(self._peer_pids[p]):
+                raise PeerExitedError(peer_rank=p, detail=f"process {self._peer_pids[p]} exited")
+        return now
 
     def close(self) -> None:
         """Unmap every segment and close the doorbells (idempotent, callable from any thread).
@@ -304,14 +320,8 @@ class ShmBackend(CommBackend):
         self._own = None
         self._peers = [None] * self.world_size
 
-    def all_to_all_v(
-        self,
-        input: torch.Tensor,
-        output_splits: Sequence[int],
-        input_splits: Sequence[int],
-        *,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def all_to_all_v(self, input: torch.Tensor, output_splits: Sequence[int], input_splits: Sequence[int], *,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
         """See `CommBackend.all_to_all_v`. CPU tensors only; any dtype (moved as bytes).
 
         Raises:
@@ -362,12 +372,14 @@ class ShmBackend(CommBackend):
         self._op_seq += 1
         op = self._op_seq
         row_bytes = math.prod(input.shape[1:]) * input.element_size()
-        send_off = [n * row_bytes for n in itertools.accumulate(input_splits, initial=0)]
-        recv_off = [n * row_bytes for n in itertools.accumulate(output_splits, initial=0)]
         for p in range(world):  # fail fast if a peer already gave up on the group
             if p != rank and self._peers[p].header[_H_ABORTED]:
-                raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an "
-                                      "earlier error")
+                raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an earlier error")
+        if max(max(input_splits), max(output_splits)) * row_bytes < self._small_limit:
+            return self._exchange_small(self, input.data_ptr(), output.data_ptr(), output_splits, input_splits,
+                                        row_bytes, op)
+        send_off = [n * row_bytes for n in itertools.accumulate(input_splits, initial=0)]
+        recv_off = [n * row_bytes for n in itertools.accumulate(output_splits, initial=0)]
         chunk, slots = cfg.chunk_bytes, cfg.num_slots
         pull_min = max(cfg.cma_min_bytes, 1) if self.cma else None  # an empty message is never pulled
         # Per-peer progress: [next chunk index, chunk count, total bytes]. A message of at least
@@ -392,7 +404,7 @@ class ShmBackend(CommBackend):
                 seg, k = self._peers[p], _ring_index(rank, p)
                 ctrl = seg.ctrl[k]
                 while st[0] < st[1] and self._sent[p] - int(ctrl[8]) < slots:
-                    seq = self._sent[p]
+                    seq = int(self._sent[p])
                     slot = seq % slots
                     lo = int(send_off[p]) + st[0] * chunk
                     if pull_min is not None and st[2] >= pull_min:
@@ -431,7 +443,7 @@ class ShmBackend(CommBackend):
                         to_ring.add(p)
                     continue
                 while st[0] < st[1] and int(ctrl[0]) > self._received[p]:
-                    seq = self._received[p]
+                    seq = int(self._received[p])
                     slot = seq % slots
                     h_op, h_total, h_index, n = (int(v) for v in hdr[slot])
                     if h_index == _PULL and h_op == op and h_total == st[2] and st[0] == 0 and self.cma:
@@ -474,23 +486,9 @@ class ShmBackend(CommBackend):
                 idle_since = now
             if (now - idle_since) * 1e6 < cfg.spin_us:
                 continue
-            left_seconds = cfg.timeout_seconds - (time.monotonic() - last_progress)
-            self._wait_for_bell(min(cfg.liveness_check_seconds, max(0.0, left_seconds)))
-            if self._close_requested:
-                raise CommError(f"rank {rank}: the shm transport was closed by another thread "
-                                f"(process group destroyed or aborted) during collective #{op}")
-            now = time.monotonic()
             waiting = sorted(set(sends) | set(recvs) | set(acks))
-            if now - last_liveness >= cfg.liveness_check_seconds:
-                last_liveness = now
-                for p in waiting:
-                    if self._peers[p].header[_H_ABORTED]:
-                        raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport "
-                                              "after an error")
-                    if not process_alive(self._peer_pids[p]):
-                        raise PeerExitedError(peer_rank=p,
-                                              detail=f"process {self._peer_pids[p]} exited")
-            if now - last_progress > cfg.timeout_seconds:
+            last_liveness = self._stall(op, waiting, last_progress, last_liveness)
+            if time.monotonic() - last_progress > cfg.timeout_seconds:
                 p = waiting[0]
                 stage, st = (("send", sends[p]) if p in sends else ("recv", recvs[p]) if p in recvs
                              else ("read of my input (single copy)", [0, 1]))
