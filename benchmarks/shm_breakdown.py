@@ -5,16 +5,17 @@ Each rank times its own ``ShmBackend.all_to_all_v`` calls (K back to back after 
 
 * ``outside``: the call's Python before and after the exchange loop (split checks, the lock,
   output checks: :meth:`ShmBackend.all_to_all_v` less ``_exchange``);
-* ``copies``: every byte moved from Python: the own rows, ring copy-in and copy-out (``memmove``)
-  and the single-copy reads of peers' rows (``process_vm_readv``);
-* ``compiled``: the compiled small-message step (:mod:`fstrain.distributed.comm.shm_fast`, when every
-  message of the call fits one ring slot): its copies, counters and polling for the peer's chunk;
+* ``compiled``: the compiled exchange (:mod:`fstrain.distributed.comm.shm_fast`; every call whose
+  messages are one ring chunk or a single-copy pull each, i.e. every call with the default settings
+  where single copy runs): its copies, pulls, counters and polling for the peer's chunk;
+* ``copies``: bytes moved by the Python loop (calls with a message of several ring chunks): the own
+  rows, ring copy-in and copy-out (``memmove``) and single-copy reads (``process_vm_readv``);
 * ``doorbell``: the FIFO writes that wake a waiting peer (one system call each);
 * ``sleep``: blocked in ``poll()`` on this rank's doorbell (after ``spin_us`` of spinning), and the
   liveness check after it;
-* ``rest``: the exchange loop's own Python (set-up, headers, counters) plus spinning while the
-  peer's chunk or acknowledgement has not arrived: with one rank there is nothing to wait for,
-  so the one-rank row's ``rest`` is pure Python.
+* ``rest``: the rest of the exchange's Python (the compiled path's driver, or the Python loop's
+  set-up, headers and counters) plus spinning there while the peer's chunk or acknowledgement has not
+  arrived: with one rank there is nothing to wait for, so the one-rank row's ``rest`` is pure Python.
 
 The wrappers add about 1 us per wrapped call (a few per exchange); compare a call's total here with
 the same size's figure in the timing table of the same run, not across machines. The split is per
@@ -64,9 +65,9 @@ def breakdown_worker(rank: int, world_size: int, init_file: str, sizes: list[int
         return wrapper
 
     memmove = shm_mod._memmove
-    step = fast_mod.small_exchange_step
+    step = fast_mod.exchange_step
     shm_mod._memmove = timed(memmove, "copies")  # the module global the exchange loop calls
-    fast_mod.small_exchange_step = timed(step, "compiled")  # likewise for the small-message path
+    fast_mod.exchange_step = timed(step, "compiled")  # likewise for the small-message path
     shm._exchange = timed(shm._exchange, "exchange")  # type: ignore[method-assign]
     shm._ring = timed(shm._ring, "doorbell")  # type: ignore[method-assign]
     shm._stall = timed(shm._stall, "sleep")  # type: ignore[method-assign]
@@ -102,7 +103,7 @@ def breakdown_worker(rank: int, world_size: int, init_file: str, sizes: list[int
                          "data_path": shm.data_path,
                          "median_us": {k: statistics.median(v) for k, v in parts.items()}})
     finally:
-        shm_mod._memmove, fast_mod.small_exchange_step = memmove, step
+        shm_mod._memmove, fast_mod.exchange_step = memmove, step
         shm.close()
     gathered: list = [None] * world_size
     dist.all_gather_object(gathered, rows)

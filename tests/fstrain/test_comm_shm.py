@@ -138,10 +138,10 @@ def _cases(world_size, large_rows):
     cases.append(("bf16", torch.randint(0, 70, (w, w), generator=g).tolist(), (16,), torch.bfloat16))
     big = torch.randint(large_rows // 2, large_rows, (w, w), generator=g)
     cases.append(("large", big.tolist(), (64,), torch.float32))
-    # Rank 0 sends rank 1 320 KB (more than a slot, or single copy), all else is small: in 4 ranks,
-    # ranks 0 and 1 run the Python ring loop while ranks 2 and 3 take the compiled one-chunk step.
+    # Rank 0 sends rank 1 64 KB (4 ring chunks of 4 ranks' 16 KiB, under the single-copy threshold),
+    # all else is small: ranks 0 and 1 run the Python ring loop while ranks 2 and 3 run the compiled one.
     mixed = torch.randint(0, 40, (w, w), generator=g)
-    mixed[0, 1] = 10_000
+    mixed[0, 1] = 2_000
     cases.append(("mixed_paths", mixed.tolist(), (8,), torch.float32))
     return cases
 
@@ -157,13 +157,15 @@ def _check_group(rank, world_size, group, gloo, cfg):
 
     direct = build_backend(CommConfig(backend="shm", shm=cfg), group=group)
     checked, max_bytes, compiled_steps = [], 0, {}
-    step = shm_fast.small_exchange_step
+    step = shm_fast.exchange_step
 
-    def counted(*a):  # the compiled step, counted per case (exchange_small looks it up per call)
-        compiled_steps[name] = compiled_steps.get(name, 0) + 1
-        return step(*a)
+    def counted(*a):  # cases the compiled step moved (exchange_compiled looks it up per call)
+        left = step(*a)
+        if left >= 0:  # not "several ring chunks: the Python loop's call"
+            compiled_steps[name] = compiled_steps.get(name, 0) + 1
+        return left
 
-    shm_fast.small_exchange_step = counted
+    shm_fast.exchange_step = counted
     for name, m, trailing, dtype in _cases(world_size, _EQUALITY_SETUPS[world_size][1]):
         in_splits = m[rank]
         out_splits = [m[p][rank] for p in range(world_size)]
@@ -177,7 +179,7 @@ def _check_group(rank, world_size, group, gloo, cfg):
         assert torch.equal(got2, ref), f"W={world_size} {name}: ShmBackend differs from gloo"
         checked.append(name)
         max_bytes = max(max_bytes, x.numel() * x.element_size())
-    shm_fast.small_exchange_step = step
+    shm_fast.exchange_step = step
     # Equal splits through the functional collective (the path torch.compile'd torchrec takes).
     import torch.distributed._functional_collectives as fc
 
@@ -207,7 +209,7 @@ def _check_group(rank, world_size, group, gloo, cfg):
     dist.barrier(group=group)
     direct.close()
     return {"checked": checked, "shm_calls": group.num_shm_all_to_all, "max_bytes": max_bytes,
-            "compiled": sorted(compiled_steps)}
+            "compiled": sorted(compiled_steps), "cma": direct.cma}
 
 
 def _equal_to_gloo(rank, world_size, init_file):
@@ -240,9 +242,9 @@ def test_shm_all_to_all_v_equals_gloo_on_2_3_4_ranks():
             assert len(r["checked"]) == 9
             # 9 cases + functional + torchrec forward and backward: all went through shm.
             assert r["shm_calls"] == 12, r
-            assert {"random0", "all_empty", "tiny_1d"} <= set(r["compiled"]) and "large" not in r["compiled"]
-            if w == 4 or rank == 2:  # 320 KB > 4 ranks' 16 KiB slots: ranks 0 and 1 on the Python path
-                assert ("mixed_paths" in r["compiled"]) == (rank >= 2), (w, rank, r)
+            assert {"random0", "all_empty", "tiny_1d"} <= set(r["compiled"])
+            assert ("large" in r["compiled"]) == r["cma"]  # pulled in place, else ring chunks in Python
+            assert ("mixed_paths" in r["compiled"]) == (w < 4 or rank >= 2), (w, rank, r)
     assert max(out[r][1][2]["max_bytes"] for r in (0, 1)) > 30e6  # "tens of MB"
     assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"
 

@@ -226,10 +226,10 @@ class ShmBackend(CommBackend):
                 self._abort_and_release()
                 raise
             self._unlink()
-        from fstrain.distributed.comm.shm_fast import attach, exchange_small  # numba: imported when used
+        from fstrain.distributed.comm.shm_fast import attach, exchange_compiled  # numba: imported when used
 
-        self._exchange_small = exchange_small
-        self._small_limit = attach(self)  # a call whose messages are all below it takes the compiled path
+        self._exchange_compiled = exchange_compiled
+        attach(self)  # every call tries the compiled loop first (shm_fast)
         logger.debug("rank %d: shm segments mapped (%d bytes each)", rank, size)
 
     @property
@@ -375,9 +375,9 @@ class ShmBackend(CommBackend):
         for p in range(world):  # fail fast if a peer already gave up on the group
             if p != rank and self._peers[p].header[_H_ABORTED]:
                 raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an earlier error")
-        if max(max(input_splits), max(output_splits)) * row_bytes < self._small_limit:
-            return self._exchange_small(self, input.data_ptr(), output.data_ptr(), output_splits, input_splits,
-                                        row_bytes, op)
+        if self._exchange_compiled(self, input.data_ptr(), output.data_ptr(), output_splits, input_splits,
+                                   row_bytes, op):
+            return
         send_off = [n * row_bytes for n in itertools.accumulate(input_splits, initial=0)]
         recv_off = [n * row_bytes for n in itertools.accumulate(output_splits, initial=0)]
         chunk, slots = cfg.chunk_bytes, cfg.num_slots

@@ -1,22 +1,29 @@
-"""The small-message path of :class:`fstrain.distributed.comm.shm.ShmBackend`, compiled with numba.
+"""The compiled exchange of :class:`fstrain.distributed.comm.shm.ShmBackend` (numba, no GIL held).
 
-When every message of a call (to and from each peer) fits one ring slot and stays below the
-single-copy threshold, the exchange is one chunk per peer each way: copy the rows into the peer's
-ring, publish, copy the peer's rows out of this rank's ring, acknowledge. That loop used to run
-in Python, 28-35 us of a 54 us two-rank 1 KB call (one rank alone: 20 us; docs/results/bench_alltoall.md),
-most of it spent polling and waiting for the peer's Python. Here it is one compiled function
-(:func:`small_exchange_step`, no GIL held) that moves bytes and counters by address; Python keeps
-the checks, the doorbells, sleeping and the error messages (:func:`exchange_small`).
+With single copy on (the default where the kernel allows it) every message is either smaller than
+``cma_min_bytes`` (one ring chunk: copy in, publish, copy out, acknowledge) or a single-copy *pull*
+(a header-only chunk with the sender's address; the receiver reads the rows with
+``process_vm_readv`` in pieces of ``chunk_bytes`` and acknowledges; the sender waits for that).
+Without single copy, a call whose messages all fit one ring slot is the same minus the pulls. For
+those calls the whole exchange loop is one compiled function, :func:`exchange_step`, that moves
+bytes and counters by address; Python keeps the doorbells, sleeping, liveness checks and error
+messages (:func:`exchange_compiled`). Any other call (a message of several ring chunks) returns
+to the Python loop in ``shm.py`` before anything is published.
 
-The wire format is the rings' (:mod:`fstrain.distributed.comm.shm_segment`): one chunk per
-message with slot header ``(op_seq, total_bytes, 0, payload_bytes)``, so a peer on the Python
-path (a larger message elsewhere in the group) reads and writes the same chunks. Counters move
-with acquire loads and release stores (LLVM atomics), so the payload is visible before the
-counter on any CPU, not only under x86-64's store order.
+Why: that loop was 28-35 us of a 54 us two-rank 1 KB call (one rank alone: 20 us) and 80-100 us of
+a 4 MB call whose copies take 400-500 us, its Python running cold after the copies evicted it
+(docs/results/bench_alltoall.md).
+
+The wire format is the rings' (:mod:`fstrain.distributed.comm.shm_segment`): slot header
+``(op_seq, total_bytes, chunk_index, payload_bytes)``, chunk index -1 and the address in the last
+field for a pull, so a peer on the Python path reads and writes the same chunks. Counters move with
+acquire loads and release stores (LLVM atomics): the payload is visible before the counter on any
+CPU, not only under x86-64's store order.
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import numpy as np
@@ -25,14 +32,28 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from fstrain.distributed.comm.base import PeerTimeoutError, SplitMismatchError
+from fstrain.distributed.comm.base import PeerExitedError, PeerTimeoutError, SplitMismatchError
 
-# Per-peer addresses, one row per rank (the own rank's row unused): the peer's ring for my chunks
-# (its ``write_seq`` at +0 and ``read_seq`` at +64; slot 0's header; slot 0's payload) and my ring
-# for the peer's chunks (same three).
-SEND_CTRL, SEND_HDR, SEND_PAYLOAD, RECV_CTRL, RECV_HDR, RECV_PAYLOAD = range(6)
+# Per-peer values, one row per rank (the own rank's row unused): the peer's ring for my chunks
+# (its ``write_seq`` at +0 and ``read_seq`` at +64; slot 0's header; slot 0's payload), my ring for
+# the peer's chunks (same three), the peer's segment header (its aborted flag) and its pid.
+SEND_CTRL, SEND_HDR, SEND_PAYLOAD, RECV_CTRL, RECV_HDR, RECV_PAYLOAD, PEER_HEADER, PEER_PID = range(8)
+# Per-call state rows: published, received, doorbell owed, awaited read_seq of a pull sent (0: none),
+# pull source address, pull bytes read, pull ring seq + 1 (0: no pull yet); row 7 col 0: progress flag.
+_PUBLISHED, _RECEIVED, _RING, _ACK, _PULL_ADDR, _PULL_DONE, _PULL_SEQ, _PROGRESS = range(8)
 _READ_SEQ = 64  # byte offset of read_seq from write_seq (one cache line each)
-POLLS_PER_CALL = 256  # polls of every pending ring per compiled call before Python checks the clock
+_ABORTED_AT = 8 * 5  # byte offset of the aborted flag in a segment header (shm_segment._H_ABORTED)
+_PULL = -1
+POLLS_PER_CALL = 256  # passes without progress before the compiled step returns to Python
+NO_PULLS = 1 << 62  # pull threshold when single copy is off
+
+
+def readv_address() -> int:
+    """Address of libc's ``process_vm_readv`` (0 where absent: then nothing is pulled)."""
+    try:
+        return ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
 
 
 @intrinsic
@@ -66,6 +87,20 @@ def _store(typingctx, addr, value):
 
 
 @intrinsic
+def _readv(typingctx, fn, pid, local_iov, remote_iov):
+    """``process_vm_readv(pid, local_iov, 1, remote_iov, 1, 0)`` through its address ``fn`` (so numba
+    can cache the compiled step: no ctypes object in it)."""
+    def codegen(context, builder, signature, args):
+        i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(i64, [ir.IntType(32), i8p, i64, i8p, i64, i64])
+        target = builder.inttoptr(args[0], fnty.as_pointer())
+        one, zero = ir.Constant(i64, 1), ir.Constant(i64, 0)
+        return builder.call(target, [builder.trunc(args[1], ir.IntType(32)), builder.inttoptr(args[2], i8p), one,
+                                     builder.inttoptr(args[3], i8p), one, zero])
+    return types.int64(types.intp, types.int64, types.intp, types.intp), codegen
+
+
+@intrinsic
 def _memcpy(typingctx, dst, src, nbytes):
     def codegen(context, builder, signature, args):
         i8p = ir.IntType(8).as_pointer()
@@ -75,120 +110,180 @@ def _memcpy(typingctx, dst, src, nbytes):
 
 
 @njit(cache=True, nogil=True)
-def small_exchange_step(rings, seqs, splits, state, rank, op, src, dst, row_bytes, slots, stride, first,
-                        max_polls):  # pragma: no cover - compiled; run through exchange_small
-    """Publish, poll and copy one all-to-all-v of single-chunk messages, up to ``max_polls`` polls.
+def exchange_step(rings, seqs, splits, state, iov, rank, op, src, dst, row_bytes, slots, stride, chunk, pull_min,
+                  readv, first, max_polls):  # pragma: no cover - compiled; run through exchange_compiled
+    """Publish, poll, copy and pull one all-to-all-v, until done or ``max_polls`` passes without progress.
 
     Args:
-        rings: ``[W x 6]`` int64 addresses (the columns above; row ``rank`` unused).
+        rings: ``[W x 8]`` int64 per-peer addresses and pid (the columns above; row ``rank`` unused).
         seqs: ``[2 x W]`` int64 chunks published to each peer's ring / consumed from each peer (persist).
         splits: ``[2 x W]`` int64 rows sent to / received from each rank.
-        state: ``[3 x W]`` int64 per call: published, received, doorbell owed (Python clears it).
+        state: ``[8 x W]`` int64 per call (the rows above; Python clears the doorbell and progress flags).
+        iov: ``[4]`` int64 scratch for the two iovecs of ``process_vm_readv``.
         rank, op: this rank and the collective's sequence number.
         src, dst: addresses of the contiguous input and output.
-        row_bytes: bytes per row; slots, stride: ring slots and bytes from one slot to the next.
-        first: 1 on the call's first step (zeroes ``state``, copies the own rows after publishing).
-        max_polls: passes over the pending rings before returning.
+        row_bytes: bytes per row; slots, stride, chunk: ring slots, bytes between slots, payload per slot.
+        pull_min: messages of at least this many bytes are pulled (``NO_PULLS``: single copy off).
+        readv: the address of ``process_vm_readv`` (:func:`readv_address`).
+        first: 1 on the call's first step (checks the sizes, zeroes ``state``, copies the own rows).
+        max_polls: passes without progress before returning.
 
     Returns:
-        Messages still pending (0: done), or ``-(p + 1)`` when peer ``p``'s chunk header disagrees
-        with this rank's op or byte count (nothing was copied from it).
+        Messages still pending (0: done); ``-(p + 1)``: peer ``p``'s chunk header disagrees with this
+        rank's op or byte count; ``-(W + p + 1)``: a read of ``p``'s rows failed (Python retries it to
+        raise the error); ``-(2W + p + 1)``: ``p`` aborted while its rows were read; ``-(3W + 1)`` (first
+        step only, nothing published): a message needs several ring chunks, the Python loop's job.
     """
     world = splits.shape[1]
     if first:
+        for p in range(world):
+            for n in (splits[0, p] * row_bytes, splits[1, p] * row_bytes):
+                if p != rank and chunk < n < pull_min:
+                    return -(3 * world + 1)
         state[:] = 0
     polls = 0
     while True:
         pending = 0
+        progressed = False
         s_off = 0
         r_off = 0
         for p in range(world):
             n_send = splits[0, p] * row_bytes
             n_recv = splits[1, p] * row_bytes
-            if p != rank:
-                if state[0, p] == 0:
+            if p == rank:
+                if first and n_send > 0:
+                    _memcpy(dst + r_off, src + s_off, n_send)
+            else:
+                if state[_PUBLISHED, p] == 0:
                     ctrl = rings[p, SEND_CTRL]
                     seq = seqs[0, p]
                     if seq - _load_acquire(ctrl + _READ_SEQ) < slots:
                         at = (seq % slots) * stride
-                        if n_send > 0:
-                            _memcpy(rings[p, SEND_PAYLOAD] + at, src + s_off, n_send)
                         hdr = rings[p, SEND_HDR] + at
                         _store(hdr, op)
                         _store(hdr + 8, n_send)
-                        _store(hdr + 16, 0)
-                        _store(hdr + 24, n_send)
+                        if n_send >= pull_min:
+                            _store(hdr + 16, _PULL)
+                            _store(hdr + 24, src + s_off)
+                            state[_ACK, p] = seq + 1
+                        else:
+                            if n_send > 0:
+                                _memcpy(rings[p, SEND_PAYLOAD] + at, src + s_off, n_send)
+                            _store(hdr + 16, 0)
+                            _store(hdr + 24, n_send)
                         _store_release(ctrl, seq + 1)
                         seqs[0, p] = seq + 1
-                        state[0, p] = 1
-                        state[2, p] = 1
+                        state[_PUBLISHED, p] = 1
+                        state[_RING, p] = 1
+                        progressed = True
                     else:
                         pending += 1
-                if state[1, p] == 0:
-                    ctrl = rings[p, RECV_CTRL]
-                    seq = seqs[1, p]
-                    if _load_acquire(ctrl) > seq:
-                        at = (seq % slots) * stride
-                        hdr = rings[p, RECV_HDR] + at
-                        if _load(hdr) != op or _load(hdr + 8) != n_recv or _load(hdr + 16) != 0:
-                            return -(p + 1)
-                        if n_recv > 0:
-                            _memcpy(dst + r_off, rings[p, RECV_PAYLOAD] + at, n_recv)
-                        _store_release(ctrl + _READ_SEQ, seq + 1)
-                        seqs[1, p] = seq + 1
-                        state[1, p] = 1
-                        state[2, p] = 1
+                elif state[_ACK, p] != 0:
+                    if _load_acquire(rings[p, SEND_CTRL] + _READ_SEQ) >= state[_ACK, p]:
+                        state[_ACK, p] = 0  # the peer has read my input: it may change now
+                        progressed = True
                     else:
                         pending += 1
-            elif first and n_send > 0:
-                _memcpy(dst + r_off, src + s_off, n_send)
+                if state[_RECEIVED, p] == 0:
+                    if state[_PULL_SEQ, p] == 0:
+                        ctrl = rings[p, RECV_CTRL]
+                        seq = seqs[1, p]
+                        if _load_acquire(ctrl) > seq:
+                            at = (seq % slots) * stride
+                            hdr = rings[p, RECV_HDR] + at
+                            index = _load(hdr + 16)
+                            if _load(hdr) != op or _load(hdr + 8) != n_recv or index != (
+                                    _PULL if n_recv >= pull_min else 0):
+                                return -(p + 1)
+                            if index == _PULL:
+                                state[_PULL_ADDR, p] = _load(hdr + 24)
+                                state[_PULL_SEQ, p] = seq + 1
+                                pending += 1
+                            else:
+                                if n_recv > 0:
+                                    _memcpy(dst + r_off, rings[p, RECV_PAYLOAD] + at, n_recv)
+                                _store_release(ctrl + _READ_SEQ, seq + 1)
+                                seqs[1, p] = seq + 1
+                                state[_RECEIVED, p] = 1
+                                state[_RING, p] = 1
+                            progressed = True
+                        else:
+                            pending += 1
+                    else:  # one piece of ``chunk`` bytes per pass: other peers are served between
+                        done = state[_PULL_DONE, p]
+                        if done < n_recv:
+                            n = min(chunk, n_recv - done)
+                            iov[0] = dst + r_off + done
+                            iov[1] = n
+                            iov[2] = state[_PULL_ADDR, p] + done
+                            iov[3] = n
+                            got = _readv(readv, rings[p, PEER_PID], iov.ctypes.data, iov.ctypes.data + 16)
+                            if got <= 0:
+                                return -(world + p + 1)
+                            done += got
+                            state[_PULL_DONE, p] = done
+                            progressed = True
+                        if done < n_recv:
+                            pending += 1
+                        elif _load_acquire(rings[p, PEER_HEADER] + _ABORTED_AT) != 0:
+                            return -(2 * world + p + 1)
+                        else:
+                            seq = state[_PULL_SEQ, p] - 1
+                            _store_release(rings[p, RECV_CTRL] + _READ_SEQ, seq + 1)  # acknowledge
+                            seqs[1, p] = seq + 1
+                            state[_RECEIVED, p] = 1
+                            state[_RING, p] = 1
             s_off += n_send
             r_off += n_recv
         first = 0
-        polls += 1
+        if progressed:
+            state[_PROGRESS, 0] = 1
+            polls = 0
+        else:
+            polls += 1
         if pending == 0 or polls >= max_polls:
             return pending
 
 
-def ring_addresses(own, peers, rank: int) -> np.ndarray:
-    """``[W x 6]`` int64: the addresses :func:`small_exchange_step` reads (``own``/``peers``: mapped
-    :class:`~fstrain.distributed.comm.shm_segment._Segment` s; ``peers[rank]`` is None)."""
+def ring_addresses(own, peers, rank: int, pids) -> np.ndarray:
+    """``[W x 8]`` int64: the addresses and pids :func:`exchange_step` reads (``own``/``peers``: mapped
+    :class:`~fstrain.distributed.comm.shm_segment._Segment` s, ``peers[rank]`` None; ``pids`` per rank)."""
     from fstrain.distributed.comm.shm_segment import _ring_index
 
-    rings = np.zeros((len(peers), 6), np.int64)
+    rings = np.zeros((len(peers), 8), np.int64)
     for p, seg in enumerate(peers):
         if p == rank:
             continue
         k, j = _ring_index(rank, p), _ring_index(p, rank)
         rings[p] = (seg.ctrl[k].ctypes.data, seg.slot_header[k].ctypes.data, seg.payload_addr[k],
-                    own.ctrl[j].ctypes.data, own.slot_header[j].ctypes.data, own.payload_addr[j])
+                    own.ctrl[j].ctypes.data, own.slot_header[j].ctypes.data, own.payload_addr[j],
+                    seg.header.ctypes.data, pids[p])
     return rings
 
 
-def attach(b) -> int:
-    """Give backend ``b`` (a ``ShmBackend`` whose segments are mapped) what :func:`exchange_small` reads,
-    compile the step, and return the byte bound of the path: a call whose messages are all smaller
-    fits one ring slot each and is below the single-copy threshold (``cma_min_bytes`` where in use)."""
-    cfg, w = b.config, b.world_size
-    b._fast_rings = ring_addresses(b._own, b._peers, b.rank)
-    b._fast_splits, b._fast_state = np.zeros((2, w), np.int64), np.zeros((3, w), np.int64)
-    warm_up()
-    return min(cfg.chunk_bytes + 1, max(cfg.cma_min_bytes, 1)) if b.cma else cfg.chunk_bytes + 1
+def attach(b) -> None:
+    """Give backend ``b`` (a ``ShmBackend`` whose segments are mapped) what :func:`exchange_compiled`
+    reads and compile the step (or load it from numba's cache)."""
+    w = b.world_size
+    b._fast_rings = ring_addresses(b._own, b._peers, b.rank, b._peer_pids)
+    b._fast_splits, b._fast_state = np.zeros((2, w), np.int64), np.zeros((8, w), np.int64)
+    b._fast_iov = np.zeros(4, np.int64)
+    b._readv = readv_address()
+    b._pull_min = max(b.config.cma_min_bytes, 1) if b.cma and b._readv else NO_PULLS
+    z = np.zeros((2, 1), np.int64)
+    exchange_step(np.zeros((1, 8), np.int64), z, z.copy(), np.zeros((8, 1), np.int64), b._fast_iov,
+                  0, 0, 0, 0, 1, 2, 128, 64, NO_PULLS, b._readv, 1, 1)
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) :func:`small_exchange_step` now, not in a first collective."""
-    z = np.zeros((1, 6), np.int64)
-    small_exchange_step(z, np.zeros((2, 1), np.int64), np.zeros((2, 1), np.int64), np.zeros((3, 1), np.int64),
-                        0, 0, 0, 0, 1, 2, 64, 1, 1)
+def exchange_compiled(b, src: int, dst: int, output_splits, input_splits, row_bytes: int, op: int) -> bool:
+    """One all-to-all-v on backend ``b`` (a ``ShmBackend``) by :func:`exchange_step` (see the module doc).
 
-
-def exchange_small(b, src: int, dst: int, output_splits, input_splits, row_bytes: int, op: int) -> None:
-    """One all-to-all-v of single-chunk messages on backend ``b`` (a ``ShmBackend``); see the module doc.
+    Returns:
+        False (nothing sent) when a message needs several ring chunks: the Python loop's call.
 
     Raises:
         SplitMismatchError: a peer's chunk is from another collective or has another byte count.
-        PeerTimeoutError, PeerExitedError, CommError: as ``ShmBackend.all_to_all_v``.
+        CommError: a single-copy read failed. PeerTimeoutError, PeerExitedError: as ``ShmBackend.all_to_all_v``.
     """
     cfg, rank, world = b.config, b.rank, b.world_size
     splits, state = b._fast_splits, b._fast_state
@@ -197,36 +292,60 @@ def exchange_small(b, src: int, dst: int, output_splits, input_splits, row_bytes
     first, idle_since = 1, None
     last_progress = last_liveness = time.monotonic()
     while True:
-        left = small_exchange_step(b._fast_rings, b._seqs, splits, state, rank, op, src, dst, row_bytes,
-                                   cfg.num_slots, b._own.stride, first, POLLS_PER_CALL)
-        first = 0
+        left = exchange_step(b._fast_rings, b._seqs, splits, state, b._fast_iov, rank, op, src, dst, row_bytes,
+                             cfg.num_slots, b._own.stride, cfg.chunk_bytes, b._pull_min, b._readv, first,
+                             POLLS_PER_CALL)
         if left < 0:
-            p = -left - 1
-            k = (p if p < rank else p - 1)
-            h_op, h_total, h_index, _ = (int(v) for v in b._own.slot_header[k][int(b._seqs[1, p]) % cfg.num_slots])
-            raise SplitMismatchError(
-                f"rank {rank} expected {int(splits[1, p]) * row_bytes} bytes ({int(splits[1, p])} rows of "
-                f"{row_bytes} bytes) from rank {p} in collective #{op}, but rank {p} sent {h_total} bytes in "
-                f"collective #{h_op} (chunk {h_index}); the ranks disagree on split sizes, row shape/dtype, "
-                "or collective order", peer_rank=p)
-        owed = np.flatnonzero(state[2])
+            if first and left == -(3 * world + 1):
+                return False
+            _raise_or_repeat_read(b, -left - 1, splits, state, dst, row_bytes, op)
+        first = 0
+        owed = np.flatnonzero(state[_RING])
         if len(owed):
-            state[2] = 0
-            for p in owed:
-                b._ring(int(p))
+            state[_RING] = 0
+            for peer in owed:
+                b._ring(int(peer))
+        if state[_PROGRESS, 0]:
+            state[_PROGRESS, 0] = 0
             idle_since, last_progress = None, time.monotonic()
         if left == 0:
-            return
+            return True
         now = time.monotonic()
         if idle_since is None:
             idle_since = now
         if (now - idle_since) * 1e6 < cfg.spin_us:
             continue
-        waiting = [p for p in range(world) if p != rank and not (state[0, p] and state[1, p])]
+        waiting = [p for p in range(world)
+                   if p != rank and not (state[_PUBLISHED, p] and state[_RECEIVED, p] and not state[_ACK, p])]
         last_liveness = b._stall(op, waiting, last_progress, last_liveness)
         if time.monotonic() - last_progress > cfg.timeout_seconds:
             p = waiting[0]
-            raise PeerTimeoutError(peer_rank=p, timeout_seconds=cfg.timeout_seconds,
-                                   stage="send" if not state[0, p] else "recv",
-                                   detail=f"chunk 0 of 1 of collective #{op} on rank {rank}; "
-                                          f"ranks still pending: {waiting}")
+            stage = ("send" if not state[_PUBLISHED, p] else "recv" if not state[_RECEIVED, p]
+                     else "read of my input (single copy)")
+            raise PeerTimeoutError(peer_rank=p, timeout_seconds=cfg.timeout_seconds, stage=stage,
+                                   detail=f"collective #{op} on rank {rank}; ranks still pending: {waiting}")
+
+
+def _raise_or_repeat_read(b, code: int, splits: np.ndarray, state: np.ndarray, dst: int, row_bytes: int,
+                          op: int) -> None:
+    """Raise the error :func:`exchange_step` returned as ``-(code + 1)``; a failed single-copy read is
+    repeated by the Python reader, which raises its error (or, if it now succeeds, the exchange goes on)."""
+    rank, world = b.rank, b.world_size
+    kind, p = divmod(code, world)
+    if kind == 0:
+        k = p if p < rank else p - 1
+        h_op, h_total, h_index, _ = (int(v) for v in b._own.slot_header[k][int(b._seqs[1, p]) % b.config.num_slots])
+        raise SplitMismatchError(
+            f"rank {rank} expected {int(splits[1, p]) * row_bytes} bytes ({int(splits[1, p])} rows of "
+            f"{row_bytes} bytes) from rank {p} in collective #{op}, but rank {p} sent {h_total} bytes in "
+            f"collective #{h_op} (chunk {h_index}); the ranks disagree on split sizes, row shape/dtype, "
+            "or collective order", peer_rank=p)
+    if kind == 2:
+        raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport while this rank read its "
+                              "input (the rows may be stale)")
+    done = int(state[_PULL_DONE, p])
+    r_off = int(splits[1, :p].sum()) * row_bytes
+    n = min(b.config.chunk_bytes, int(splits[1, p]) * row_bytes - done)
+    b._reader.pull(b._peer_pids[p], int(state[_PULL_ADDR, p]) + done, dst + r_off + done, n,
+                   f"rank {rank} from rank {p} in collective #{op}")
+    state[_PULL_DONE, p] = done + n
