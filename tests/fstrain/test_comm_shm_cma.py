@@ -155,6 +155,23 @@ def _paths(rank, world_size, init_file):
     except CommError as e:
         report["mismatch"] = (type(e).__name__, getattr(e, "peer_rank", None), str(e))
     comm.close()
+    # A sender returns only once its pulled rows are read: rows overwritten right after its call returns
+    # must not reach the reader (rank 0 pulls nothing and receives empty messages, so it is done at once
+    # unless it waits for rank 1's acknowledgement).
+    comm = ShmBackend(store, prefix="cma/wait", rank=rank, world_size=world_size,
+                      config=ShmBackend.Config(timeout_seconds=30))
+    rows = 1 << 17  # 32 MiB of float32 x 64, read in 32 pieces
+    m = [[0] * world_size for _ in range(world_size)]
+    m[0][1] = rows
+    want = torch.arange(rows * 64, dtype=torch.float32).view(rows, 64)
+    report["reader_saw_the_rows"] = []
+    for _ in range(3):
+        x = want.clone() if rank == 0 else torch.empty(0, 64)
+        got = comm.all_to_all_v(x, [m[p][rank] for p in range(world_size)], m[rank])
+        x.fill_(-1.0)
+        if rank == 1:
+            report["reader_saw_the_rows"].append(bool(torch.equal(got, want)))
+    comm.close()
     return report
 
 
@@ -175,4 +192,5 @@ def test_single_copy_and_fallbacks_equal_gloo_on_3_ranks():
     assert err == "SplitMismatchError" and peer == 0 and "expected 9600 bytes" in msg and "12800" in msg
     err, peer, _ = out[0][1]["mismatch"]
     assert err == "PeerExitedError" and peer == 1
+    assert out[1][1]["reader_saw_the_rows"] == [True] * 3
     assert set(glob.glob("/dev/shm/fsc-*")) == before, "shared-memory segments left behind"

@@ -109,6 +109,16 @@ def _memcpy(typingctx, dst, src, nbytes):
     return types.void(types.intp, types.intp, types.intp), codegen
 
 
+@njit(cache=True, inline="always")
+def _advance(counter, seqs, state, side, p, seq):  # pragma: no cover - compiled
+    """Release-store ``seq + 1`` at address ``counter`` (my write_seq in ``p``'s ring, side 0, or my read_seq
+    of ``p``'s ring, side 1), record it in ``seqs[side, p]``, mark the message done and owe ``p`` a doorbell."""
+    _store_release(counter, seq + 1)
+    seqs[side, p] = seq + 1
+    state[side, p] = 1  # _PUBLISHED (side 0) or _RECEIVED (side 1)
+    state[_RING, p] = 1
+
+
 @njit(cache=True, nogil=True)
 def exchange_step(rings, seqs, splits, state, iov, rank, op, src, dst, row_bytes, slots, stride, chunk, pull_min,
                   readv, first, max_polls):  # pragma: no cover - compiled; run through exchange_compiled
@@ -166,15 +176,13 @@ def exchange_step(rings, seqs, splits, state, iov, rank, op, src, dst, row_bytes
                             _store(hdr + 16, _PULL)
                             _store(hdr + 24, src + s_off)
                             state[_ACK, p] = seq + 1
+                            pending += 1  # done only when the peer has read it (its read_seq passes seq)
                         else:
                             if n_send > 0:
                                 _memcpy(rings[p, SEND_PAYLOAD] + at, src + s_off, n_send)
                             _store(hdr + 16, 0)
                             _store(hdr + 24, n_send)
-                        _store_release(ctrl, seq + 1)
-                        seqs[0, p] = seq + 1
-                        state[_PUBLISHED, p] = 1
-                        state[_RING, p] = 1
+                        _advance(ctrl, seqs, state, _PUBLISHED, p, seq)
                         progressed = True
                     else:
                         pending += 1
@@ -202,10 +210,7 @@ def exchange_step(rings, seqs, splits, state, iov, rank, op, src, dst, row_bytes
                             else:
                                 if n_recv > 0:
                                     _memcpy(dst + r_off, rings[p, RECV_PAYLOAD] + at, n_recv)
-                                _store_release(ctrl + _READ_SEQ, seq + 1)
-                                seqs[1, p] = seq + 1
-                                state[_RECEIVED, p] = 1
-                                state[_RING, p] = 1
+                                _advance(ctrl + _READ_SEQ, seqs, state, _RECEIVED, p, seq)
                             progressed = True
                         else:
                             pending += 1
@@ -228,11 +233,8 @@ def exchange_step(rings, seqs, splits, state, iov, rank, op, src, dst, row_bytes
                         elif _load_acquire(rings[p, PEER_HEADER] + _ABORTED_AT) != 0:
                             return -(2 * world + p + 1)
                         else:
-                            seq = state[_PULL_SEQ, p] - 1
-                            _store_release(rings[p, RECV_CTRL] + _READ_SEQ, seq + 1)  # acknowledge
-                            seqs[1, p] = seq + 1
-                            state[_RECEIVED, p] = 1
-                            state[_RING, p] = 1
+                            ack = rings[p, RECV_CTRL] + _READ_SEQ  # the sender may return and reuse its input
+                            _advance(ack, seqs, state, _RECEIVED, p, state[_PULL_SEQ, p] - 1)
             s_off += n_send
             r_off += n_recv
         first = 0
