@@ -10,8 +10,8 @@ One call moves every pair's message as a stream of chunks, served round-robin ov
 message to one peer holds up a small one to another by at most one chunk). Every message is at
 least one chunk (an empty one is header-only) whose header carries the op sequence number and the
 total byte count; the receiver checks both, so desynchronised collectives and disagreeing split
-sizes raise `SplitMismatchError` instead of corrupting data. When every message of a call fits one
-slot (and is below the single-copy threshold), a compiled step moves it (`shm_fast`, same chunks).
+sizes raise `SplitMismatchError` instead of corrupting data. A call whose messages are each one chunk
+or a pull (below) runs its exchange loop compiled (`shm_fast`, the same chunks); others run it here.
 
 Single copy (``Config.cma``, where every rank's start-up probe of ``process_vm_readv`` succeeds): a
 message of at least ``cma_min_bytes`` is one header-only "pull" chunk carrying its address in the
@@ -165,7 +165,7 @@ class ShmBackend(CommBackend):
         self._busy = threading.Lock()
         self._busy_thread = ""
         self._close_requested = False
-        self._seqs = np.zeros((2, world_size), np.int64)  # shared with the compiled small-message path
+        self._seqs = np.zeros((2, world_size), np.int64)  # shared with the compiled exchange (shm_fast)
         self._sent, self._received = self._seqs  # chunks published to each peer's ring / consumed from each
         self._peers: list[_Segment | None] = [None] * world_size
         self._peer_pids = [0] * world_size
