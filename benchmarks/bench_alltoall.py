@@ -20,7 +20,9 @@ loop, copies, doorbell writes, sleeping, the loop's own Python and spinning;
 ``--calls-per-sample K`` times K calls back to back after each barrier and divides by K: ranks
 leave a barrier up to a scheduler wake-up apart, and with K = 1 that skew is inside every small
 message's figure (shm and gloo alike); with K > 1 it is spread over K calls, which is how a training
-step issues them (several all-to-alls between synchronisations).
+step issues them (several all-to-alls between synchronisations). ``--steady K`` adds a table for
+messages up to 64 KB with K (e.g. 2000) calls per barrier, where the skew no longer counts: the
+per-call cost in steady state, next to one rank's (with ``--fixed-cost``) and gloo's.
 
 GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
 runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
@@ -128,6 +130,40 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
     dist.destroy_process_group()
 
 
+STEADY_MAX_BYTES = 64 << 10  # the small messages whose fixed cost the steady-state rows compare
+
+
+def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int], shm_cfg: dict, calls: int,
+                   result_path: str) -> None:
+    """``--steady K``: for messages up to ``STEADY_MAX_BYTES`` per rank, K calls back to back after one
+    barrier (shm, and gloo with more than one rank), slowest rank's total / K, median of 5 samples: the
+    skew with which ranks leave the barrier (100-300 us on the 2-core VM) is spread over K calls, as in a
+    training step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``."""
+    from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
+    gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
+    rows = []
+    for size in (s for s in sizes if s <= STEADY_MAX_BYTES):
+        per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
+        splits = [per_peer] * world_size
+        x = torch.randn(per_peer * world_size, _ROW_FLOATS)
+        out = torch.empty_like(x)
+        fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
+               for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
+        for name, seconds in _time(fns, 5, warmup=1, calls=calls).items():
+            rows.append({"backend": f"{name}-steady" if world_size > 1 else "shm-1rank-steady",
+                         "world_size": world_size, "bytes_per_rank": x.numel() * 4, "iterations": 5,
+                         "calls_per_sample": calls, "latency_us": seconds * 1e6})
+    shm.close()
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
 def _gpu_worker(rank: int, world_size: int, init_file: str, quick: bool, result_path: str) -> None:
     """GEMM TFLOP/s alone and during an all-to-all-v loop (cuda-ce vs nccl). Needs CUDA."""
     from fstrain.distributed.comm import CommConfig, CopyEngineBackend, build_backend
@@ -203,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also split shm's calls into copies, doorbells, sleeping and Python (per rank)")
     parser.add_argument("--calls-per-sample", type=int, default=1, metavar="K",
                         help="calls timed back to back after each barrier (time per call = total / K; default 1)")
+    parser.add_argument("--steady", type=int, default=0, metavar="K",
+                        help="also time messages up to 64 KB with K calls back to back after one barrier "
+                             "(steady state; with --fixed-cost, one rank likewise)")
     args = parser.parse_args(argv)
+    if args.steady < 0:
+        parser.error(f"--steady must be >= 0, got {args.steady}")
     if args.calls_per_sample < 1:
         parser.error(f"--calls-per-sample must be >= 1, got {args.calls_per_sample}")
     if any(r < 2 for r in args.ranks):
@@ -218,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in ([1] if args.fixed_cost else []) + args.ranks:
         logger.info("CPU: %d ranks ...", w)
         cpu_rows += _spawn(_cpu_worker, w, sizes, args.quick, shm_cfg, args.calls_per_sample)
+    for w in (([1] if args.fixed_cost else []) + args.ranks) if args.steady else []:
+        logger.info("CPU: %d ranks, steady state (%d calls per barrier) ...", w, args.steady)
+        cpu_rows += _spawn(_steady_worker, w, sizes, shm_cfg, args.steady)
     load_after = os.getloadavg()
     breakdown: list[dict] = []
     if args.breakdown:
@@ -247,6 +291,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['bus_bandwidth_gbps']:>9.2f} {g['bus_bandwidth_gbps']:>9.2f} | "
                   f"{m['latency_us'] / s['latency_us']:>9.0%} {m['latency_us'] / c['latency_us']:>10.0%} "
                   f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us']:>13.1f}")
+    if args.steady:
+        print(f"\nsteady state: {args.steady} calls back to back after one barrier (slowest rank's total / "
+              f"{args.steady}, median of 5), messages up to {_fmt_bytes(STEADY_MAX_BYTES)} per rank")
+        print(f"{'ranks':>5} {'bytes/rank':>10} | {'shm us':>8} {'shm 1 rank us':>13} {'shm/1 rank':>10} | "
+              f"{'gloo us':>8} {'shm/gloo':>8}")
+        for w in args.ranks:
+            for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["backend"] == "shm-steady"
+                                and r["world_size"] == w}):
+                s, g = by_key[("shm-steady", w, size)], by_key[("gloo-steady", w, size)]
+                one = by_key.get(("shm-1rank-steady", 1, size), nan)
+                print(f"{w:>5} {_fmt_bytes(size):>10} | {s['latency_us']:>8.1f} {one['latency_us']:>13.1f} "
+                      f"{s['latency_us'] / one['latency_us']:>9.2f}x | {g['latency_us']:>8.1f} "
+                      f"{g['latency_us'] / s['latency_us']:>7.2f}x")
     if breakdown:
         from benchmarks.shm_breakdown import format_breakdown
 
@@ -269,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = {"command": " ".join(command),
                    "cpu_count": os.cpu_count(), "load_average_1min": load_after[0],
                    "load_average_1min_before": load_before[0], "shm_config": shm_cfg,
-                   "calls_per_sample": args.calls_per_sample,
+                   "calls_per_sample": args.calls_per_sample, "steady_calls": args.steady,
                    "torch": torch.__version__,
                    "cpu": cpu_rows, "breakdown": breakdown, "gpu": gpu_rows}
         with open(path + ".tmp", "w") as f:

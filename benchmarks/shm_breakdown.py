@@ -7,12 +7,14 @@ Each rank times its own ``ShmBackend.all_to_all_v`` calls (K back to back after 
   output checks: :meth:`ShmBackend.all_to_all_v` less ``_exchange``);
 * ``compiled``: the compiled exchange (:mod:`fstrain.distributed.comm.shm_fast`; every call whose
   messages are one ring chunk or a single-copy pull each, i.e. every call with the default settings
-  where single copy runs): its copies, pulls, counters and polling for the peer's chunk;
+  where single copy runs): its copies, pulls, counters, the doorbells it rings (only for a peer that
+  announced it may sleep) and spinning for up to ``spin_us`` while the peer's chunk has not arrived;
 * ``copies``: bytes moved by the Python loop (calls with a message of several ring chunks): the own
   rows, ring copy-in and copy-out (``memmove``) and single-copy reads (``process_vm_readv``);
-* ``doorbell``: the FIFO writes that wake a waiting peer (one system call each);
-* ``sleep``: blocked in ``poll()`` on this rank's doorbell (after ``spin_us`` of spinning), and the
-  liveness check after it;
+* ``doorbell``: the Python loop's FIFO writes that wake a waiting peer (one system call each; 0 on the
+  compiled path, which rings inside ``compiled``);
+* ``sleep``: blocked in ``poll()`` on this rank's doorbell (after ``spin_us`` of spinning), the
+  liveness check after it, and announcing the sleep to the peers first;
 * ``rest``: the rest of the exchange's Python (the compiled path's driver, or the Python loop's
   set-up, headers and counters) plus spinning there while the peer's chunk or acknowledgement has not
   arrived: with one rank there is nothing to wait for, so the one-rank row's ``rest`` is pure Python.

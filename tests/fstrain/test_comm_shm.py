@@ -222,7 +222,7 @@ def _equal_to_gloo(rank, world_size, init_file):
     assert isinstance(dist.group.WORLD, ShmProcessGroup)
     results = {}
     for w, (chunk_bytes, _) in _EQUALITY_SETUPS.items():
-        cfg = ShmBackend.Config(chunk_bytes=chunk_bytes, num_slots=2, timeout_seconds=30)
+        cfg = ShmBackend.Config(chunk_bytes=chunk_bytes, num_slots=2, timeout_seconds=30, cma_min_bytes=256 << 10)
         register_torch_backends(CommConfig(backend="shm", shm=cfg))  # config of the next group
         group = dist.new_group(list(range(w)), backend="fs_shm")  # every rank calls new_group
         gloo = dist.new_group(list(range(w)), backend="gloo")
@@ -318,3 +318,68 @@ def test_absent_mismatched_hung_and_crashed_peers_raise_within_the_timeout():
         err, peer, msg, seconds = res["crash"]
         assert err == "PeerExitedError" and peer == 2 and "peer rank 2" in msg, res
         assert seconds < 2.0, f"took {seconds:.2f} s; the liveness check should beat the timeout"
+
+
+# --------------------------------------------------------------------------------------------
+# Doorbells: a rank blocked on its doorbell is woken by a late peer, whichever path each runs
+
+
+_LATE_SECONDS = 0.3  # far beyond spin_us: the waiting rank announces its sleep and blocks
+_SENTINEL_SECONDS = 8.0  # poll() timeout: a wake-up that never comes costs this much
+
+
+def _late_peers(rank, world_size, init_file):
+    import fstrain.distributed.comm.shm_fast as shm_fast
+    from fstrain.distributed.comm import ShmBackend
+
+    _init(rank, world_size, init_file, "gloo")
+    store = dist.distributed_c10d._get_default_store()
+    comms = {pulls: ShmBackend(store, prefix=f"late{pulls}", rank=rank, world_size=world_size, config=ShmBackend.Config(
+        chunk_bytes=1 << 16, cma_min_bytes=256 << 10 if pulls else 1 << 40, timeout_seconds=60,
+        liveness_check_seconds=_SENTINEL_SECONDS)) for pulls in (False, True)}
+    step, compiled = shm_fast.exchange_step, []
+
+    def counted(*a):
+        left = step(*a)
+        compiled.append(left >= 0)  # not "several ring chunks: the Python loop's call"
+        return left
+
+    shm_fast.exchange_step = counted
+    # Rows rank p sends rank r (128-byte rows): one ring chunk each (compiled); a pull each (compiled:
+    # the sender sleeps until the reader's acknowledgement); ranks 0 and 1 sending each other 4 ring
+    # chunks (their Python loop) while rank 2 sends and receives one chunk (compiled).
+    cases = {"chunk": [[4] * 3] * 3, "pull": [[8192] * 3] * 3, "mixed": [[4, 2048, 4], [2048, 4, 4], [4, 4, 4]]}
+    timings = {}
+    for name, m in cases.items():
+        comm = comms[name == "pull"]
+        inputs = [torch.arange(sum(m[p]) * 32, dtype=torch.float32).reshape(-1, 32) + 1e6 * p for p in range(3)]
+        expect = torch.cat([inputs[p][sum(m[p][:rank]):sum(m[p][:rank + 1])] for p in range(3)])
+        for late in range(3):
+            dist.barrier()
+            if rank == late:
+                time.sleep(_LATE_SECONDS)
+            del compiled[:]
+            t0 = time.monotonic()
+            y = comm.all_to_all_v(inputs[rank], [m[p][rank] for p in range(3)], m[rank])
+            timings[(name, late)] = (time.monotonic() - t0, any(compiled))
+            assert torch.equal(y, expect), (name, late)
+    shm_fast.exchange_step = step
+    for comm in comms.values():
+        comm.close()
+    return {"timings": timings, "cma": comms[True].cma}
+
+
+def test_a_rank_blocked_on_its_doorbell_is_woken_by_a_late_peer():
+    """The waiting ranks spin ``spin_us``, announce their sleep, poll once more and block in ``poll()``
+    (``liveness_check_seconds`` = 8 s); the late rank's publish (or acknowledgement of a pull) must ring
+    them, on the compiled path (which rings only an announced sleeper) and on the Python loop, in either
+    direction between the two. A missed wake-up shows as an 8 s call."""
+    out = _spawn(3, _late_peers)
+    _assert_all_ok(out, 3)
+    for rank in range(3):
+        t = out[rank][1]["timings"]
+        for (name, late), (seconds, compiled) in t.items():
+            if rank != late:  # a waiting rank: it waited for the late one, then was woken
+                assert _LATE_SECONDS * 0.5 < seconds < _SENTINEL_SECONDS / 2, (rank, name, late, t)
+            expected = {"chunk": True, "pull": out[rank][1]["cma"], "mixed": rank == 2}[name]  # pulls: single copy
+            assert compiled == expected, (rank, name, t)

@@ -56,7 +56,6 @@ import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import cast
 
 import numpy as np
@@ -70,7 +69,7 @@ from fstrain.distributed.comm.base import (BackendUnavailableError, CommBackend,
                                            check_splits)
 from fstrain.distributed.comm.shm_cma import PeerReader, agree, probe_peer, start_probe
 from fstrain.distributed.comm.shm_segment import (_MAGIC, _H_MAGIC, _H_ABORTED, _profiling, segment_bytes, num_chunks,
-                                                  _ring_index, _node_id, _Segment, wait_for_bell)
+                                                  _ring_index, _node_id, _Segment, store_get, wait_for_bell)
 
 _memmove = ctypes.memmove
 _PULL = -1  # chunk index of a header-only chunk whose last field is the message's address
@@ -114,10 +113,12 @@ class ShmBackend(CommBackend):
         """Single copy: a receiver reads a peer's rows straight from the peer's input tensor with Linux
         cross-memory attach (``process_vm_readv``) where every rank's start-up probe succeeds, else the
         rings (two copies). False: the rings only. ``ShmBackend.data_path`` tells which one runs."""
-        cma_min_bytes: int = 256 << 10
+        cma_min_bytes: int = 1 << 20
         """Messages (one sender to one receiver) of at least this many bytes take the single-copy path,
         read in pieces of ``chunk_bytes``; smaller ones go through the ring, whose sender need not wait
-        for the reader (measured crossover on a 2-core VM: between 128 and 512 KiB)."""
+        for the reader (measured crossover on a 2-core VM, both compiled: between 512 KiB, rings 0.78-0.91x
+        the single-copy time, and 2 MiB; with the default ``chunk_bytes`` every message is then one ring
+        chunk or a pull, so every call runs compiled)."""
 
     def __init__(
         self,
@@ -165,6 +166,7 @@ class ShmBackend(CommBackend):
         self._busy = threading.Lock()
         self._busy_thread = ""
         self._close_requested = False
+        self._sleeping = False  # announced to the peers: they ring my doorbell (shm_fast.announce_sleep)
         self._seqs = np.zeros((2, world_size), np.int64)  # shared with the compiled exchange (shm_fast)
         self._sent, self._received = self._seqs  # chunks published to each peer's ring / consumed from each
         self._peers: list[_Segment | None] = [None] * world_size
@@ -195,7 +197,7 @@ class ShmBackend(CommBackend):
                 for p in range(world_size):
                     if p == rank:
                         continue
-                    peer_path, rest = self._store_get(store, f"{prefix}/seg/{p}", p).split("|", 1)
+                    peer_path, rest = store_get(store, cfg.timeout_seconds, f"{prefix}/seg/{p}", p).split("|", 1)
                     node, pid = rest.rsplit("|", 1)
                     if node != me:
                         raise BackendUnavailableError(
@@ -216,9 +218,9 @@ class ShmBackend(CommBackend):
                         raise BackendUnavailableError(f"{peer_path} is not an fstrain shm segment")
                     self._peer_pids[p] = int(pid)
                     if local_cma is None:
-                        local_cma = probe_peer(int(pid), self._store_get(store, f"{prefix}/cma/{p}", p))
+                        local_cma = probe_peer(int(pid), store_get(store, cfg.timeout_seconds, f"{prefix}/cma/{p}", p))
                 store.set(f"{prefix}/mapped/{rank}", "cma" if local_cma is None else f"copy:{local_cma}")
-                reasons = {p: self._store_get(store, f"{prefix}/mapped/{p}", p)
+                reasons = {p: store_get(store, cfg.timeout_seconds, f"{prefix}/mapped/{p}", p)
                            for p in range(world_size) if p != rank}
                 self.cma, self.cma_reason = agree(rank, world_size, local_cma, reasons)
             except BaseException:
@@ -226,9 +228,9 @@ class ShmBackend(CommBackend):
                 self._abort_and_release()
                 raise
             self._unlink()
-        from fstrain.distributed.comm.shm_fast import attach, exchange_compiled  # numba: imported when used
+        from fstrain.distributed.comm.shm_fast import announce_sleep, attach, exchange_compiled  # numba: when used
 
-        self._exchange_compiled = exchange_compiled
+        self._exchange_compiled, self._announce_sleep = exchange_compiled, announce_sleep
         attach(self)  # every call tries the compiled loop first (shm_fast)
         logger.debug("rank %d: shm segments mapped (%d bytes each)", rank, size)
 
@@ -236,14 +238,6 @@ class ShmBackend(CommBackend):
     def data_path(self) -> str:
         """``"cma"`` (single copy for messages >= ``cma_min_bytes``) or ``"copy"`` (rings only)."""
         return "cma" if self.cma else "copy"
-
-    def _store_get(self, store: dist.Store, key: str, peer: int) -> str:
-        try:
-            store.wait([key], timedelta(seconds=self.config.timeout_seconds))
-        except Exception as e:  # DistStoreError / RuntimeError on timeout
-            raise PeerTimeoutError(peer_rank=peer, timeout_seconds=self.config.timeout_seconds,
-                                   stage="rendezvous", detail=f"store key {key!r}: {e}") from e
-        return store.get(key).decode()
 
     def _unlink(self) -> None:
         if self._unlinked:
@@ -272,8 +266,13 @@ class ShmBackend(CommBackend):
 
     def _stall(self, op: int, waiting: list[int], last_progress: float, last_liveness: float) -> float:
         """Sleep on the doorbell (at most ``liveness_check_seconds``), then check the ``waiting`` peers are alive
-        (that often; returns the last check's time). Raises CommError (closed meanwhile), PeerExitedError."""
+        (that often; returns the last check's time). The first call only announces the sleep (peers ring a
+        sleeper only, `shm_fast.announce_sleep`; cleared on progress): the caller polls once more, then blocks.
+        Raises CommError (closed meanwhile), PeerExitedError."""
         cfg = self.config
+        if not self._sleeping:
+            self._announce_sleep(self, True)
+            return last_liveness
         left_seconds = cfg.timeout_seconds - (time.monotonic() - last_progress)
         wait_for_bell(self._poller, self._bell, min(cfg.liveness_check_seconds, max(0.0, left_seconds)))
         if self._close_requested:
@@ -372,6 +371,8 @@ class ShmBackend(CommBackend):
         self._op_seq += 1
         op = self._op_seq
         row_bytes = math.prod(input.shape[1:]) * input.element_size()
+        if self._sleeping:  # announced in an earlier call that then made progress
+            self._announce_sleep(self, False)
         for p in range(world):  # fail fast if a peer already gave up on the group
             if p != rank and self._peers[p].header[_H_ABORTED]:
                 raise PeerExitedError(peer_rank=p, detail="it aborted its shm transport after an earlier error")

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import mmap
 import os
+from datetime import timedelta
 
 import numpy as np
 import torch
 
-from fstrain.distributed.comm.base import SplitMismatchError
+from fstrain.distributed.comm.base import PeerTimeoutError, SplitMismatchError
 from fstrain.distributed.comm.hierarchical import node_key
 
 
 _MAGIC = 0x3130_4D48_5348_5346  # b"FSSHMH01" little-endian
-_SEGMENT_HEADER_BYTES = 4096  # int64 fields: magic, pid, world_size, chunk_bytes, num_slots, aborted
+_SEGMENT_HEADER_BYTES = 4096  # int64 fields: magic, pid, world_size, chunk_bytes, num_slots, aborted; sleeping
 _H_MAGIC, _H_PID, _H_WORLD, _H_CHUNK, _H_SLOTS, _H_ABORTED = range(6)
+_H_SLEEPING = 8  # on its own cache line: 1 while the owner may block on its doorbell (peers must ring it)
 _CTRL_BYTES = 128  # write_seq at byte 0, read_seq at byte 64: one cache line each
 _SLOT_HEADER_BYTES = 64  # int64 fields: op_seq, total_bytes, chunk_index, payload_bytes
 
@@ -58,6 +60,17 @@ def wait_for_bell(poller, fd: int, timeout_seconds: float) -> None:
             pass
 
 
+def store_get(store, timeout_seconds: float, key: str, peer: int) -> str:
+    """``store``'s value of ``key``, set by rank ``peer`` during the rendezvous (a ``torch.distributed.Store``).
+    Raises `PeerTimeoutError` when the key is not set within ``timeout_seconds``."""
+    try:
+        store.wait([key], timedelta(seconds=timeout_seconds))
+    except Exception as e:  # DistStoreError / RuntimeError on timeout
+        raise PeerTimeoutError(peer_rank=peer, timeout_seconds=timeout_seconds,
+                               stage="rendezvous", detail=f"store key {key!r}: {e}") from e
+    return store.get(key).decode()
+
+
 def _ring_index(sender: int, receiver: int) -> int:
     """Index of ``sender``'s ring inside ``receiver``'s segment (no ring for itself)."""
     return sender if sender < receiver else sender - 1
@@ -86,7 +99,7 @@ class _Segment:
         finally:
             os.close(fd)
         self.path = path
-        self.header = np.ndarray((8,), np.int64, buffer=self.mm, offset=0)
+        self.header = np.ndarray((16,), np.int64, buffer=self.mm, offset=0)
         rb = ring_bytes(chunk, slots)
         stride = _SLOT_HEADER_BYTES + _align(chunk)
         self.ctrl, self.slot_header, self.payload = [], [], []
