@@ -20,9 +20,10 @@ loop, copies, doorbell writes, sleeping, the loop's own Python and spinning;
 ``--calls-per-sample K`` times K calls back to back after each barrier and divides by K: ranks
 leave a barrier up to a scheduler wake-up apart, and with K = 1 that skew is inside every small
 message's figure (shm and gloo alike); with K > 1 it is spread over K calls, which is how a training
-step issues them (several all-to-alls between synchronisations). ``--steady K`` adds a table for
-messages up to 64 KB with K (e.g. 2000) calls per barrier, where the skew no longer counts: the
-per-call cost in steady state, next to one rank's (with ``--fixed-cost``) and gloo's.
+step issues them (several all-to-alls between synchronisations). ``--steady K`` adds a table with
+K (e.g. 2000) calls per barrier up to 64 KB and K x 64 KB / size above (at least 32), where the skew
+no longer counts: the per-call cost in steady state, next to one rank's (with ``--fixed-cost``),
+gloo's and the memcpy of the main table.
 
 GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
 runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
@@ -130,15 +131,21 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
     dist.destroy_process_group()
 
 
-STEADY_MAX_BYTES = 64 << 10  # the small messages whose fixed cost the steady-state rows compare
+STEADY_FULL_BYTES = 64 << 10  # messages up to this size get all K calls per barrier in --steady
+
+
+def steady_calls(size_bytes: int, calls: int) -> int:
+    """Calls per barrier for ``--steady K`` at ``size_bytes`` per rank: K up to 64 KB, then K x 64 KB / size,
+    at least min(K, 32): enough for the 100-300 us barrier skew to be a few percent of the sample."""
+    return calls if size_bytes <= STEADY_FULL_BYTES else max(min(calls, 32), calls * STEADY_FULL_BYTES // size_bytes)
 
 
 def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int], shm_cfg: dict, calls: int,
                    result_path: str) -> None:
-    """``--steady K``: for messages up to ``STEADY_MAX_BYTES`` per rank, K calls back to back after one
-    barrier (shm, and gloo with more than one rank), slowest rank's total / K, median of 5 samples: the
-    skew with which ranks leave the barrier (100-300 us on the 2-core VM) is spread over K calls, as in a
-    training step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``."""
+    """``--steady K``: per size, ``steady_calls(size, K)`` calls back to back after one barrier (shm, and
+    gloo with more than one rank), slowest rank's total / calls, median of 5 samples: the skew with which
+    ranks leave the barrier (100-300 us on the 2-core VM) is spread over many calls, as in a training
+    step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``."""
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
@@ -146,17 +153,18 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
     shm = build_backend(CommConfig(backend="shm", shm=ShmBackend.Config(**shm_cfg)))
     gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
     rows = []
-    for size in (s for s in sizes if s <= STEADY_MAX_BYTES):
+    for size in sizes:
         per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
         splits = [per_peer] * world_size
         x = torch.randn(per_peer * world_size, _ROW_FLOATS)
         out = torch.empty_like(x)
         fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
                for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
-        for name, seconds in _time(fns, 5, warmup=1, calls=calls).items():
+        k = steady_calls(size, calls)
+        for name, seconds in _time(fns, 5, warmup=1, calls=k).items():
             rows.append({"backend": f"{name}-steady" if world_size > 1 else "shm-1rank-steady",
                          "world_size": world_size, "bytes_per_rank": x.numel() * 4, "iterations": 5,
-                         "calls_per_sample": calls, "latency_us": seconds * 1e6})
+                         "calls_per_sample": k, "latency_us": seconds * 1e6})
     shm.close()
     if rank == 0:
         with open(result_path, "w") as f:
@@ -240,8 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls-per-sample", type=int, default=1, metavar="K",
                         help="calls timed back to back after each barrier (time per call = total / K; default 1)")
     parser.add_argument("--steady", type=int, default=0, metavar="K",
-                        help="also time messages up to 64 KB with K calls back to back after one barrier "
-                             "(steady state; with --fixed-cost, one rank likewise)")
+                        help="also time every size in steady state: K calls back to back after one barrier up "
+                             "to 64 KB, fewer above (K x 64 KB / size, at least 32); with --fixed-cost, one rank too")
     args = parser.parse_args(argv)
     if args.steady < 0:
         parser.error(f"--steady must be >= 0, got {args.steady}")
@@ -292,18 +300,20 @@ def main(argv: list[str] | None = None) -> int:
                   f"{m['latency_us'] / s['latency_us']:>9.0%} {m['latency_us'] / c['latency_us']:>10.0%} "
                   f"{g['latency_us'] / s['latency_us']:>7.2f}x {one['latency_us']:>13.1f}")
     if args.steady:
-        print(f"\nsteady state: {args.steady} calls back to back after one barrier (slowest rank's total / "
-              f"{args.steady}, median of 5), messages up to {_fmt_bytes(STEADY_MAX_BYTES)} per rank")
-        print(f"{'ranks':>5} {'bytes/rank':>10} | {'shm us':>8} {'shm 1 rank us':>13} {'shm/1 rank':>10} | "
-              f"{'gloo us':>8} {'shm/gloo':>8}")
+        print(f"\nsteady state: {args.steady} calls back to back after one barrier up to "
+              f"{_fmt_bytes(STEADY_FULL_BYTES)} per rank, K x {_fmt_bytes(STEADY_FULL_BYTES)} / size above (at least "
+              f"{min(args.steady, 32)}); slowest rank's total / calls, median of 5; memcpy from the table above")
+        print(f"{'ranks':>5} {'bytes/rank':>10} {'calls':>5} | {'shm us':>9} {'shm 1 rank us':>13} "
+              f"{'shm/1 rank':>10} | {'gloo us':>9} {'shm/gloo':>8} | {'shm/memcpy':>10}")
         for w in args.ranks:
             for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["backend"] == "shm-steady"
                                 and r["world_size"] == w}):
                 s, g = by_key[("shm-steady", w, size)], by_key[("gloo-steady", w, size)]
-                one = by_key.get(("shm-1rank-steady", 1, size), nan)
-                print(f"{w:>5} {_fmt_bytes(size):>10} | {s['latency_us']:>8.1f} {one['latency_us']:>13.1f} "
-                      f"{s['latency_us'] / one['latency_us']:>9.2f}x | {g['latency_us']:>8.1f} "
-                      f"{g['latency_us'] / s['latency_us']:>7.2f}x")
+                one, m = by_key.get(("shm-1rank-steady", 1, size), nan), by_key.get(("memcpy", w, size), nan)
+                print(f"{w:>5} {_fmt_bytes(size):>10} {s['calls_per_sample']:>5} | {s['latency_us']:>9.1f} "
+                      f"{one['latency_us']:>13.1f} {s['latency_us'] / one['latency_us']:>9.2f}x | "
+                      f"{g['latency_us']:>9.1f} {g['latency_us'] / s['latency_us']:>7.2f}x | "
+                      f"{m['latency_us'] / s['latency_us']:>9.0%}")
     if breakdown:
         from benchmarks.shm_breakdown import format_breakdown
 

@@ -39,8 +39,9 @@ def test_calls_per_sample_times_back_to_back_calls():
 
 @pytest.mark.multiproc
 def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
-    """``--steady K``: messages up to 64 KB only, K calls per barrier, shm and gloo with 2 ranks and shm with
-    one rank, printed side by side and written to the JSON."""
+    """``--steady K``: every size, K calls per barrier up to 64 KB and fewer above (K x 64 KB / size, at
+    least min(K, 32)), shm and gloo with 2 ranks and shm with one rank, printed side by side and written to
+    the JSON."""
     import json
 
     from benchmarks import bench_alltoall
@@ -49,13 +50,15 @@ def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
                                 "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "bench_alltoall.json").read_text())
     steady = [r for r in payload["cpu"] if r["backend"].endswith("-steady")]
+    sizes = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # --quick
     assert sorted((r["backend"], r["bytes_per_rank"]) for r in steady) == sorted(
-        (b, n) for b in ("shm-steady", "gloo-steady", "shm-1rank-steady") for n in (1 << 10, 64 << 10))
-    assert all(r["calls_per_sample"] == 20 and r["latency_us"] > 0 for r in steady)
-    assert payload["steady_calls"] == 20
+        (b, n) for b in ("shm-steady", "gloo-steady", "shm-1rank-steady") for n in sizes)
+    assert {(r["bytes_per_rank"], r["calls_per_sample"]) for r in steady} == {(n, 20) for n in sizes}
+    assert bench_alltoall.steady_calls(1 << 20, 2000) == 125 and bench_alltoall.steady_calls(64 << 20, 2000) == 32
+    assert all(r["latency_us"] > 0 for r in steady) and payload["steady_calls"] == 20
     out = capsys.readouterr().out
     table = out.split("steady state: 20 calls back to back")[1].splitlines()
-    assert [line.split()[:3] for line in table[2:4]] == [["2", "1", "KB"], ["2", "64", "KB"]]
+    assert [line.split()[:4] for line in table[2:4]] == [["2", "1", "KB", "20"], ["2", "64", "KB", "20"]]
     with pytest.raises(SystemExit):
         bench_alltoall.main(["--steady", "-1"])
 

@@ -19,9 +19,10 @@ sender; the receiver reads the rows straight from the sender's input into its ou
 byte, not two), ``chunk_bytes`` per pass, then advances ``read_seq``, which the sender waits for
 before returning (its input may change after that). Otherwise the rings alone (copy-in/copy-out).
 
-Waiting spins briefly (``spin_us``), then blocks in ``poll()`` on the rank's *doorbell*, a FIFO
-next to its segment: whoever advances a counter a peer may wait on writes one byte to that peer's
-doorbell, so a sleeping rank wakes at once without burning a core when ranks outnumber cores. If
+Waiting spins briefly (``spin_us``), then blocks in ``poll()`` on the rank's *doorbell*, a FIFO next
+to its segment, after announcing it (a flag, then one more poll): whoever advances a counter a peer may
+wait on writes one byte to that peer's doorbell (the compiled path only if the peer announced), so a
+sleeping rank wakes at once without burning a core when ranks outnumber cores. If
 no chunk moves for ``timeout_seconds`` the call raises `PeerTimeoutError` naming the peer; a peer
 whose process exited or aborted its transport is reported sooner as `PeerExitedError`.
 
