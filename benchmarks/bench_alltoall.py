@@ -145,7 +145,9 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
     """``--steady K``: per size, ``steady_calls(size, K)`` calls back to back after one barrier (shm, and
     gloo with more than one rank), slowest rank's total / calls, median of 5 samples: the skew with which
     ranks leave the barrier (100-300 us on the 2-core VM) is spread over many calls, as in a training
-    step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``."""
+    step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``; with 2 ranks and
+    messages up to 64 KB per rank also ``cross-core-floor``: the same exchange between two pinned threads
+    with no Python (:mod:`benchmarks.cross_core`), measured right after, while rank 1 waits in a barrier."""
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
@@ -165,6 +167,15 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
             rows.append({"backend": f"{name}-steady" if world_size > 1 else "shm-1rank-steady",
                          "world_size": world_size, "bytes_per_rank": x.numel() * 4, "iterations": 5,
                          "calls_per_sample": k, "latency_us": seconds * 1e6})
+        if world_size == 2 and size <= STEADY_FULL_BYTES:  # the cores' own cost of the peer's bytes, now
+            dist.barrier()
+            if rank == 0:  # rank 1 blocks in the barrier meanwhile: both cores are free
+                from benchmarks.cross_core import exchange_floor_us
+
+                floor = [exchange_floor_us(per_peer * _ROW_FLOATS * 4, iters=k) for _ in range(5)]
+                rows.append({"backend": "cross-core-floor", "world_size": 2, "bytes_per_rank": x.numel() * 4,
+                             "iterations": 5, "calls_per_sample": k, "latency_us": statistics.median(floor)})
+            dist.barrier()
     shm.close()
     if rank == 0:
         with open(result_path, "w") as f:
@@ -304,14 +315,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt_bytes(STEADY_FULL_BYTES)} per rank, K x {_fmt_bytes(STEADY_FULL_BYTES)} / size above (at least "
               f"{min(args.steady, 32)}); slowest rank's total / calls, median of 5; memcpy from the table above")
         print(f"{'ranks':>5} {'bytes/rank':>10} {'calls':>5} | {'shm us':>9} {'shm 1 rank us':>13} "
-              f"{'shm/1 rank':>10} | {'gloo us':>9} {'shm/gloo':>8} | {'shm/memcpy':>10}")
+              f"{'shm/1 rank':>10} {'2-core floor us':>15} {'shm/(1 rank+floor)':>18} | {'gloo us':>9} "
+              f"{'shm/gloo':>8} | {'shm/memcpy':>10}")
         for w in args.ranks:
             for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["backend"] == "shm-steady"
                                 and r["world_size"] == w}):
                 s, g = by_key[("shm-steady", w, size)], by_key[("gloo-steady", w, size)]
                 one, m = by_key.get(("shm-1rank-steady", 1, size), nan), by_key.get(("memcpy", w, size), nan)
+                floor = by_key.get(("cross-core-floor", w, size), nan)["latency_us"]
                 print(f"{w:>5} {_fmt_bytes(size):>10} {s['calls_per_sample']:>5} | {s['latency_us']:>9.1f} "
-                      f"{one['latency_us']:>13.1f} {s['latency_us'] / one['latency_us']:>9.2f}x | "
+                      f"{one['latency_us']:>13.1f} {s['latency_us'] / one['latency_us']:>9.2f}x {floor:>15.2f} "
+                      f"{s['latency_us'] / (one['latency_us'] + floor):>17.2f}x | "
                       f"{g['latency_us']:>9.1f} {g['latency_us'] / s['latency_us']:>7.2f}x | "
                       f"{m['latency_us'] / s['latency_us']:>9.0%}")
     if breakdown:

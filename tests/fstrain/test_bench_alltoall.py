@@ -41,7 +41,7 @@ def test_calls_per_sample_times_back_to_back_calls():
 def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
     """``--steady K``: every size, K calls per barrier up to 64 KB and fewer above (K x 64 KB / size, at
     least min(K, 32)), shm and gloo with 2 ranks and shm with one rank, printed side by side and written to
-    the JSON."""
+    the JSON; with 2 ranks, the two-core exchange floor of messages up to 64 KB per rank."""
     import json
 
     from benchmarks import bench_alltoall
@@ -50,6 +50,8 @@ def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
                                 "--out", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "bench_alltoall.json").read_text())
     steady = [r for r in payload["cpu"] if r["backend"].endswith("-steady")]
+    floor = [r for r in payload["cpu"] if r["backend"] == "cross-core-floor"]  # 2 ranks, up to 64 KB per rank
+    assert sorted(r["bytes_per_rank"] for r in floor) == [1 << 10, 64 << 10] and all(r["latency_us"] > 0 for r in floor)
     sizes = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # --quick
     assert sorted((r["backend"], r["bytes_per_rank"]) for r in steady) == sorted(
         (b, n) for b in ("shm-steady", "gloo-steady", "shm-1rank-steady") for n in sizes)
@@ -61,6 +63,32 @@ def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
     assert [line.split()[:4] for line in table[2:4]] == [["2", "1", "KB", "20"], ["2", "64", "KB", "20"]]
     with pytest.raises(SystemExit):
         bench_alltoall.main(["--steady", "-1"])
+
+
+def test_cross_core_exchange_floor_moves_the_bytes_between_two_pinned_threads():
+    """``benchmarks.cross_core``: two threads on two CPUs exchange through rings (bytes checked inside)."""
+    import os
+
+    from benchmarks import cross_core
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    assert cross_core.exchange_floor_us(4096, iters=50) > 0
+    with pytest.raises(ValueError, match="nbytes must be >= 1"):
+        cross_core.exchange_floor_us(0)
+    with pytest.raises(ValueError, match="needs two CPUs"):
+        _one_cpu(cross_core)
+
+
+def _one_cpu(cross_core):
+    import os
+
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        cross_core.exchange_floor_us(64)
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def test_bench_cma_times_both_copies_in_two_processes(tmp_path):

@@ -380,6 +380,6 @@ def test_a_rank_blocked_on_its_doorbell_is_woken_by_a_late_peer():
         t = out[rank][1]["timings"]
         for (name, late), (seconds, compiled) in t.items():
             if rank != late:  # a waiting rank: it waited for the late one, then was woken
-                assert _LATE_SECONDS * 0.5 < seconds < _SENTINEL_SECONDS / 2, (rank, name, late, t)
+                assert 0.05 < seconds < _SENTINEL_SECONDS / 2, (rank, name, late, t)  # waited (>> spin_us), then woken
             expected = {"chunk": True, "pull": out[rank][1]["cma"], "mixed": rank == 2}[name]  # pulls: single copy
             assert compiled == expected, (rank, name, t)
