@@ -87,6 +87,13 @@ def _time(fns: dict, iters: int, warmup: int = 2, calls: int = 1) -> dict[str, f
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _inputs(size: int, world_size: int) -> tuple[int, list[int], torch.Tensor, torch.Tensor]:
+    """Rows per peer, even splits, input ``[rows x 64]`` float32 and an output like it for ``size`` bytes per rank."""
+    per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
+    x = torch.randn(per_peer * world_size, _ROW_FLOATS)
+    return per_peer, [per_peer] * world_size, x, torch.empty_like(x)
+
+
 def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], quick: bool, shm_cfg: dict,
                 calls: int, result_path: str) -> None:
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
@@ -102,10 +109,7 @@ def _cpu_worker(rank: int, world_size: int, init_file: str, sizes: list[int], qu
              if shm.cma else None)
     rows = []
     for size in sizes:
-        per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
-        splits = [per_peer] * world_size
-        x = torch.randn(per_peer * world_size, _ROW_FLOATS)
-        out = torch.empty_like(x)
+        per_peer, splits, x, out = _inputs(size, world_size)
         iters = _iterations(size, quick)
         fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
                for name, comm in (("shm", shm), ("shm-copy", rings), ("gloo", gloo)) if comm is not None}
@@ -156,10 +160,7 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
     gloo = build_backend(CommConfig(backend="gloo")) if world_size > 1 else None
     rows = []
     for size in sizes:
-        per_peer = max(1, size // (_ROW_FLOATS * 4 * world_size))
-        splits = [per_peer] * world_size
-        x = torch.randn(per_peer * world_size, _ROW_FLOATS)
-        out = torch.empty_like(x)
+        per_peer, splits, x, out = _inputs(size, world_size)
         fns = {name: (lambda c=comm: c.all_to_all_v(x, splits, splits, out=out))
                for name, comm in (("shm", shm), ("gloo", gloo)) if comm is not None}
         k = steady_calls(size, calls)
