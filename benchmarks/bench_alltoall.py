@@ -23,7 +23,9 @@ message's figure (shm and gloo alike); with K > 1 it is spread over K calls, whi
 step issues them (several all-to-alls between synchronisations). ``--steady K`` adds a table with
 K (e.g. 2000) calls per barrier up to 64 KB and K x 64 KB / size above (at least 32), where the skew
 no longer counts: the per-call cost in steady state, next to one rank's (with ``--fixed-cost``),
-gloo's and the memcpy of the main table.
+gloo's and the memcpy of the main table; with 2 ranks and messages up to 64 KB, also its null control
+(both ranks running one-rank calls at once, paired call by call, the slower counted: what a two-rank call
+costs when only the later rank's own call counts) and the two-core floor of the peer's bytes.
 
 GPU section (only with >= 2 CUDA devices): GEMM throughput alone and while an all-to-all-v loop
 runs on the copy engines (``cuda-ce``) or on NCCL kernels, showing how much compute each steals.
@@ -144,14 +146,60 @@ def steady_calls(size_bytes: int, calls: int) -> int:
     return calls if size_bytes <= STEADY_FULL_BYTES else max(min(calls, 32), calls * STEADY_FULL_BYTES // size_bytes)
 
 
+def _paired_one_rank(shm, x, splits, out, shm_cfg: dict, rank: int, size: int, calls: int, samples: int = 5,
+                     warmup: int = 1) -> tuple[float, float, float]:
+    """The null control of a two-rank call: both ranks run one-rank calls (a world-size-1 shm transport each,
+    the same bytes per rank) at the same time, each call timed; call i of rank 0 is paired with call i of
+    rank 1 and the slower counts, as the later rank ends a two-rank call. Alternated with ``calls`` two-rank
+    calls of ``shm`` (slowest rank's total) after each barrier, so both see the same load.
+
+    Returns:
+        seconds per call, medians over ``samples``: the two-rank call (alternated), the paired one-rank
+        calls (mean over i of max(rank 0's call i, rank 1's call i)), and the slower rank's one-rank total
+        / ``calls`` (the pairing's lower bound: a rank waits only for the other's total).
+    """
+    from fstrain.distributed.comm import ShmBackend
+
+    solo = ShmBackend(dist.HashStore(), rank=0, world_size=1, config=ShmBackend.Config(**shm_cfg),
+                      prefix=f"solo{rank}")
+    _, solo_splits, sx, sout = _inputs(size, 1)
+    two, paired, slowest = [], [], []
+    clock = time.perf_counter_ns
+    try:
+        for i in range(warmup + samples):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                shm.all_to_all_v(x, splits, splits, out=out)
+            dt = torch.tensor([(time.perf_counter() - t0) / calls], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            per_call = [0] * calls
+            dist.barrier()
+            for j in range(calls):
+                t = clock()
+                solo.all_to_all_v(sx, solo_splits, solo_splits, out=sout)
+                per_call[j] = clock() - t
+            both: list = [None, None]
+            dist.all_gather_object(both, per_call)
+            if i >= warmup:
+                two.append(dt.item())
+                paired.append(sum(map(max, both[0], both[1])) / calls / 1e9)
+                slowest.append(max(sum(both[0]), sum(both[1])) / calls / 1e9)
+    finally:
+        solo.close()
+    return statistics.median(two), statistics.median(paired), statistics.median(slowest)
+
+
 def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int], shm_cfg: dict, calls: int,
                    result_path: str) -> None:
     """``--steady K``: per size, ``steady_calls(size, K)`` calls back to back after one barrier (shm, and
     gloo with more than one rank), slowest rank's total / calls, median of 5 samples: the skew with which
     ranks leave the barrier (100-300 us on the 2-core VM) is spread over many calls, as in a training
     step's run of collectives. Rows ``shm-steady``, ``gloo-steady``, ``shm-1rank-steady``; with 2 ranks and
-    messages up to 64 KB per rank also ``cross-core-floor``: the same exchange between two pinned threads
-    with no Python (:mod:`benchmarks.cross_core`), measured right after, while rank 1 waits in a barrier."""
+    messages up to 64 KB per rank also ``shm-1rank-paired`` (`_paired_one_rank`: both ranks' one-rank calls at
+    once, paired call by call, the null control of a two-rank call) and ``cross-core-floor``: the same exchange
+    between two pinned threads with no Python (:mod:`benchmarks.cross_core`), measured right after, while
+    rank 1 waits in a barrier."""
     from fstrain.distributed.comm import CommConfig, ShmBackend, build_backend
 
     torch.set_num_threads(1)
@@ -168,6 +216,11 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
             rows.append({"backend": f"{name}-steady" if world_size > 1 else "shm-1rank-steady",
                          "world_size": world_size, "bytes_per_rank": x.numel() * 4, "iterations": 5,
                          "calls_per_sample": k, "latency_us": seconds * 1e6})
+        if world_size == 2 and size <= STEADY_FULL_BYTES:  # each rank's own call, both ranks at once
+            two, paired, slowest = _paired_one_rank(shm, x, splits, out, shm_cfg, rank, size, k)
+            rows.append({"backend": "shm-1rank-paired", "world_size": 2, "bytes_per_rank": x.numel() * 4,
+                         "iterations": 5, "calls_per_sample": k, "latency_us": paired * 1e6,
+                         "slowest_total_us": slowest * 1e6, "shm_alternated_us": two * 1e6})
         if world_size == 2 and size <= STEADY_FULL_BYTES:  # the cores' own cost of the peer's bytes, now
             dist.barrier()
             if rank == 0:  # rank 1 blocks in the barrier meanwhile: both cores are free
@@ -314,19 +367,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.steady:
         print(f"\nsteady state: {args.steady} calls back to back after one barrier up to "
               f"{_fmt_bytes(STEADY_FULL_BYTES)} per rank, K x {_fmt_bytes(STEADY_FULL_BYTES)} / size above (at least "
-              f"{min(args.steady, 32)}); slowest rank's total / calls, median of 5; memcpy from the table above")
+              f"{min(args.steady, 32)}); slowest rank's total / calls, median of 5; memcpy from the table above;\n"
+              "paired 1 rank: both ranks run one-rank calls at once, call i of each paired, the slower counted (the "
+              "two-rank call's null control), alternated with two-rank calls (alt shm)")
         print(f"{'ranks':>5} {'bytes/rank':>10} {'calls':>5} | {'shm us':>9} {'shm 1 rank us':>13} "
-              f"{'shm/1 rank':>10} {'2-core floor us':>15} {'shm/(1 rank+floor)':>18} | {'gloo us':>9} "
-              f"{'shm/gloo':>8} | {'shm/memcpy':>10}")
+              f"{'shm/1 rank':>10} {'2-core floor us':>15} {'shm/(1 rank+floor)':>18} | {'paired 1 rank us':>16} "
+              f"{'alt shm us':>10} {'alt shm/(paired+floor)':>22} | {'gloo us':>9} {'shm/gloo':>8} | "
+              f"{'shm/memcpy':>10}")
         for w in args.ranks:
             for size in sorted({r["bytes_per_rank"] for r in cpu_rows if r["backend"] == "shm-steady"
                                 and r["world_size"] == w}):
                 s, g = by_key[("shm-steady", w, size)], by_key[("gloo-steady", w, size)]
                 one, m = by_key.get(("shm-1rank-steady", 1, size), nan), by_key.get(("memcpy", w, size), nan)
                 floor = by_key.get(("cross-core-floor", w, size), nan)["latency_us"]
+                pair = by_key.get(("shm-1rank-paired", w, size), {"latency_us": nan["latency_us"],
+                                                                   "shm_alternated_us": nan["latency_us"]})
                 print(f"{w:>5} {_fmt_bytes(size):>10} {s['calls_per_sample']:>5} | {s['latency_us']:>9.1f} "
                       f"{one['latency_us']:>13.1f} {s['latency_us'] / one['latency_us']:>9.2f}x {floor:>15.2f} "
-                      f"{s['latency_us'] / (one['latency_us'] + floor):>17.2f}x | "
+                      f"{s['latency_us'] / (one['latency_us'] + floor):>17.2f}x | {pair['latency_us']:>16.1f} "
+                      f"{pair['shm_alternated_us']:>10.1f} "
+                      f"{pair['shm_alternated_us'] / (pair['latency_us'] + floor):>21.2f}x | "
                       f"{g['latency_us']:>9.1f} {g['latency_us'] / s['latency_us']:>7.2f}x | "
                       f"{m['latency_us'] / s['latency_us']:>9.0%}")
     if breakdown:

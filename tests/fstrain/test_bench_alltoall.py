@@ -41,7 +41,8 @@ def test_calls_per_sample_times_back_to_back_calls():
 def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
     """``--steady K``: every size, K calls per barrier up to 64 KB and fewer above (K x 64 KB / size, at
     least min(K, 32)), shm and gloo with 2 ranks and shm with one rank, printed side by side and written to
-    the JSON; with 2 ranks, the two-core exchange floor of messages up to 64 KB per rank."""
+    the JSON; with 2 ranks, the paired one-rank null control and the two-core exchange floor of messages up
+    to 64 KB per rank."""
     import json
 
     from benchmarks import bench_alltoall
@@ -52,6 +53,12 @@ def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
     steady = [r for r in payload["cpu"] if r["backend"].endswith("-steady")]
     floor = [r for r in payload["cpu"] if r["backend"] == "cross-core-floor"]  # 2 ranks, up to 64 KB per rank
     assert sorted(r["bytes_per_rank"] for r in floor) == [1 << 10, 64 << 10] and all(r["latency_us"] > 0 for r in floor)
+    # The null control: both ranks' one-rank calls at once, paired call by call (the slower counts), so the
+    # mean of the pairs' maxima is at least the slower rank's mean; alternated with two-rank calls.
+    paired = [r for r in payload["cpu"] if r["backend"] == "shm-1rank-paired"]
+    assert sorted(r["bytes_per_rank"] for r in paired) == [1 << 10, 64 << 10]
+    assert all(0 < r["slowest_total_us"] <= r["latency_us"] * (1 + 1e-9) and r["shm_alternated_us"] > 0
+               and r["calls_per_sample"] == 20 for r in paired)
     sizes = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]  # --quick
     assert sorted((r["backend"], r["bytes_per_rank"]) for r in steady) == sorted(
         (b, n) for b in ("shm-steady", "gloo-steady", "shm-1rank-steady") for n in sizes)
@@ -60,7 +67,8 @@ def test_steady_rows_time_small_messages_back_to_back(tmp_path, capsys):
     assert all(r["latency_us"] > 0 for r in steady) and payload["steady_calls"] == 20
     out = capsys.readouterr().out
     table = out.split("steady state: 20 calls back to back")[1].splitlines()
-    assert [line.split()[:4] for line in table[2:4]] == [["2", "1", "KB", "20"], ["2", "64", "KB", "20"]]
+    assert "alt shm/(paired+floor)" in table[2]
+    assert [line.split()[:4] for line in table[3:5]] == [["2", "1", "KB", "20"], ["2", "64", "KB", "20"]]
     with pytest.raises(SystemExit):
         bench_alltoall.main(["--steady", "-1"])
 
