@@ -1,4 +1,4 @@
-"""Exposed communication per training step, with and without overlap (CPU/gloo, 2 processes).
+"""Exposed communication per training step, with and without overlap (CPU, gloo or shm, 2 processes).
 
 Trains the fstrain model with each pipeline of :mod:`fstrain.pipelines` on the same synthetic
 batches (lognormal history lengths, Zipf-distributed item ids so consecutive batches share their
@@ -10,6 +10,7 @@ Usage::
 
     python -m benchmarks.bench_pipeline --quick            # ~1 minute on 2 cores
     python -m benchmarks.bench_pipeline --out results/     # table on stdout + bench_pipeline.json
+    python -m benchmarks.bench_pipeline --ranks 1          # no peer: each schedule's own CPU cost
 
 Not a test: figures vary with the machine's load; they are recorded in docs/pipeline.md.
 """
@@ -212,6 +213,7 @@ def run(cfg: BenchConfig, names: list[str], backend: str = "gloo") -> dict:
     """
     import torch.multiprocessing as mp
 
+    load_at_start = os.getloadavg()[0]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -251,7 +253,8 @@ def run(cfg: BenchConfig, names: list[str], backend: str = "gloo") -> dict:
     import torch
     import torchrec
 
-    machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_end": os.getloadavg()[0],
+    machine = {"cpu_count": os.cpu_count(), "load_average_1m_at_start": load_at_start,
+               "load_average_1m_at_end": os.getloadavg()[0],
                "torch": torch.__version__, "torchrec": torchrec.__version__, "backend": backend}
     return {"config": asdict(cfg), "machine": machine, "pipelines": summary,
             "idle_core_estimate": idle_core_estimate(summary)}
@@ -334,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="gloo", choices=["gloo", "shm"],
                         help="every pipeline's collectives on gloo (default, torchrec's stock CPU path) or on "
                              "fstrain's shared-memory all-to-all (--backend shm of fstrain train)")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="processes (default 2); 1 runs every schedule with no peer, its prefetch thread on a "
+                             "core of its own on a 2-core machine: the schedules' own CPU cost, nothing to hide")
     args = parser.parse_args(argv)
     names = [n for n in args.pipelines.split(",") if n]
     unknown = sorted(set(names) - set(PIPELINES))
@@ -344,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps < 1:
             parser.error(f"--steps must be >= 1, got {args.steps}")
         cfg = replace(cfg, num_steps=args.steps)
+    if args.ranks is not None:
+        if args.ranks < 1:
+            parser.error(f"--ranks must be >= 1, got {args.ranks}")
+        cfg = replace(cfg, num_ranks=args.ranks)
     result = run(cfg, names, args.backend)
     print(format_table(result))
     if args.out:

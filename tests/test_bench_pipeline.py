@@ -1,4 +1,4 @@
-"""benchmarks.bench_pipeline's CPU profile and idle-core estimate (pure functions on recorded clocks)."""
+"""benchmarks.bench_pipeline: its CPU profile and idle-core estimate (pure functions on recorded clocks), and `--ranks`."""
 
 from __future__ import annotations
 
@@ -53,3 +53,20 @@ def test_idle_core_estimate_removes_the_compute_the_prefetch_thread_took():
                                         for k, v in summary.items()},
                           "idle_core_estimate": idle_core_estimate(summary)})
     assert "idle core for the prefetch thread (estimate)" in table and "floor on this machine" not in table
+
+
+@pytest.mark.multiproc
+def test_ranks_one_runs_every_schedule_with_no_peer(tmp_path):
+    """``--ranks 1``: the schedules with no peer (their own CPU cost; nothing to hide); bad counts refused."""
+    import json
+
+    from benchmarks.bench_pipeline import main
+
+    with pytest.raises(SystemExit):
+        main(["--ranks", "0"])
+    assert main(["--quick", "--ranks", "1", "--steps", "2", "--pipelines", "plain,prioritized",
+                 "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench_pipeline.json").read_text())
+    assert result["config"]["num_ranks"] == 1 and result["machine"]["load_average_1m_at_start"] >= 0
+    assert all(result["pipelines"][n]["num_steps"] == 2 and result["pipelines"][n]["step_ms"] > 0
+               for n in ("plain", "prioritized"))
