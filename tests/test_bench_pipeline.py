@@ -1,4 +1,4 @@
-"""benchmarks.bench_pipeline: its CPU profile and idle-core estimate (pure functions on recorded clocks), and `--ranks`."""
+"""benchmarks.bench_pipeline: CPU profile and idle-core estimate (pure functions on recorded clocks); `--ranks`."""
 
 from __future__ import annotations
 
