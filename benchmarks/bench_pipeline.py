@@ -268,7 +268,10 @@ def idle_core_estimate(summary: dict) -> dict | None:
     * ``floor_ms``: its CPU time per step (every thread of the rank) plus its straggler wait. With one
       core per rank, no schedule of the same work is shorter: overlap hides waiting, not CPU time.
     * ``idle_core_floor_ms``: the main thread's CPU time plus the straggler wait: the floor when the
-      prefetch thread (and the backend's threads) run on a core of their own.
+      prefetch thread (and the backend's threads) run on a core of their own. A lower bound, not a
+      forecast: it leaves out the dense compute slowed beside the busy prefetch thread (1.5-2.3 ms per
+      step measured with ``--ranks 1`` on a 2-core VM) and the main thread's waiting for the peer in the
+      step-boundary all-to-alls (docs/results/bench_pipeline.md).
 
     Returns:
         those three with ``compute_inflation_ms`` and each ratio to the better of ``plain`` and
@@ -319,7 +322,8 @@ def format_table(result: dict) -> str:
             lines.append(f"prioritized floor on this machine (CPU per step + straggler wait) {est['floor_ms']:.1f} ms "
                          f"= {est['floor_over_better_stock']:.2f}x the better stock step; with an idle core for its "
                          f"other threads (main-thread CPU + wait) {est['idle_core_floor_ms']:.1f} ms "
-                         f"= {est['idle_core_floor_over_better_stock']:.2f}x")
+                         f"= {est['idle_core_floor_over_better_stock']:.2f}x (a lower bound: compute slowed beside "
+                         "the busy thread and the step-boundary waiting are left out; --ranks 1 measures the first)")
     for name, s in result["pipelines"].items():
         if s.get("phase_ms"):
             phases = ", ".join(f"{k} {v:.1f}" for k, v in s["phase_ms"].items())
