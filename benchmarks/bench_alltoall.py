@@ -216,12 +216,13 @@ def _steady_worker(rank: int, world_size: int, init_file: str, sizes: list[int],
             rows.append({"backend": f"{name}-steady" if world_size > 1 else "shm-1rank-steady",
                          "world_size": world_size, "bytes_per_rank": x.numel() * 4, "iterations": 5,
                          "calls_per_sample": k, "latency_us": seconds * 1e6})
-        if world_size == 2 and size <= STEADY_FULL_BYTES:  # each rank's own call, both ranks at once
+        if world_size == 2 and size <= STEADY_FULL_BYTES:
+            # each rank's own call, both ranks at once (the null control)
             two, paired, slowest = _paired_one_rank(shm, x, splits, out, shm_cfg, rank, size, k)
             rows.append({"backend": "shm-1rank-paired", "world_size": 2, "bytes_per_rank": x.numel() * 4,
                          "iterations": 5, "calls_per_sample": k, "latency_us": paired * 1e6,
                          "slowest_total_us": slowest * 1e6, "shm_alternated_us": two * 1e6})
-        if world_size == 2 and size <= STEADY_FULL_BYTES:  # the cores' own cost of the peer's bytes, now
+            # the cores' own cost of the peer's bytes, now
             dist.barrier()
             if rank == 0:  # rank 1 blocks in the barrier meanwhile: both cores are free
                 from benchmarks.cross_core import exchange_floor_us
